@@ -1,0 +1,255 @@
+"""The routing policy: frozen pydantic models of the YAML file, loading with located errors, JSON Schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENDPOINTS = ("chat", "completions", "embeddings")
+Endpoint = Literal["chat", "completions", "embeddings"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Price(Frozen):
+    input_per_mtok_usd: float = Field(0.0, ge=0)
+    output_per_mtok_usd: float = Field(0.0, ge=0)
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_mtok_usd + output_tokens * self.output_per_mtok_usd) / 1e6
+
+
+class Timeouts(Frozen):
+    connect_s: float = Field(2.0, gt=0)
+    # Until the response headers (non-streaming: until the whole body) arrive.
+    first_byte_s: float = Field(120.0, gt=0)
+    # Longest silence between two streamed chunks before the stream is declared dead.
+    idle_s: float = Field(60.0, gt=0)
+    total_s: float = Field(600.0, gt=0)
+
+
+class Health(Frozen):
+    path: str = "/health"
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+    eject_after_failures: int = Field(3, ge=1)
+    cooldown_s: float = Field(10.0, ge=0)
+
+
+class LoadLimits(Frozen):
+    """Load-aware routing: spill a deep queue elsewhere, skip a deployment whose KV cache is nearly full."""
+
+    spill_when_waiting_gte: int | None = Field(None, ge=1)
+    spill_to: str | None = None
+    skip_when_kv_cache_usage_gte: float | None = Field(None, gt=0, le=1)
+    metrics_path: str = "/metrics"
+    scrape_interval_s: float = Field(1.0, gt=0)
+
+
+class Deployment(Frozen):
+    url: str
+    served_model: str
+    endpoints: tuple[Endpoint, ...] = ("chat", "completions")
+    price: Price = Price()
+    timeouts: Timeouts = Timeouts()
+    max_in_flight: int = Field(256, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    # Used as the worst-case completion size when a request gives no max_tokens.
+    default_max_tokens: int = Field(1024, ge=1)
+    health: Health = Health()
+    load: LoadLimits = LoadLimits()
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {url!r}")
+        return url.rstrip("/")
+
+
+class ClientModel(Frozen):
+    """A model name clients may ask for: `route: rules` (auto) or `pin: DEPLOYMENT`."""
+
+    route: Literal["rules"] | None = None
+    pin: str | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ClientModel:
+        if (self.route is None) == (self.pin is None):
+            raise ValueError("give exactly one of `route: rules` or `pin: DEPLOYMENT`")
+        return self
+
+
+class Range(Frozen):
+    """A numeric comparison; every bound given must hold."""
+
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+    eq: float | None = None
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> Range:
+        if all(v is None for v in (self.gt, self.gte, self.lt, self.lte, self.eq)):
+            raise ValueError("give at least one of gt, gte, lt, lte, eq")
+        return self
+
+
+StrOrList = str | list[str]
+
+
+class When(Frozen):
+    """Conditions over request features; all given ones must hold (an empty `when` always matches)."""
+
+    endpoint: Endpoint | None = None
+    model: StrOrList | None = None
+    tenant: StrOrList | None = None
+    prompt_tokens: Range | None = None
+    message_count: Range | None = None
+    tool_result_turns: Range | None = None
+    max_tokens: Range | None = None
+    complexity: Range | None = None
+    tools: bool | None = None
+    stream: bool | None = None
+    has_code: bool | None = None
+    has_math: bool | None = None
+    response_format: StrOrList | None = None
+    headers: dict[str, StrOrList] | None = None
+
+    @field_validator("headers")
+    @classmethod
+    def _lowercase_names(cls, headers: dict[str, StrOrList] | None) -> dict[str, StrOrList] | None:
+        return None if headers is None else {k.lower(): v for k, v in headers.items()}
+
+
+class Rule(Frozen):
+    name: str = Field(min_length=1)
+    when: When = When()
+    use: str
+    # A pinned model (`hq`, `fast`) ignores rules unless the rule says it overrides pins.
+    override_pin: bool = False
+
+
+class Policy(Frozen):
+    version: Literal[1] = 1
+    deployments: dict[str, Deployment]
+    models: dict[str, ClientModel]
+    rules: list[Rule] = []
+    default: str
+    fallback: list[str] = []
+    max_attempts: int = Field(2, ge=1, le=5)
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> Policy:
+        for problem in self._dangling_references():
+            raise ValueError(problem)
+        return self
+
+    def _dangling_references(self) -> Iterator[str]:
+        known = self.deployments
+        if not known:
+            yield "deployments: at least one deployment is needed"
+        if self.default not in known:
+            yield f"default: unknown deployment {self.default!r} (known: {sorted(known)})"
+        for name in self.fallback:
+            if name not in known:
+                yield f"fallback: unknown deployment {name!r} (known: {sorted(known)})"
+        for model_name, model in self.models.items():
+            if model.pin is not None and model.pin not in known:
+                yield f"models.{model_name}.pin: unknown deployment {model.pin!r} (known: {sorted(known)})"
+        seen: set[str] = set()
+        for i, rule in enumerate(self.rules):
+            if rule.use not in known:
+                yield f"rules[{i}].use: unknown deployment {rule.use!r} (known: {sorted(known)})"
+            if rule.name in seen:
+                yield f"rules[{i}].name: duplicate rule name {rule.name!r}"
+            seen.add(rule.name)
+        for name, dep in known.items():
+            if dep.load.spill_to is not None and dep.load.spill_to not in known:
+                yield f"deployments.{name}.load.spill_to: unknown deployment {dep.load.spill_to!r}"
+
+    def failover_order(self, first: str) -> tuple[str, ...]:
+        """The chosen deployment, then the fallback list without it, bounded by max_attempts."""
+        order = [first, *(d for d in self.fallback if d != first)]
+        return tuple(order[: self.max_attempts])
+
+
+class PolicyError(Exception):
+    """A policy file that cannot be used; `problems` are one line each: file:line: field: message (value)."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.path = path
+        self.problems = problems
+
+
+def load(path: str | Path) -> Policy:
+    """Read, parse and validate a policy file; raise PolicyError listing every problem found."""
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(path, [f"{path}: cannot read: {exc.strerror}"]) from exc
+    return parse(text, path)
+
+
+def parse(text: str, path: str = "<policy>") -> Policy:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise PolicyError(path, [f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from exc
+    if not isinstance(data, dict):
+        raise PolicyError(path, [f"{path}: the policy must be a YAML mapping, got {type(data).__name__}"])
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(path, [_locate(path, node, err) for err in exc.errors()]) from exc
+
+
+def _locate(path: str, root: yaml.Node | None, err: Mapping[str, Any]) -> str:
+    loc = [part for part in err["loc"] if not (isinstance(part, str) and part.startswith("function-"))]
+    field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+    line = _line_of(root, loc)
+    where = f"{path}:{line}" if line else path
+    message = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    shown = "" if isinstance(value, dict | list) or value is None else f" (value: {value!r})"
+    return f"{where}: {field or '<top>'}: {message}{shown}"
+
+
+def _line_of(node: yaml.Node | None, loc: list[Any]) -> int | None:
+    """The 1-based line of the deepest YAML node that the pydantic location reaches."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            break
+        node, line = child, child.start_mark.line + 1
+    return line
+
+
+def _child(node: yaml.Node | None, part: Any) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if key.value == str(part):
+                return value
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        return node.value[part]
+    return None
+
+
+def json_schema() -> str:
+    """The JSON Schema of the policy file, for editors (policies/policy.schema.json)."""
+    return json.dumps(Policy.model_json_schema(), indent=2, sort_keys=True) + "\n"

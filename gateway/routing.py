@@ -1,0 +1,216 @@
+"""decide(): the pure routing decision from policy, request features and a snapshot of the world."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment
+from gateway.features import Features
+from gateway.policy import Policy, Range, When
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentLoad:
+    """What the gateway last saw of one deployment (health checks, /metrics scrapes, in-flight count)."""
+
+    healthy: bool = True
+    requests_waiting: float = 0.0
+    requests_running: float = 0.0
+    kv_cache_usage: float = 0.0
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Everything besides the request body that a decision reads; gathered before decide() is called."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    tenant: str | None = None
+    complexity: float | None = None
+    load: Mapping[str, DeploymentLoad] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    deployment: str
+    rule: str
+    attempts: tuple[str, ...]  # failover order, the chosen deployment first
+    reasons: tuple[str, ...] = ()
+
+
+NO_LOAD = DeploymentLoad()
+
+
+def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = False) -> Decision:
+    """Pick the deployment for one request; with explain=True record why every rule did or did not match."""
+    trail: list[str] | None = [] if explain else None
+    model = policy.models.get(features.requested_model)
+    if model is None:
+        raise ModelNotFound(
+            f"The model {features.requested_model!r} does not exist; available: {', '.join(policy.models)}",
+            param="model",
+        )
+    wanted, rule_name = _select(policy, model.pin, features, ctx, trail)
+    chosen, reason = _adjust_for_load(policy, wanted, features, ctx)
+    if trail is not None and reason:
+        trail.append(reason)
+    attempts = _usable(policy, policy.failover_order(chosen), features, ctx, trail)
+    if trail is not None:
+        trail.append(f"attempt order: {', '.join(attempts)}")
+    return Decision(attempts[0], rule_name, attempts, tuple(trail or ()))
+
+
+def _select(
+    policy: Policy, pin: str | None, features: Features, ctx: Context, trail: list[str] | None
+) -> tuple[str, str]:
+    for rule in policy.rules:
+        if pin is not None and not rule.override_pin:
+            continue
+        failed = _first_failure(rule.when, features, ctx)
+        if trail is not None:
+            trail.append(f"rule {rule.name}: " + ("matched" if failed is None else f"no match ({failed})"))
+        if failed is None:
+            return rule.use, rule.name
+    if pin is not None:
+        if trail is not None:
+            trail.append(f"model {features.requested_model!r} pins deployment {pin!r}")
+        return pin, f"pin:{features.requested_model}"
+    if trail is not None:
+        trail.append(f"no rule matched: default {policy.default!r}")
+    return policy.default, "default"
+
+
+def _adjust_for_load(policy: Policy, name: str, features: Features, ctx: Context) -> tuple[str, str]:
+    """Spill away from a deployment whose queue is deeper than its threshold."""
+    limits = policy.deployments[name].load
+    load = ctx.load.get(name, NO_LOAD)
+    spill_to = limits.spill_to
+    if spill_to is None or limits.spill_when_waiting_gte is None:
+        return name, ""
+    if load.requests_waiting < limits.spill_when_waiting_gte:
+        return name, ""
+    if not _fits(policy, spill_to, features) or not ctx.load.get(spill_to, NO_LOAD).healthy:
+        return name, f"spill from {name} to {spill_to} skipped: {spill_to} cannot take it"
+    return spill_to, (
+        f"spill: {name} has {load.requests_waiting:g} waiting >= {limits.spill_when_waiting_gte}; use {spill_to}"
+    )
+
+
+def _usable(
+    policy: Policy, order: tuple[str, ...], features: Features, ctx: Context, trail: list[str] | None
+) -> tuple[str, ...]:
+    """Drop deployments that are unhealthy, too full or too small for the request from the order."""
+    kept: list[str] = []
+    too_small: list[str] = []
+    # Try the whole fallback list when the preferred ones are excluded, so a healthy one is still found.
+    candidates = [*order, *(d for d in (*policy.fallback, *policy.deployments) if d not in order)]
+    for name in dict.fromkeys(candidates):
+        why = _exclusion(policy, name, features, ctx)
+        if why is None:
+            kept.append(name)
+        else:
+            if not _fits(policy, name, features):
+                too_small.append(name)
+            if trail is not None:
+                trail.append(f"skip {name}: {why}")
+        if len(kept) == policy.max_attempts:
+            break
+    if kept:
+        return tuple(kept)
+    if too_small and len(too_small) == len(policy.deployments):
+        raise ContextTooLong(
+            f"The request needs {features.prompt_tokens} prompt tokens plus "
+            f"{features.max_tokens or 0} completion tokens, more than any deployment's context window "
+            f"({', '.join(f'{n}: {policy.deployments[n].max_model_len}' for n in too_small)})",
+            param="messages",
+        )
+    raise NoHealthyDeployment("No healthy deployment can serve this request right now; retry shortly")
+
+
+def _exclusion(policy: Policy, name: str, features: Features, ctx: Context) -> str | None:
+    dep = policy.deployments[name]
+    load = ctx.load.get(name, NO_LOAD)
+    if features.endpoint not in dep.endpoints:
+        return f"does not serve {features.endpoint}"
+    if not load.healthy:
+        return "unhealthy"
+    if not _fits(policy, name, features):
+        return f"context window {dep.max_model_len} too small"
+    full = dep.load.skip_when_kv_cache_usage_gte
+    if full is not None and load.kv_cache_usage >= full:
+        return f"KV cache {load.kv_cache_usage:.0%} full >= {full:.0%}"
+    if load.in_flight >= dep.max_in_flight:
+        return f"{load.in_flight} in flight >= max_in_flight {dep.max_in_flight}"
+    return None
+
+
+def _fits(policy: Policy, name: str, features: Features) -> bool:
+    limit = policy.deployments[name].max_model_len
+    return limit is None or features.prompt_tokens + (features.max_tokens or 0) <= limit
+
+
+def _first_failure(when: When, features: Features, ctx: Context) -> str | None:
+    """None when every condition holds, else a short text naming the first that failed and why."""
+    for name, wanted in when:
+        if wanted is None:
+            continue
+        failed = _check(name, wanted, features, ctx)
+        if failed is not None:
+            return failed
+    return None
+
+
+def _check(name: str, wanted: Any, features: Features, ctx: Context) -> str | None:
+    if name == "headers":
+        for header, allowed in wanted.items():
+            got = ctx.headers.get(header)
+            if got is None or not _among(got, allowed):
+                return f"header {header}={got!r}, wants {allowed!r}"
+        return None
+    got = _feature(name, features, ctx)
+    if isinstance(wanted, Range):
+        ok = got is not None and _in_range(float(got), wanted)
+    elif isinstance(wanted, bool):
+        ok = got == wanted
+    else:
+        ok = got is not None and _among(str(got), wanted)
+    return None if ok else f"{name}={got!r}, wants {_show(wanted)}"
+
+
+def _feature(name: str, features: Features, ctx: Context) -> Any:
+    if name == "tools":
+        return features.tools_count > 0
+    if name == "model":
+        return features.requested_model
+    if name == "tenant":
+        return ctx.tenant
+    if name == "complexity":
+        return ctx.complexity
+    return getattr(features, name)
+
+
+def _among(got: str, allowed: str | list[str]) -> bool:
+    return got == allowed if isinstance(allowed, str) else got in allowed
+
+
+def _in_range(x: float, r: Range) -> bool:
+    return (
+        (r.gt is None or x > r.gt)
+        and (r.gte is None or x >= r.gte)
+        and (r.lt is None or x < r.lt)
+        and (r.lte is None or x <= r.lte)
+        and (r.eq is None or x == r.eq)
+    )
+
+
+def _show(wanted: Any) -> str:
+    if isinstance(wanted, Range):
+        return " and ".join(f"{k} {v:g}" for k, v in wanted.model_dump().items() if v is not None)
+    return repr(wanted)
+
+
+def needs_complexity(policy: Policy) -> bool:
+    """Whether any rule reads the classifier score (so the hot path can skip scoring otherwise)."""
+    return any(rule.when.complexity is not None for rule in policy.rules)
