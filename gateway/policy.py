@@ -28,10 +28,9 @@ class Price(Frozen):
 
 class Timeouts(Frozen):
     connect_s: float = Field(2.0, gt=0)
-    # Until the response headers (non-streaming: until the whole body) arrive.
-    first_byte_s: float = Field(120.0, gt=0)
-    # Longest silence between two streamed chunks before the stream is declared dead.
-    idle_s: float = Field(60.0, gt=0)
+    # Longest silence from the deployment: waiting for the response (a non-streamed one arrives only
+    # when generation ends) and between two streamed chunks.
+    read_s: float = Field(120.0, gt=0)
     total_s: float = Field(600.0, gt=0)
 
 

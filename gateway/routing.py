@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment
+from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound
 from gateway.features import Features
 from gateway.policy import Policy, Range, When
 
@@ -19,7 +19,6 @@ class DeploymentLoad:
     requests_waiting: float = 0.0
     requests_running: float = 0.0
     kv_cache_usage: float = 0.0
-    in_flight: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +29,7 @@ class Context:
     tenant: str | None = None
     complexity: float | None = None
     load: Mapping[str, DeploymentLoad] = field(default_factory=dict)
+    in_flight: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,41 +44,60 @@ NO_LOAD = DeploymentLoad()
 
 
 def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = False) -> Decision:
-    """Pick the deployment for one request; with explain=True record why every rule did or did not match."""
-    trail: list[str] | None = [] if explain else None
+    """Pick the deployment for one request.
+
+    The reasons always name the deciding rule and any load or health adjustment; with explain=True they
+    also say why every earlier rule did not match.
+    """
     model = policy.models.get(features.requested_model)
     if model is None:
         raise ModelNotFound(
             f"The model {features.requested_model!r} does not exist; available: {', '.join(policy.models)}",
             param="model",
         )
-    wanted, rule_name = _select(policy, model.pin, features, ctx, trail)
+    if features.endpoint == "embeddings":
+        return _embeddings(policy, model.pin, ctx)
+    trail: list[str] = []
+    wanted, rule_name = _select(policy, model.pin, features, ctx, trail, explain)
     chosen, reason = _adjust_for_load(policy, wanted, features, ctx)
-    if trail is not None and reason:
+    if reason:
         trail.append(reason)
     attempts = _usable(policy, policy.failover_order(chosen), features, ctx, trail)
-    if trail is not None:
+    if explain:
         trail.append(f"attempt order: {', '.join(attempts)}")
-    return Decision(attempts[0], rule_name, attempts, tuple(trail or ()))
+    return Decision(attempts[0], rule_name, attempts, tuple(trail))
+
+
+def _embeddings(policy: Policy, pin: str | None, ctx: Context) -> Decision:
+    """Vectors from different models do not mix: one deployment, named by the pin or the first that embeds."""
+    serving = [name for name, dep in policy.deployments.items() if "embeddings" in dep.endpoints]
+    name = pin if pin in serving else (serving[0] if serving and pin is None else None)
+    if name is None:
+        where = f"deployment {pin!r} does not serve embeddings" if pin else "no deployment serves embeddings"
+        raise NotFound(f"Embeddings are not available for this model: {where}; "
+                       f"models with embeddings: {', '.join(serving) or 'none'}", param="model",
+                       code="embeddings_not_served")
+    if not ctx.load.get(name, NO_LOAD).healthy:
+        raise NoHealthyDeployment(f"The embeddings deployment {name!r} is unhealthy; retry shortly")
+    return Decision(name, "embeddings", (name,), (f"embeddings served by {name}",))
 
 
 def _select(
-    policy: Policy, pin: str | None, features: Features, ctx: Context, trail: list[str] | None
+    policy: Policy, pin: str | None, features: Features, ctx: Context, trail: list[str], explain: bool
 ) -> tuple[str, str]:
     for rule in policy.rules:
         if pin is not None and not rule.override_pin:
             continue
         failed = _first_failure(rule.when, features, ctx)
-        if trail is not None:
-            trail.append(f"rule {rule.name}: " + ("matched" if failed is None else f"no match ({failed})"))
         if failed is None:
+            trail.append(f"rule {rule.name}: matched, use {rule.use}")
             return rule.use, rule.name
+        if explain:
+            trail.append(f"rule {rule.name}: no match ({failed})")
     if pin is not None:
-        if trail is not None:
-            trail.append(f"model {features.requested_model!r} pins deployment {pin!r}")
+        trail.append(f"model {features.requested_model!r} pins deployment {pin!r}")
         return pin, f"pin:{features.requested_model}"
-    if trail is not None:
-        trail.append(f"no rule matched: default {policy.default!r}")
+    trail.append(f"no rule matched: default {policy.default!r}")
     return policy.default, "default"
 
 
@@ -99,7 +118,7 @@ def _adjust_for_load(policy: Policy, name: str, features: Features, ctx: Context
 
 
 def _usable(
-    policy: Policy, order: tuple[str, ...], features: Features, ctx: Context, trail: list[str] | None
+    policy: Policy, order: tuple[str, ...], features: Features, ctx: Context, trail: list[str]
 ) -> tuple[str, ...]:
     """Drop deployments that are unhealthy, too full or too small for the request from the order."""
     kept: list[str] = []
@@ -113,8 +132,7 @@ def _usable(
         else:
             if not _fits(policy, name, features):
                 too_small.append(name)
-            if trail is not None:
-                trail.append(f"skip {name}: {why}")
+            trail.append(f"skip {name}: {why}")
         if len(kept) == policy.max_attempts:
             break
     if kept:
@@ -141,8 +159,9 @@ def _exclusion(policy: Policy, name: str, features: Features, ctx: Context) -> s
     full = dep.load.skip_when_kv_cache_usage_gte
     if full is not None and load.kv_cache_usage >= full:
         return f"KV cache {load.kv_cache_usage:.0%} full >= {full:.0%}"
-    if load.in_flight >= dep.max_in_flight:
-        return f"{load.in_flight} in flight >= max_in_flight {dep.max_in_flight}"
+    in_flight = ctx.in_flight.get(name, 0)
+    if in_flight >= dep.max_in_flight:
+        return f"{in_flight} in flight >= max_in_flight {dep.max_in_flight}"
     return None
 
 

@@ -1,0 +1,89 @@
+"""create_app(settings): resources (cleanup_ctx), the middleware and the routes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway import admin, proxy, upstream
+from gateway.backends import Backends, Tracked
+from gateway.classifier import Classifier
+from gateway.middleware import add_gateway_headers, exchange_middleware
+from gateway.policy import Policy, PolicyError
+from gateway.policy_file import PolicyFile
+from gateway.services import SERVICES, Recent, Services
+from gateway.settings import Settings
+from gateway.telemetry import Metrics, make_metrics, make_tracer_provider
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> web.Application:
+    # The body limit is enforced by proxy.read_body with a clear message; aiohttp's own cap sits above it.
+    app = web.Application(middlewares=[exchange_middleware], client_max_size=settings.max_body_bytes + 1)
+    app.on_response_prepare.append(add_gateway_headers)
+    app.cleanup_ctx.append(_services(settings))
+    app.router.add_post("/v1/chat/completions", proxy.chat_completions)
+    app.router.add_post("/v1/completions", proxy.completions)
+    app.router.add_post("/v1/embeddings", proxy.embeddings)
+    app.router.add_get("/v1/models", proxy.models)
+    app.router.add_get("/healthz", admin.healthz)
+    app.router.add_get("/readyz", admin.readyz)
+    app.router.add_get("/metrics", admin.metrics)
+    admin.add_routes(app.router)
+    return app
+
+
+def _services(settings: Settings):  # type: ignore[no-untyped-def]
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        metrics = make_metrics()
+        provider = make_tracer_provider(settings.traces)
+        session = upstream.make_session()
+        backends = Backends(session, on_change=lambda name, tracked: _export_load(metrics, name, tracked, backends))
+        policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
+        classifier = Classifier.load(settings.classifier_model) if settings.classifier_model else Classifier.default()
+        app[SERVICES] = Services(settings, policy_file, backends, session, metrics,
+                                 provider.get_tracer("agent-gateway"), classifier, Recent(settings.explain_memory))
+        metrics.policy_valid.set(1)
+        backends.reconcile(policy_file.current)
+        watcher = asyncio.get_running_loop().create_task(policy_file.watch(settings.policy_poll_s))
+        _on_sighup(policy_file)
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await backends.close()
+            await session.close()
+            provider.shutdown()
+    return ctx
+
+
+def _on_sighup(policy_file: PolicyFile) -> None:
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, policy_file.reload)
+
+
+def _reloaded(app: web.Application, new: Policy | None, err: PolicyError | None) -> None:
+    svc = app[SERVICES]
+    svc.metrics.policy_reloads.labels("ok" if err is None else "invalid").inc()
+    svc.metrics.policy_valid.set(0 if err is not None else 1)
+    if new is not None:
+        svc.backends.reconcile(new)
+
+
+def _export_load(metrics: Metrics, name: str, tracked: Tracked, backends: Backends) -> None:
+    load = tracked.load
+    metrics.in_flight.labels(name).set(backends.in_flight.get(name, 0))
+    metrics.deployment_healthy.labels(name).set(1 if load.healthy else 0)
+    metrics.deployment_waiting.labels(name).set(load.requests_waiting)
+    metrics.deployment_running.labels(name).set(load.requests_running)
+    metrics.deployment_kv_cache.labels(name).set(load.kv_cache_usage)
+    if tracked.spec_acceptance is not None:
+        metrics.deployment_spec_acceptance.labels(name).set(tracked.spec_acceptance)

@@ -1,0 +1,87 @@
+"""`policy explain` offline: one request file through the pure decision with assumed load, no deployment called."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from gateway import openai
+from gateway import policy as policy_module
+from gateway.features import extract
+from gateway.routing import Context, DeploymentLoad, decide, needs_complexity
+
+
+class ExplainInputError(ValueError):
+    """A bad --request, --header or --load argument."""
+
+
+def offline(
+    policy_path: str, request_path: str, endpoint: str, headers: Sequence[str], tenant: str | None,
+    loads: Sequence[str],
+) -> dict[str, Any]:
+    policy = policy_module.load(policy_path)
+    try:
+        raw = Path(request_path).read_bytes()
+    except OSError as exc:
+        raise ExplainInputError(f"cannot read: {exc.strerror}") from exc
+    body = openai.decode(raw)
+    openai.check(body, endpoint)
+    features = extract(body, endpoint)
+    complexity, top = None, []
+    if needs_complexity(policy):
+        from gateway.classifier import Classifier
+
+        classifier = Classifier.default()
+        complexity = classifier.score(features)
+        top = classifier.explain(features)
+    ctx = Context(headers=_headers(headers), tenant=tenant, complexity=complexity,
+                  load=_loads(policy.deployments, loads))
+    decision = decide(policy, features, ctx, explain=True)
+    from gateway.admin import explanation
+
+    report = explanation(decision, features, ctx)
+    report["top_features"] = [[name, round(weight, 4)] for name, weight in top]
+    return report
+
+
+def _headers(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        if not sep:
+            raise ExplainInputError(f"--header {item!r}: expected NAME:VALUE")
+        out[name.strip().lower()] = value.strip()
+    return out
+
+
+def _loads(deployments: dict[str, Any], items: Sequence[str]) -> dict[str, DeploymentLoad]:
+    loads = {name: DeploymentLoad() for name in deployments}
+    names = {f.name for f in fields(DeploymentLoad)}
+    for item in items:
+        name, _, assignment = item.partition(":")
+        field, _, value = assignment.partition("=")
+        if name not in loads or field not in names or not value:
+            raise ExplainInputError(f"--load {item!r}: expected DEPLOYMENT:FIELD=VALUE with a deployment of the "
+                                    f"policy ({', '.join(loads)}) and a field among {', '.join(sorted(names))}")
+        try:
+            parsed: Any = bool(int(value)) if field == "healthy" else float(value)
+        except ValueError as exc:
+            raise ExplainInputError(f"--load {item!r}: {value!r} is not a number") from exc
+        loads[name] = replace(loads[name], **{field: parsed})
+    return loads
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"deployment: {report['deployment']}", f"rule: {report['rule']}",
+             f"attempts: {', '.join(report['attempts'])}"]
+    if report["complexity"] is not None:
+        lines.append(f"complexity: {report['complexity']:.3f}")
+        lines += [f"  {name}: {weight:+.3f}" for name, weight in report["top_features"]]
+    lines.append("reasons:")
+    lines += [f"  - {reason}" for reason in report["reasons"]]
+    lines.append("features: " + json.dumps(report["features"]))
+    lines.append("load: " + json.dumps(report["load"]))
+    return "\n".join(lines)

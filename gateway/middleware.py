@@ -1,0 +1,98 @@
+"""The one middleware: request id, span and metrics per exchange, admin token, errors as the OpenAI envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import re
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.errors import Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
+from gateway.services import EXCHANGE, REQUEST_ID, SERVICES, Exchange, request_attrs
+
+log = logging.getLogger(__name__)
+
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# Status of a request whose client went away before the answer (nginx's convention).
+CLIENT_CLOSED = 499
+
+
+def error_response(err: GatewayError) -> web.Response:
+    return web.json_response(err.envelope(), status=err.status, headers=err.headers)
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if _SAFE_REQUEST_ID.match(given) else os.urandom(12).hex()
+
+
+@web.middleware
+async def exchange_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    svc = request.app[SERVICES]
+    request_id = _request_id(request)
+    request[REQUEST_ID] = request_id
+    endpoint = _ENDPOINTS.get(request.path)
+    ex = None
+    if endpoint is not None:
+        ex = Exchange(request_id, endpoint, svc.tracer.start_span("gateway " + endpoint, attributes=request_attrs(request)))
+        request[EXCHANGE] = ex
+    status = 500
+    try:
+        if request.path.startswith("/admin/"):
+            _check_admin(request, svc.settings.admin_token)
+        response = await handler(request)
+        status = response.status
+        return response
+    except GatewayError as exc:
+        status = exc.status
+        if ex is not None:
+            ex.error = exc
+        return error_response(exc)
+    except web.HTTPException as exc:
+        status = exc.status
+        return error_response(_from_http(exc))
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED
+        raise
+    except Exception:
+        # Full detail goes to the log only; the client gets the request id to quote.
+        log.exception("unhandled error in request %s", request_id)
+        return error_response(GatewayError(f"Internal error; quote request id {request_id}"))
+    finally:
+        if ex is not None:
+            ex.finish(status, svc.metrics)
+
+
+def _check_admin(request: web.Request, token: str) -> None:
+    if not token:
+        raise Forbidden("The admin API is disabled: set AGENT_GATEWAY_ADMIN_TOKEN")
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise Unauthorized("A valid admin token is required (Authorization: Bearer <token>)", code="invalid_admin_token")
+
+
+def _from_http(exc: web.HTTPException) -> GatewayError:
+    if exc.status == 404:
+        return NotFound("Unknown path; see /v1/models and the README for the endpoints", code="unknown_path")
+    if exc.status == 413:
+        return PayloadTooLarge("The request body is over the size limit")
+    err = GatewayError(exc.reason)
+    err.status = exc.status
+    err.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
+    return err
+
+
+async def add_gateway_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every response names its request id, and proxied ones the decision."""
+    request_id = request.get(REQUEST_ID)
+    if request_id is not None:
+        response.headers["x-request-id"] = request_id
+    ex: Exchange | None = request.get(EXCHANGE)
+    if ex is not None:
+        response.headers["x-gateway-deployment"] = ex.deployment or "none"
+        response.headers["x-gateway-rule"] = ex.rule or "none"

@@ -1,0 +1,140 @@
+"""The slice of the OpenAI API the gateway reads and writes: lenient request checks, usage, SSE framing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import BadRequest, GatewayError
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    """Parse a request body; anything but a JSON object is a 400 that says what was wrong."""
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise BadRequest("The request body is not valid UTF-8") from exc
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest(f"The request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def check(body: dict[str, Any], endpoint: str) -> None:
+    """Check the fields the gateway itself reads; every other field passes through untouched."""
+    _expect(body, "model", str, required=True)
+    if endpoint == "chat":
+        messages = _expect(body, "messages", list, required=True)
+        if not messages:
+            raise BadRequest("'messages' must contain at least one message", param="messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise BadRequest(f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]")
+    elif endpoint == "completions":
+        _expect(body, "prompt", (str, list), required=True)
+    else:
+        _expect(body, "input", (str, list), required=True)
+    _expect(body, "stream", bool)
+    _expect(body, "stream_options", dict)
+    _expect(body, "tools", list)
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = _expect(body, name, int)
+        if value is not None and value < 1:
+            raise BadRequest(f"'{name}' must be at least 1, got {value}", param=name)
+    _expect(body, "temperature", (int, float))
+
+
+def _expect(body: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise BadRequest(f"Missing required parameter: '{name}'", param=name, code="missing_required_parameter")
+        return None
+    # bool is an int in Python; a JSON true is never a valid count.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        wanted = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise BadRequest(
+            f"Invalid type for '{name}': expected {_json_type(wanted)}, got {_json_type(type(value).__name__)}",
+            param=name,
+            code="invalid_type",
+        )
+    return value
+
+
+def _json_type(py: str) -> str:
+    names = {"str": "a string", "list": "an array", "dict": "an object", "int": "an integer",
+             "float": "a number", "bool": "a boolean"}
+    return " or ".join(names.get(part, part) for part in py.split(" or "))
+
+
+def upstream_body(body: dict[str, Any], served_model: str) -> tuple[bytes, bool]:
+    """The body for a deployment: only `model` rewritten, and usage always requested on streams.
+
+    Returns the encoded body and whether the client itself asked for the usage chunk (if not, the
+    gateway drops it from the client's stream).
+    """
+    out = dict(body)
+    out["model"] = served_model
+    client_wants_usage = True
+    if body.get("stream"):
+        options = body.get("stream_options") or {}
+        client_wants_usage = bool(options.get("include_usage"))
+        if not client_wants_usage:
+            out["stream_options"] = {**options, "include_usage": True}
+    return json.dumps(out, separators=(",", ":")).encode(), client_wants_usage
+
+
+def usage_of(payload: Any) -> Usage | None:
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+
+def is_usage_event(event: bytes) -> bool:
+    """The final usage-only chunk of a stream (choices empty, usage set)."""
+    if b'"usage"' not in event:
+        return False
+    compact = event.replace(b" ", b"")
+    return b'"usage":{' in compact and b'"choices":[]' in compact
+
+
+def event_data(event: bytes) -> Any:
+    """The JSON payload of one SSE event (`data: {...}`), or None."""
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data and data != b"[DONE]":
+                try:
+                    return json.loads(data)
+                except ValueError:
+                    return None
+    return None
+
+
+def error_event(err: GatewayError) -> bytes:
+    """One SSE event carrying an OpenAI error; the OpenAI SDKs raise it as an APIError."""
+    return b"data: " + json.dumps(err.envelope()).encode() + b"\n\n"
+
+
+def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Complete SSE events (each with its blank-line terminator) and the incomplete rest."""
+    if b"\r\n" in buffer:
+        buffer = buffer.replace(b"\r\n", b"\n")
+    end = buffer.rfind(b"\n\n")
+    if end < 0:
+        return [], buffer
+    complete, rest = buffer[: end + 2], buffer[end + 2 :]
+    return [part + b"\n\n" for part in complete[:-2].split(b"\n\n")], rest

@@ -1,0 +1,168 @@
+"""The OpenAI-compatible handlers: read, decide, forward with failover, relay, settle. Owns no policy."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from gateway import openai, upstream
+from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
+from gateway.features import Features, extract
+from gateway.policy import Policy
+from gateway.routing import Context, Decision, decide
+from gateway.services import EXCHANGE, SERVICES, Exchange, Services
+
+STREAM_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _proxy(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _proxy(request, "completions")
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await _proxy(request, "embeddings")
+
+
+async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
+    svc = request.app[SERVICES]
+    ex: Exchange = request[EXCHANGE]
+    body = openai.decode(await read_body(request, svc.settings.max_body_bytes))
+    openai.check(body, endpoint)
+    policy = svc.policy.current
+    features = extract(body, endpoint)
+    ctx = svc.context(request, features, policy)
+    decision = decide(policy, features, ctx)
+    svc.recent.remember(ex.request_id, policy, features, ctx)
+    ex.decided(features, decision, ctx.complexity)
+    return await _forward(request, svc, policy, decision, body, features)
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"The request body is {request.content_length} bytes; the limit is {limit}")
+    try:
+        raw = await request.content.read(limit + 1) if request.content_length is None else await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes") from exc
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes")
+    if not raw:
+        raise BadRequest("The request body is empty; send a JSON object")
+    return raw
+
+
+async def _forward(
+    request: web.Request, svc: Services, policy: Policy, decision: Decision, body: dict[str, Any], features: Features
+) -> web.StreamResponse:
+    """Try the decision's deployments in order; fail over only before the first byte reaches the client."""
+    ex: Exchange = request[EXCHANGE]
+    headers = upstream.forwardable(request.headers)
+    headers["x-request-id"] = ex.request_id
+    last: GatewayError = UpstreamError("No deployment was tried")
+    for name in decision.attempts:
+        dep = policy.deployments[name]
+        payload, client_wants_usage = openai.upstream_body(body, dep.served_model)
+        svc.backends.in_flight[name] = svc.backends.in_flight.get(name, 0) + 1
+        try:
+            try:
+                reply = await upstream.send(svc.session, name, dep, openai.PATHS[features.endpoint], payload, headers)
+            except (UpstreamError, UpstreamTimeout) as exc:
+                svc.backends.record_failure(name)
+                svc.metrics.failovers.labels(name, exc.code or exc.error_type).inc()
+                last = exc
+                continue
+            ex.attempted(name, dep.served_model)
+            if features.stream and reply.status == 200:
+                return await _relay_stream(request, svc, reply, client_wants_usage)
+            return await _relay_body(request, svc, reply)
+        finally:
+            svc.backends.in_flight[name] -= 1
+    raise last
+
+
+async def _relay_body(request: web.Request, svc: Services, reply: upstream.Reply) -> web.Response:
+    ex_headers = upstream.reply_headers(reply)
+    raw = await reply.read()
+    if reply.status == 200:
+        svc.backends.record_success(reply.deployment)
+        svc.settle(request[EXCHANGE], _usage_from_json(raw))
+    return web.Response(body=raw, status=reply.status, headers=ex_headers)
+
+
+def _usage_from_json(raw: bytes) -> openai.Usage | None:
+    try:
+        return openai.usage_of(json.loads(raw))
+    except ValueError:
+        return None
+
+
+async def _relay_stream(
+    request: web.Request, svc: Services, reply: upstream.Reply, client_wants_usage: bool
+) -> web.StreamResponse:
+    """Relay SSE events as they arrive; learn usage; a failure after the first byte becomes one error event."""
+    ex: Exchange = request[EXCHANGE]
+    response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
+    await response.prepare(request)
+    relay = _StreamRelay(client_wants_usage)
+    finished = False
+    try:
+        async for chunk in reply.chunks():
+            ex.first_byte()
+            out = relay.feed(chunk)
+            if out:
+                await response.write(out)
+        if not relay.done:
+            raise UpstreamError(f"Deployment {reply.deployment!r} ended the stream before [DONE]",
+                                code="upstream_truncated")
+        finished = True
+        svc.backends.record_success(reply.deployment)
+    except GatewayError as exc:
+        svc.backends.record_failure(reply.deployment)
+        ex.failed_mid_stream(exc)
+        await response.write(openai.error_event(exc))
+    finally:
+        # An unfinished stream (error, client gone, cancelled) must stop the deployment's generation too.
+        reply.release() if finished else reply.close()
+        svc.settle(ex, relay.usage)
+    await response.write_eof()
+    return response
+
+
+class _StreamRelay:
+    """Splits the upstream byte stream into SSE events, takes the usage chunk, notes [DONE]."""
+
+    __slots__ = ("_pending", "client_wants_usage", "done", "usage")
+
+    def __init__(self, client_wants_usage: bool) -> None:
+        self.client_wants_usage = client_wants_usage
+        self._pending = b""
+        self.usage: openai.Usage | None = None
+        self.done = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        events, self._pending = openai.split_events(self._pending + chunk)
+        if not events:
+            return b""
+        kept = []
+        for event in events:
+            if openai.is_usage_event(event):
+                self.usage = openai.usage_of(openai.event_data(event))
+                if not self.client_wants_usage:
+                    continue
+            elif event.startswith(openai.DONE_EVENT):
+                self.done = True
+            kept.append(event)
+        return b"".join(kept)
+
+
+async def models(request: web.Request) -> web.Response:
+    policy = request.app[SERVICES].policy.current
+    data = [{"id": name, "object": "model", "owned_by": "agent-gateway", "created": 0,
+             "description": model.description} for name, model in policy.models.items()]
+    return web.json_response({"object": "list", "data": data})

@@ -1,0 +1,157 @@
+"""What a request handler reaches: the app's shared resources (Services) and one request's record (Exchange)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
+
+from gateway import telemetry as t
+from gateway.backends import Backends
+from gateway.classifier import Classifier
+from gateway.errors import GatewayError
+from gateway.features import Features
+from gateway.openai import OPERATION, Usage
+from gateway.policy import Policy
+from gateway.policy_file import PolicyFile
+from gateway.routing import Context, Decision, needs_complexity
+from gateway.settings import Settings
+
+
+
+class Recent:
+    """The inputs of the last N decisions, so their full trail can be recomputed on demand (decide is pure)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, tuple[Policy, Features, Context]] = OrderedDict()
+
+    def remember(self, request_id: str, policy: Policy, features: Features, ctx: Context) -> None:
+        self._items[request_id] = (policy, features, ctx)
+        if len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def get(self, request_id: str) -> tuple[Policy, Features, Context] | None:
+        return self._items.get(request_id)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    policy: PolicyFile
+    backends: Backends
+    session: aiohttp.ClientSession
+    metrics: t.Metrics
+    tracer: Tracer
+    classifier: Classifier
+    recent: Recent
+
+    def context(self, request: web.Request, features: Features, policy: Policy) -> Context:
+        """Gather the decision's inputs besides the body: headers, tenant, score, a snapshot of load."""
+        complexity = self.classifier.score(features) if needs_complexity(policy) else None
+        return Context(
+            headers=request.headers,
+            tenant=request.get(TENANT),
+            complexity=complexity,
+            load=dict(self.backends.load),
+            in_flight=dict(self.backends.in_flight),
+        )
+
+    def settle(self, ex: Exchange, usage: Usage | None) -> None:
+        """Account a finished exchange's tokens (usage comes from the deployment, exact)."""
+        ex.usage = usage
+        if usage is None or ex.deployment is None:
+            return
+        self.metrics.tokens.labels(ex.deployment, "input").inc(usage.prompt_tokens)
+        self.metrics.tokens.labels(ex.deployment, "output").inc(usage.completion_tokens)
+
+
+class Exchange:
+    """One client request as the gateway saw it: timings, decision, outcome; ends as a span and metrics."""
+
+    __slots__ = ("deployment", "endpoint", "error", "first_byte_at", "request_id", "rule", "served_model",
+                 "span", "started", "usage")
+
+    def __init__(self, request_id: str, endpoint: str, span: Span | None) -> None:
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.span = span
+        self.started = time.perf_counter()
+        self.deployment: str | None = None
+        self.rule: str | None = None
+        self.served_model: str | None = None
+        self.first_byte_at: float | None = None
+        self.usage: Usage | None = None
+        self.error: GatewayError | None = None
+
+    def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
+        self.deployment, self.rule = decision.deployment, decision.rule
+        if self.span is None:
+            return
+        self.span.set_attributes({
+            t.GEN_AI_OPERATION: OPERATION[features.endpoint],
+            t.GEN_AI_REQUEST_MODEL: features.requested_model,
+            t.RULE: decision.rule,
+            t.REASONS: list(decision.reasons),
+            t.ATTEMPTS: list(decision.attempts),
+        })
+        if features.max_tokens is not None:
+            self.span.set_attribute(t.GEN_AI_REQUEST_MAX_TOKENS, features.max_tokens)
+        if features.temperature is not None:
+            self.span.set_attribute(t.GEN_AI_REQUEST_TEMPERATURE, features.temperature)
+        if complexity is not None:
+            self.span.set_attribute(t.COMPLEXITY, complexity)
+
+    def attempted(self, deployment: str, served_model: str) -> None:
+        self.deployment, self.served_model = deployment, served_model
+
+    def first_byte(self) -> None:
+        if self.first_byte_at is None:
+            self.first_byte_at = time.perf_counter()
+
+    def failed_mid_stream(self, err: GatewayError) -> None:
+        self.error = err
+
+    def finish(self, status: int, metrics: t.Metrics) -> None:
+        """Record metrics and end the span; called once by the middleware."""
+        elapsed_s = time.perf_counter() - self.started
+        deployment = self.deployment or "none"
+        shown_status = "stream_error" if self.error is not None and status == 200 else str(status)
+        metrics.requests.labels(self.endpoint, deployment, self.rule or "none", shown_status).inc()
+        metrics.latency.labels(self.endpoint, deployment).observe(elapsed_s)
+        ttft_s = None if self.first_byte_at is None else self.first_byte_at - self.started
+        if ttft_s is not None:
+            metrics.ttft.labels(deployment).observe(ttft_s)
+        if self.span is not None:
+            self._end_span(status, ttft_s)
+
+    def _end_span(self, status: int, ttft_s: float | None) -> None:
+        span = self.span
+        assert span is not None
+        attrs: dict[str, Any] = {"http.response.status_code": status, t.DEPLOYMENT: self.deployment or ""}
+        if self.served_model:
+            attrs[t.GEN_AI_RESPONSE_MODEL] = self.served_model
+        if self.usage is not None:
+            attrs[t.GEN_AI_INPUT_TOKENS] = self.usage.prompt_tokens
+            attrs[t.GEN_AI_OUTPUT_TOKENS] = self.usage.completion_tokens
+        if ttft_s is not None:
+            attrs[t.TTFT_MS] = ttft_s * 1000
+        span.set_attributes(attrs)
+        if status >= 500 or self.error is not None:
+            span.set_status(Status(StatusCode.ERROR, self.error.message if self.error else str(status)))
+        span.end()
+
+
+SERVICES = web.AppKey("services", Services)
+EXCHANGE = web.RequestKey("exchange", Exchange)
+REQUEST_ID = web.RequestKey("request_id", str)
+TENANT = web.RequestKey("tenant", str)
+
+
+def request_attrs(request: web.Request) -> dict[str, Any]:
+    return {"http.request.method": request.method, "url.path": request.path}

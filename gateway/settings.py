@@ -1,0 +1,47 @@
+"""Process settings, read once from AGENT_GATEWAY_* environment variables (CLI flags override them)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+PREFIX = "AGENT_GATEWAY_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    policy: str = ""  # path of the policy YAML
+    max_body_bytes: int = 16 * 1024 * 1024
+    admin_token: str = ""  # empty: the admin API is disabled
+    traces: str = "none"  # none | console | otlp (OTEL_EXPORTER_OTLP_* configure the endpoint)
+    policy_poll_s: float = 1.0
+    classifier_model: str = ""  # empty: the packaged default model
+    explain_memory: int = 2048  # recent requests whose decision trail /admin/requests/{id}/explain can show
+    log_level: str = "INFO"
+    workers: int = 1
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _convert(f.name, raw, type(getattr(cls(), f.name)))
+        settings = cls(**values)
+        return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _convert(name: str, raw: str, kind: type) -> Any:
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{PREFIX}{name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def describe() -> list[tuple[str, str]]:
+    """(variable, default) pairs for the README and --help."""
+    return [(PREFIX + f.name.upper(), repr(getattr(Settings(), f.name))) for f in fields(Settings)]

@@ -1,0 +1,109 @@
+"""OpenTelemetry tracing and Prometheus metrics: names, the tracer setup, and the per-request recorder."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import Tracer
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway import __version__
+
+log = logging.getLogger(__name__)
+
+# GenAI semantic-convention attribute names (opentelemetry semconv, gen_ai.*).
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_PROVIDER = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+# The gateway's own attributes.
+DEPLOYMENT = "gateway.deployment"
+RULE = "gateway.rule"
+REASONS = "gateway.reasons"
+ATTEMPTS = "gateway.attempts"
+TTFT_MS = "gateway.ttft_ms"
+COMPLEXITY = "gateway.complexity"
+REQUEST_ID = "gateway.request_id"
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+def make_tracer_provider(exporter_name: str) -> TracerProvider:
+    """`none` records spans without exporting; `console` prints them; `otlp` uses OTEL_EXPORTER_OTLP_* env."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "agent-gateway",
+                                                        "service.version": __version__}))
+    exporter = _exporter(exporter_name)
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def _exporter(name: str) -> SpanExporter | None:
+    if name == "console":
+        return ConsoleSpanExporter()
+    if name == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            log.warning("traces=otlp but opentelemetry-exporter-otlp is not installed; not exporting spans")
+            return None
+        return OTLPSpanExporter(endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    return None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The gateway's Prometheus series, in a registry of its own (one per app)."""
+
+    registry: CollectorRegistry
+    requests: Counter
+    latency: Histogram
+    ttft: Histogram
+    tokens: Counter
+    failovers: Counter
+    policy_reloads: Counter
+    policy_valid: Gauge
+    deployment_healthy: Gauge
+    deployment_waiting: Gauge
+    deployment_running: Gauge
+    deployment_kv_cache: Gauge
+    deployment_spec_acceptance: Gauge
+    in_flight: Gauge
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def make_metrics() -> Metrics:
+    r = CollectorRegistry()
+    dep = ["deployment"]
+    return Metrics(
+        registry=r,
+        requests=Counter("gateway_requests", "Requests by outcome", ["endpoint", "deployment", "rule", "status"],
+                         registry=r),
+        latency=Histogram("gateway_request_duration_seconds", "Time to the last byte", ["endpoint", "deployment"],
+                          buckets=LATENCY_BUCKETS_S, registry=r),
+        ttft=Histogram("gateway_time_to_first_token_seconds", "Time to the first streamed chunk", dep,
+                       buckets=LATENCY_BUCKETS_S, registry=r),
+        tokens=Counter("gateway_tokens", "Tokens reported by deployments", ["deployment", "direction"], registry=r),
+        failovers=Counter("gateway_failovers", "Attempts moved to the next deployment", ["from_deployment", "reason"],
+                          registry=r),
+        policy_reloads=Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r),
+        policy_valid=Gauge("gateway_policy_last_reload_ok", "1 when the last policy reload succeeded", registry=r),
+        deployment_healthy=Gauge("gateway_deployment_healthy", "1 when routable", dep, registry=r),
+        deployment_waiting=Gauge("gateway_deployment_requests_waiting", "vLLM queue depth", dep, registry=r),
+        deployment_running=Gauge("gateway_deployment_requests_running", "vLLM running requests", dep, registry=r),
+        deployment_kv_cache=Gauge("gateway_deployment_kv_cache_usage_ratio", "vLLM KV cache usage", dep, registry=r),
+        deployment_spec_acceptance=Gauge("gateway_deployment_spec_decode_acceptance_ratio",
+                                         "Accepted / drafted speculative tokens", dep, registry=r),
+        in_flight=Gauge("gateway_deployment_in_flight", "Requests the gateway has open", dep, registry=r),
+    )
