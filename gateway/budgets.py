@@ -1,0 +1,108 @@
+"""Budget admission on top of the store: hold the worst case, settle the actual spend, release on failure.
+
+Contract for the core (request path, in this order):
+
+    snap = await budgets.snapshot(tenant)                          # before decide(), one round trip
+    costs = {name: worst_case(dep, prompt_tokens, max_tokens) for name, dep in policy.deployments.items()}
+    verdict = tenancy.admission(snap, tenant_policy, costs, ...)   # pure, passed into decide()
+    held = await budgets.reserve(tenant, tenant_policy, chosen, costs[chosen], session_id=sid)
+        # raises errors.RateLimited (429, Retry-After, names the limit) or errors.StoreUnavailable (503)
+    try: ... forward ...
+    then exactly one of:
+      await budgets.settle(held, dep.price, tokens_in, tokens_out)  # on completion (usage from upstream)
+      await budgets.release(held)                                   # on failure, cancel, disconnect
+    usage_report(store, tenant) -> JSON-able dict for the admin endpoint
+settle and release never raise (a store failure is logged and the hold expires after its TTL); a
+second settle/release of the same reservation is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gateway.errors import RateLimited
+from gateway.policy import Deployment, Price
+from gateway.store import Hold, Limits, Refusal, Reservation, Spend, Store, StoreError
+from gateway.tenancy import Cost, TenantPolicy, TenantSnapshot
+
+log = logging.getLogger(__name__)
+
+RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})
+
+
+def worst_case(deployment: Deployment, prompt_tokens: int, max_tokens: int | None) -> Cost:
+    """Prompt tokens at the input price plus max_tokens (or the deployment's cap) at the output price."""
+    completion = max_tokens if max_tokens is not None else deployment.default_max_tokens
+    if deployment.max_model_len is not None:
+        # the deployment cannot generate past its context window, whatever max_tokens says
+        completion = max(0, min(completion, deployment.max_model_len - prompt_tokens))
+    return Cost(deployment.price.cost_usd(prompt_tokens, completion), prompt_tokens + completion)
+
+
+class Budgets:
+    def __init__(self, store: Store, *, reservation_ttl_s: float = 900.0, session_ttl_s: int = 3600) -> None:
+        self._store = store
+        self._ttl_s = reservation_ttl_s
+        self._session_ttl_s = session_ttl_s
+        self._open: set[str] = set()
+
+    async def snapshot(self, tenant: str) -> TenantSnapshot:
+        """The tenant's current windows and open reservations (raises StoreUnavailable under `reject`)."""
+        return await self._store.snapshot(tenant)
+
+    async def reserve(
+        self,
+        tenant: str,
+        policy: TenantPolicy | None,
+        deployment: str,
+        cost: Cost,
+        *,
+        session_id: str | None = None,
+    ) -> Reservation:
+        """Hold `cost` against every limit of the tenant at once, or raise RateLimited naming the limit."""
+        hold = Hold(tenant, deployment, cost, Limits.of(policy), session_id, self._ttl_s, self._session_ttl_s)
+        result = await self._store.reserve(hold)
+        if isinstance(result, Refusal):
+            raise _rate_limited(tenant, result)
+        self._open.add(result.id)
+        return result
+
+    async def settle(self, reservation: Reservation, price: Price, tokens_in: int, tokens_out: int) -> None:
+        """Replace the hold by the actual spend; never raises."""
+        if reservation.id not in self._open:
+            return
+        self._open.discard(reservation.id)
+        spend = Spend(price.cost_usd(tokens_in, tokens_out), tokens_in, tokens_out)
+        try:
+            await self._store.settle(reservation, spend)
+        except Exception as exc:
+            log.error("settle of reservation %s failed: %s", reservation.id, exc)
+
+    async def release(self, reservation: Reservation) -> None:
+        """Drop the hold without spend (failure, cancel, disconnect); never raises."""
+        if reservation.id not in self._open:
+            return
+        self._open.discard(reservation.id)
+        try:
+            await self._store.release(reservation)
+        except Exception as exc:
+            log.warning("release of reservation %s failed (it expires on its own): %s", reservation.id, exc)
+
+
+def _rate_limited(tenant: str, refusal: Refusal) -> RateLimited:
+    code = "rate_limit_exceeded" if refusal.limit in RATE_LIMITS else "budget_exceeded"
+    return RateLimited(
+        f"Tenant {tenant!r} reached its {refusal.limit} limit; retry after {refusal.retry_after_s:.0f} s",
+        retry_after_s=refusal.retry_after_s,
+        code=code,
+    )
+
+
+async def usage_report(store: Store, tenant: str | None = None) -> dict[str, Any]:
+    """Spend, tokens and requests per tenant, deployment and window (current buckets), for the admin API."""
+    rows = await store.usage(tenant)
+    return {"object": "usage", "data": [row.as_dict() for row in rows]}
+
+
+__all__ = ["Budgets", "StoreError", "usage_report", "worst_case"]

@@ -1,0 +1,251 @@
+"""The in-memory twin of RedisStore: the same keys, the same script logic, one process, no Redis.
+
+Each method runs without awaiting in between, so on one event loop it is as atomic as a Lua script.
+The logic mirrors gateway/store_scripts.py line by line; tests/test_store.py runs one behavioural
+table against both stores to keep them identical.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, cast
+
+from gateway.store import (
+    NANO,
+    Hold,
+    KeyRecord,
+    Layout,
+    Limits,
+    Refusal,
+    Reservation,
+    Spend,
+    UsageRow,
+    new_reservation_id,
+    plan,
+    refusal,
+    to_nusd,
+    usage_rows,
+    window_usage,
+)
+from gateway.tenancy import WINDOWS, SessionState, TenantSnapshot, bucket
+
+
+class _Keyspace:
+    """Just enough of Redis' data model: hashes, sorted sets, sets, key expiry (seconds)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.data: dict[str, Any] = {}
+        self.expire_at: dict[str, float] = {}
+        self.clock = clock
+
+    def get(self, key: str) -> Any:
+        at = self.expire_at.get(key)
+        if at is not None and at <= self.clock():
+            self.delete(key)
+        return self.data.get(key)
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+        self.expire_at.pop(key, None)
+
+    def hash(self, key: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self.get(key) or self.data.setdefault(key, {}))
+
+    def zset(self, key: str) -> dict[str, float]:
+        return cast(dict[str, float], self.get(key) or self.data.setdefault(key, {}))
+
+    def hincr(self, key: str, field: str, by: int) -> int:
+        h = self.hash(key)
+        h[field] = int(h.get(field, 0)) + by
+        return int(h[field])
+
+    def expire(self, key: str, at_s: float) -> None:
+        if key in self.data:
+            self.expire_at[key] = at_s
+
+
+class MemoryStore:
+    """One replica's store; also the local accounting FallbackStore uses while Redis is down."""
+
+    origin = "local"
+
+    def __init__(self, *, prefix: str = "ag", clock: Callable[[], float] = time.time) -> None:
+        self._ks = _Keyspace(clock)
+        self._layout = Layout(prefix)
+        self._clock = clock
+
+    def _unhold(self, tenant: str, rid: str) -> list[str] | None:
+        ks, lay = self._ks, self._layout
+        zset, records = ks.zset(lay.reservations(tenant)), ks.hash(lay.records(tenant))
+        zset.pop(rid, None)
+        rec = records.pop(rid, None)
+        if rec is None:
+            return None
+        p: list[str] = rec.split()
+        for key in p[2::2]:
+            if ks.get(key) is not None:
+                ks.hincr(key, "rusd", -int(p[0]))
+                ks.hincr(key, "rtok", -int(p[1]))
+        return p
+
+    def _expire_stale(self, tenant: str, now_ms: int) -> None:
+        zset = self._ks.zset(self._layout.reservations(tenant))
+        for rid in sorted((r for r, at in zset.items() if at <= now_ms), key=zset.__getitem__)[:200]:
+            self._unhold(tenant, rid)
+
+    async def reserve(self, hold: Hold) -> Reservation | Refusal:
+        now_s, ks, lay = self._clock(), self._ks, self._layout
+        plans = plan(lay, hold.tenant, hold.limits, now_s)
+        self._expire_stale(hold.tenant, int(now_s * 1000))
+        cost, tokens = to_nusd(hold.cost.usd), hold.cost.tokens
+        limit = self._first_crossed(hold, plans, cost, tokens)
+        if limit is not None:
+            return refusal(limit, plans, now_s)
+        rid, expires_ms = new_reservation_id(), int((now_s + hold.ttl_s) * 1000)
+        rec = [str(cost), str(tokens)]
+        for p in plans:
+            ks.hincr(p.key, "rusd", cost)
+            ks.hincr(p.key, "rtok", tokens)
+            ks.hincr(p.key, "req", 1)
+            ks.expire(p.key, p.expire_at_s)
+            rec += [p.key, str(p.expire_at_s)]
+        ks.zset(lay.reservations(hold.tenant))[rid] = expires_ms
+        ks.hash(lay.records(hold.tenant))[rid] = " ".join(rec)
+        if hold.session_id is not None:
+            session_key = lay.session(hold.tenant, hold.session_id)
+            ks.hash(session_key).setdefault("pinned", hold.deployment)
+            ks.expire(session_key, now_s + hold.session_ttl_s)
+        ks.data.setdefault(lay.tenants(), set()).add(hold.tenant)
+        return Reservation(
+            rid,
+            hold.tenant,
+            hold.deployment,
+            cost / NANO,
+            tokens,
+            expires_ms / 1000,
+            hold.session_id,
+            "local",
+        )
+
+    def _first_crossed(self, hold: Hold, plans: list[Any], cost: int, tokens: int) -> str | None:
+        limits: Limits = hold.limits
+        live = self._ks.zset(self._layout.reservations(hold.tenant))
+        if limits.max_concurrent is not None and len(live) >= limits.max_concurrent:
+            return "concurrent"
+        for p in plans:
+            h = self._ks.get(p.key) or {}
+            usd = int(h.get("usd", 0)) + int(h.get("rusd", 0))
+            tok = int(h.get("tok", 0)) + int(h.get("rtok", 0))
+            if p.hard_requests >= 0 and int(h.get("req", 0)) + 1 > p.hard_requests:
+                return "requests_per_minute"
+            if p.hard_nusd >= 0 and usd + cost > p.hard_nusd:
+                return f"usd_per_{p.window}"
+            if p.hard_tokens >= 0 and tok + tokens > p.hard_tokens:
+                return f"tokens_per_{p.window}"
+        return None
+
+    async def settle(self, reservation: Reservation, spend: Spend) -> bool:
+        ks, lay, t = self._ks, self._layout, reservation.tenant
+        p = self._unhold(t, reservation.id)
+        if p is not None:
+            targets = [(p[i], float(p[i + 1])) for i in range(2, len(p), 2)]
+        else:
+            targets = [(b.key, float(b.expire_at_s)) for b in plan(lay, t, Limits(), self._clock())]
+        cost, d = to_nusd(spend.usd), f"d:{reservation.deployment}:"
+        for key, at in targets:
+            ks.hincr(key, "usd", cost)
+            ks.hincr(key, "tok", spend.tokens_in + spend.tokens_out)
+            ks.hincr(key, d + "usd", cost)
+            ks.hincr(key, d + "in", spend.tokens_in)
+            ks.hincr(key, d + "out", spend.tokens_out)
+            ks.hincr(key, d + "req", 1)
+            ks.expire(key, at)
+        if reservation.session_id is not None:
+            session_key = lay.session(t, reservation.session_id)
+            if ks.get(session_key) is not None:
+                ks.hincr(session_key, "cost", cost)
+        return p is not None
+
+    async def release(self, reservation: Reservation) -> bool:
+        return self._unhold(reservation.tenant, reservation.id) is not None
+
+    async def snapshot(self, tenant: str) -> TenantSnapshot:
+        now_s = self._clock()
+        self._expire_stale(tenant, int(now_s * 1000))
+        plans = plan(self._layout, tenant, Limits(), now_s)
+        windows = {p.window: window_usage(p.window, p.ends_at_s, self._ks.get(p.key) or {}) for p in plans}
+        return TenantSnapshot(tenant, now_s, windows, len(self._ks.zset(self._layout.reservations(tenant))))
+
+    async def step(self, tenant: str, session_id: str, rate_window_s: float, idle_ttl_s: int) -> SessionState:
+        now_s, ks = self._clock(), self._ks
+        now_ms, key, steps_key = (
+            int(now_s * 1000),
+            self._layout.session(tenant, session_id),
+            self._layout.steps(tenant, session_id),
+        )
+        steps = ks.hincr(key, "steps", 1)
+        times = ks.zset(steps_key)
+        times[f"{now_ms}:{steps}"] = now_ms
+        for member in [m for m, at in times.items() if at <= now_ms - rate_window_s * 1000]:
+            del times[member]
+        for member in sorted(times, key=times.__getitem__)[:-1000]:
+            del times[member]
+        ks.expire(key, now_s + idle_ttl_s)
+        ks.expire(steps_key, now_s + idle_ttl_s)
+        h = ks.hash(key)
+        pinned = h.get("pinned")
+        return SessionState(
+            session_id, steps, len(times) * 60.0 / rate_window_s, int(h.get("cost", 0)) / NANO, pinned
+        )
+
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        now_s = self._clock()
+        tenants = [tenant] if tenant is not None else sorted(self._ks.get(self._layout.tenants()) or ())
+        rows: list[UsageRow] = []
+        for t in tenants:
+            for window in WINDOWS:
+                bucket_id, _ = bucket(window, now_s)
+                fields = self._ks.get(self._layout.bucket(t, window, bucket_id)) or {}
+                rows += usage_rows(t, window, bucket_id, fields)
+        return rows
+
+    async def put_key(self, record: KeyRecord) -> None:
+        self._ks.data[self._layout.key(record.digest)] = {k: str(v) for k, v in asdict(record).items()}
+        self._ks.hash(self._layout.key_ids())[record.key_id] = record.digest
+
+    async def find_key(self, digest: str) -> KeyRecord | None:
+        fields = self._ks.get(self._layout.key(digest))
+        if not fields:
+            return None
+        return KeyRecord(
+            fields["key_id"],
+            fields["tenant"],
+            fields["prefix"],
+            fields["digest"],
+            float(fields["created_s"]),
+            fields["name"],
+        )
+
+    async def list_keys(self) -> list[KeyRecord]:
+        found = [await self.find_key(d) for d in self._ks.hash(self._layout.key_ids()).values()]
+        return sorted((r for r in found if r is not None), key=lambda r: r.created_s)
+
+    async def delete_key(self, key_id: str) -> KeyRecord | None:
+        digest = self._ks.hash(self._layout.key_ids()).pop(key_id, None)
+        if digest is None:
+            return None
+        record = await self.find_key(digest)
+        self._ks.delete(self._layout.key(digest))
+        return record
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def dump(self) -> dict[str, Any]:
+        """Every live key and value (tests scan it for secrets, as they SCAN Redis)."""
+        return {k: v for k in list(self._ks.data) if (v := self._ks.get(k)) is not None}

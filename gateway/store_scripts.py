@@ -1,0 +1,158 @@
+"""The Lua scripts that make each store operation one atomic Redis call."""
+
+from __future__ import annotations
+
+# Shared by every script that touches reservations. A record is "cost tokens key1 expireat1 key2 …":
+# the reserved amounts and the window buckets they were added to, so settle and expiry undo exactly
+# what reserve did even when the clock has moved on to new buckets.
+PRELUDE = """
+local function split(s)
+  local out = {}
+  for w in string.gmatch(s, '%S+') do out[#out + 1] = w end
+  return out
+end
+local function unhold(records, zset, id)
+  local rec = redis.call('HGET', records, id)
+  redis.call('ZREM', zset, id)
+  if not rec then return nil end
+  redis.call('HDEL', records, id)
+  local p = split(rec)
+  for i = 3, #p, 2 do
+    -- a bucket that already expired must not come back as a key without a TTL
+    if redis.call('EXISTS', p[i]) == 1 then
+      redis.call('HINCRBY', p[i], 'rusd', '-' .. p[1])
+      redis.call('HINCRBY', p[i], 'rtok', '-' .. p[2])
+    end
+  end
+  return p
+end
+local function expire_stale(records, zset, now_ms)
+  -- bounded so one call never stalls Redis; later calls finish the rest
+  local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', now_ms, 'LIMIT', 0, 200)
+  for _, id in ipairs(ids) do unhold(records, zset, id) end
+end
+"""
+
+# reserve: KEYS[1]=reservation zset (id -> expiry ms), KEYS[2]=reservation records hash,
+#   KEYS[3]=tenant index set, KEYS[4]=session hash, KEYS[5..]=window buckets;
+#   ARGV: now_ms, expires_ms, id, cost_nusd, tokens, max_concurrent (-1: none), deployment, tenant,
+#   session (1|0), session_ttl_s, then per bucket 6 values: usd limit name, hard nusd, tokens limit name,
+#   hard tokens, hard requests (-1: none for each), expireat_s
+#   -> {1} admitted (or already held), or {0, name of the limit that would be crossed}
+RESERVE = (
+    PRELUDE
+    + """
+local now, zset, records = tonumber(ARGV[1]), KEYS[1], KEYS[2]
+if redis.call('ZSCORE', zset, ARGV[3]) then return {1} end
+expire_stale(records, zset, now)
+local cost, tokens, max_conc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+if max_conc >= 0 and redis.call('ZCARD', zset) >= max_conc then return {0, 'concurrent'} end
+local n = #KEYS - 4
+for i = 1, n do
+  local a = 10 + (i - 1) * 6
+  local h = redis.call('HMGET', KEYS[4 + i], 'usd', 'rusd', 'tok', 'rtok', 'req')
+  local usd = (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0)
+  local tok = (tonumber(h[3]) or 0) + (tonumber(h[4]) or 0)
+  local hard_usd, hard_tok, hard_req = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  if hard_req >= 0 and (tonumber(h[5]) or 0) + 1 > hard_req then
+    return {0, 'requests_per_minute'}
+  end
+  if hard_usd >= 0 and usd + cost > hard_usd then return {0, ARGV[a + 1]} end
+  if hard_tok >= 0 and tok + tokens > hard_tok then return {0, ARGV[a + 3]} end
+end
+local rec = {ARGV[4], ARGV[5]}
+for i = 1, n do
+  local key, at = KEYS[4 + i], ARGV[10 + (i - 1) * 6 + 6]
+  redis.call('HINCRBY', key, 'rusd', ARGV[4])
+  redis.call('HINCRBY', key, 'rtok', ARGV[5])
+  redis.call('HINCRBY', key, 'req', 1)
+  redis.call('EXPIREAT', key, at)
+  rec[#rec + 1] = key
+  rec[#rec + 1] = at
+end
+redis.call('ZADD', zset, ARGV[2], ARGV[3])
+redis.call('HSET', records, ARGV[3], table.concat(rec, ' '))
+local ttl_ms = tonumber(ARGV[2]) - now + 60000
+for _, k in ipairs({zset, records}) do
+  if redis.call('PTTL', k) < ttl_ms then redis.call('PEXPIRE', k, ttl_ms) end
+end
+if ARGV[9] == '1' then
+  redis.call('HSETNX', KEYS[4], 'pinned', ARGV[7])
+  redis.call('EXPIRE', KEYS[4], ARGV[10])
+end
+redis.call('SADD', KEYS[3], ARGV[8])
+return {1}
+"""
+)
+
+# settle: KEYS[1]=reservation zset, KEYS[2]=reservation records, KEYS[3]=session hash,
+#   KEYS[4..]=the current window buckets (used only when the reservation is gone);
+#   ARGV: id, cost_nusd, tokens_in, tokens_out, deployment, session (1|0), then expireat_s per KEYS[4..]
+#   -> 1 when the reservation was open, 0 when it had expired (the spend is recorded either way)
+SETTLE = (
+    PRELUDE
+    + """
+local p = unhold(KEYS[2], KEYS[1], ARGV[1])
+local found = 1
+local targets = {}
+if p then
+  for i = 3, #p, 2 do targets[#targets + 1] = {p[i], p[i + 1]} end
+else
+  found = 0
+  for i = 4, #KEYS do targets[#targets + 1] = {KEYS[i], ARGV[7 + i - 4]} end
+end
+local tok = tonumber(ARGV[3]) + tonumber(ARGV[4])
+local d = 'd:' .. ARGV[5] .. ':'
+for _, t in ipairs(targets) do
+  redis.call('HINCRBY', t[1], 'usd', ARGV[2])
+  redis.call('HINCRBY', t[1], 'tok', tok)
+  redis.call('HINCRBY', t[1], d .. 'usd', ARGV[2])
+  redis.call('HINCRBY', t[1], d .. 'in', ARGV[3])
+  redis.call('HINCRBY', t[1], d .. 'out', ARGV[4])
+  redis.call('HINCRBY', t[1], d .. 'req', 1)
+  redis.call('EXPIREAT', t[1], t[2])
+end
+if ARGV[6] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HINCRBY', KEYS[3], 'cost', ARGV[2])
+end
+return found
+"""
+)
+
+# release: KEYS[1]=reservation zset, KEYS[2]=reservation records; ARGV[1]=id -> 1 if it was open, else 0
+RELEASE = (
+    PRELUDE
+    + """
+if unhold(KEYS[2], KEYS[1], ARGV[1]) then return 1 end
+return 0
+"""
+)
+
+# snapshot: KEYS[1]=reservation zset, KEYS[2]=reservation records, KEYS[3..]=window buckets;
+#   ARGV[1]=now_ms -> {open reservations, {usd, rusd, tok, rtok, req} per bucket}
+SNAPSHOT = (
+    PRELUDE
+    + """
+expire_stale(KEYS[2], KEYS[1], tonumber(ARGV[1]))
+local out = {redis.call('ZCARD', KEYS[1])}
+for i = 3, #KEYS do
+  out[#out + 1] = redis.call('HMGET', KEYS[i], 'usd', 'rusd', 'tok', 'rtok', 'req')
+end
+return out
+"""
+)
+
+# step: KEYS[1]=session hash, KEYS[2]=step times zset; ARGV: now_ms, rate_window_ms, ttl_s, member
+#   -> {steps, steps inside the rate window, cost_nusd, pinned deployment or ''}
+STEP = """
+local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local steps = redis.call('HINCRBY', KEYS[1], 'steps', 1)
+redis.call('ZADD', KEYS[2], now, ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
+-- a runaway loop must not grow the set without bound; the rate saturates instead
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -1001)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+local h = redis.call('HMGET', KEYS[1], 'cost', 'pinned')
+return {steps, redis.call('ZCARD', KEYS[2]), tonumber(h[1]) or 0, h[2] or ''}
+"""
