@@ -20,9 +20,30 @@ from gateway.rollout_state import (
 from gateway.stats import Status, Verdict
 
 __all__ = [
-    "Arm", "Assignment", "InvalidTransition", "Phase", "RolloutError", "RolloutSpec", "RolloutState",
-    "StaleGeneration", "abort", "assign", "assign_session", "bucket", "check_route", "pause", "promote",
-    "promote_full", "resume", "retry", "shadow_sampled", "start", "status", "step", "sticky_key", "undo",
+    "Arm",
+    "Assignment",
+    "InvalidTransition",
+    "Phase",
+    "RolloutError",
+    "RolloutSpec",
+    "RolloutState",
+    "StaleGeneration",
+    "abort",
+    "assign",
+    "assign_session",
+    "bucket",
+    "check_route",
+    "pause",
+    "promote",
+    "promote_full",
+    "resume",
+    "retry",
+    "shadow_sampled",
+    "start",
+    "status",
+    "step",
+    "sticky_key",
+    "undo",
 ]
 
 TICKER = "ticker"
@@ -38,9 +59,15 @@ def step(spec: RolloutSpec, state: RolloutState, obs: Observations, now: float) 
         return state
     if state.weight_pct > 0:
         breach = hard_breach(spec.guards, obs.candidate, spec.interim_alpha)
-        failed = [breach] if breach else [
-            v for v in evaluate(spec, obs, final=False, shadow_active=state.shadow_pct > 0) if v.status is Status.FAIL
-        ]
+        failed = (
+            [breach]
+            if breach
+            else [
+                v
+                for v in evaluate(spec, obs, final=False, shadow_active=state.shadow_pct > 0)
+                if v.status is Status.FAIL
+            ]
+        )
         if failed:
             return _aborted(state, now, TICKER, "guard failed", failed)
     if state.phase is Phase.PAUSED:
@@ -51,13 +78,22 @@ def step(spec: RolloutSpec, state: RolloutState, obs: Observations, now: float) 
 def _aborted(state: RolloutState, now: float, actor: str, reason: str, failed: list[Verdict]) -> RolloutState:
     reasons = tuple(f"{v.metric}: {v.detail}" for v in failed) or (reason,)
     return state.moved(
-        now, actor, "abort", "; ".join(reasons), phase=Phase.ABORTED, weight_pct=0.0, shadow_pct=0.0,
-        reasons=reasons, hold_since=None,
+        now,
+        actor,
+        "abort",
+        "; ".join(reasons),
+        phase=Phase.ABORTED,
+        weight_pct=0.0,
+        shadow_pct=0.0,
+        reasons=reasons,
+        hold_since=None,
     )
 
 
 def _enter(state: RolloutState, index: int, now: float, action: str, **changes: Any) -> RolloutState:
-    return state.moved(now, TICKER, action, "", step_index=index, step_started_at=now, hold_since=None, **changes)
+    return state.moved(
+        now, TICKER, action, "", step_index=index, step_started_at=now, hold_since=None, **changes
+    )
 
 
 def _advance(spec: RolloutSpec, state: RolloutState, obs: Observations, now: float) -> RolloutState:
@@ -65,18 +101,41 @@ def _advance(spec: RolloutSpec, state: RolloutState, obs: Observations, now: flo
     window = state.window
     for _ in range(len(spec.steps) + 1):
         if state.step_index >= len(spec.steps):
-            return state.moved(now, TICKER, "promote", "steps complete", phase=Phase.PROMOTING, weight_pct=100.0,
-                               shadow_pct=0.0, reasons=(), hold_since=None)
+            return state.moved(
+                now,
+                TICKER,
+                "promote",
+                "steps complete",
+                phase=Phase.PROMOTING,
+                weight_pct=100.0,
+                shadow_pct=0.0,
+                reasons=(),
+                hold_since=None,
+            )
         current = spec.steps[state.step_index]
         nxt = state.step_index + 1
         if isinstance(current, SetWeightStep):
-            state = _enter(state, nxt, now, f"set_weight {current.set_weight:g}", weight_pct=current.set_weight,
-                           window=state.window + 1)
+            state = _enter(
+                state,
+                nxt,
+                now,
+                f"set_weight {current.set_weight:g}",
+                weight_pct=current.set_weight,
+                window=state.window + 1,
+            )
         elif isinstance(current, ShadowStep):
-            state = _enter(state, nxt, now, f"shadow {current.shadow.percent:g}", shadow_pct=current.shadow.percent)
+            state = _enter(
+                state, nxt, now, f"shadow {current.shadow.percent:g}", shadow_pct=current.shadow.percent
+            )
         elif isinstance(current, PauseStep) and current.pause.manual:
-            return state.moved(now, TICKER, "pause", "manual step", phase=Phase.PAUSED,
-                               reasons=(f"step {state.step_index}: waiting for a human (pause: {{}})",))
+            return state.moved(
+                now,
+                TICKER,
+                "pause",
+                "manual step",
+                phase=Phase.PAUSED,
+                reasons=(f"step {state.step_index}: waiting for a human (pause: {{}})",),
+            )
         elif state.window != window:
             return state  # obs belong to the previous window; the new one is first looked at next tick
         else:
@@ -104,7 +163,9 @@ def _wait(
     failed = [v for v in verdicts if v.status is Status.FAIL]
     if failed:
         return _aborted(state, now, TICKER, "end-of-step check failed", failed)
-    waiting = [f"{v.metric}: inconclusive (n={v.n}; {v.detail})" for v in verdicts if v.status is not Status.PASS]
+    waiting = [
+        f"{v.metric}: inconclusive (n={v.n}; {v.detail})" for v in verdicts if v.status is not Status.PASS
+    ]
     if obs.candidate.requests < min_samples:
         waiting.insert(0, f"samples: {obs.candidate.requests} of {min_samples} candidate requests")
     if not waiting:
@@ -136,21 +197,32 @@ _LIVE = (Phase.PROGRESSING, Phase.PAUSED)
 def pause(state: RolloutState, *, actor: str, reason: str, generation: int, now: float) -> RolloutState:
     """Hold at the current weight until resumed; guards keep watching and may still abort."""
     _guard(state, generation, "pause", (Phase.PROGRESSING,))
-    return state.moved(now, actor, "pause", reason, phase=Phase.PAUSED, reasons=(f"paused by {actor}: {reason}",))
+    return state.moved(
+        now, actor, "pause", reason, phase=Phase.PAUSED, reasons=(f"paused by {actor}: {reason}",)
+    )
 
 
 def resume(
     spec: RolloutSpec, state: RolloutState, *, actor: str, reason: str, generation: int, now: float
 ) -> RolloutState:
-    """Continue from a pause; a manual `pause: {}` step is thereby completed, a held step gets a fresh max_hold."""
+    """Continue from a pause: a manual `pause: {}` step is completed, a held step gets a fresh max_hold."""
     _guard(state, generation, "resume", (Phase.PAUSED,))
     index = state.step_index
     if index < len(spec.steps):
         current = spec.steps[index]
         if isinstance(current, PauseStep) and current.pause.manual:
             index += 1
-    return state.moved(now, actor, "resume", reason, phase=Phase.PROGRESSING, step_index=index, reasons=(),
-                       hold_since=None, step_started_at=now if index != state.step_index else state.step_started_at)
+    return state.moved(
+        now,
+        actor,
+        "resume",
+        reason,
+        phase=Phase.PROGRESSING,
+        step_index=index,
+        reasons=(),
+        hold_since=None,
+        step_started_at=now if index != state.step_index else state.step_started_at,
+    )
 
 
 def promote(
@@ -159,8 +231,17 @@ def promote(
     """Skip the current step's wait (or pause); the next tick applies the following steps."""
     _guard(state, generation, "promote", _LIVE)
     index = min(state.step_index + 1, len(spec.steps))
-    return state.moved(now, actor, "promote", reason, phase=Phase.PROGRESSING, step_index=index, reasons=(),
-                       hold_since=None, step_started_at=now)
+    return state.moved(
+        now,
+        actor,
+        "promote",
+        reason,
+        phase=Phase.PROGRESSING,
+        step_index=index,
+        reasons=(),
+        hold_since=None,
+        step_started_at=now,
+    )
 
 
 def promote_full(
@@ -168,22 +249,53 @@ def promote_full(
 ) -> RolloutState:
     """Skip every remaining step: the candidate takes all traffic now."""
     _guard(state, generation, "promote_full", _LIVE)
-    return state.moved(now, actor, "promote_full", reason, phase=Phase.PROMOTING, step_index=len(spec.steps),
-                       weight_pct=100.0, shadow_pct=0.0, reasons=(), hold_since=None)
+    return state.moved(
+        now,
+        actor,
+        "promote_full",
+        reason,
+        phase=Phase.PROMOTING,
+        step_index=len(spec.steps),
+        weight_pct=100.0,
+        shadow_pct=0.0,
+        reasons=(),
+        hold_since=None,
+    )
 
 
 def abort(state: RolloutState, *, actor: str, reason: str, generation: int, now: float) -> RolloutState:
     """Send every request back to stable and stop shadows."""
     _guard(state, generation, "abort", (*_LIVE, Phase.PROMOTING))
-    return state.moved(now, actor, "abort", reason, phase=Phase.ABORTED, weight_pct=0.0, shadow_pct=0.0,
-                       reasons=(f"aborted by {actor}: {reason}",), hold_since=None)
+    return state.moved(
+        now,
+        actor,
+        "abort",
+        reason,
+        phase=Phase.ABORTED,
+        weight_pct=0.0,
+        shadow_pct=0.0,
+        reasons=(f"aborted by {actor}: {reason}",),
+        hold_since=None,
+    )
 
 
 def retry(state: RolloutState, *, actor: str, reason: str, generation: int, now: float) -> RolloutState:
     """Start an aborted rollout again from step 0 with the same salt, so keys land in the same buckets."""
     _guard(state, generation, "retry", (Phase.ABORTED,))
-    return state.moved(now, actor, "retry", reason, phase=Phase.PROGRESSING, step_index=0, weight_pct=0.0,
-                       window=state.window + 1, run=state.run + 1, reasons=(), hold_since=None, step_started_at=now)
+    return state.moved(
+        now,
+        actor,
+        "retry",
+        reason,
+        phase=Phase.PROGRESSING,
+        step_index=0,
+        weight_pct=0.0,
+        window=state.window + 1,
+        run=state.run + 1,
+        reasons=(),
+        hold_since=None,
+        step_started_at=now,
+    )
 
 
 def undo(
@@ -191,12 +303,26 @@ def undo(
 ) -> RolloutState:
     """Go back to the previous set_weight step's weight (0 if none) and pause there for a human."""
     _guard(state, generation, "undo", (*_LIVE, Phase.PROMOTING, Phase.HEALTHY))
-    weights = [(i, s.set_weight) for i, s in enumerate(spec.steps[: state.step_index]) if isinstance(s, SetWeightStep)]
+    weights = [
+        (i, s.set_weight)
+        for i, s in enumerate(spec.steps[: state.step_index])
+        if isinstance(s, SetWeightStep)
+    ]
     lower = [(i, w) for i, w in weights if w < state.weight_pct]
     index, weight = (lower[-1][0] + 1, lower[-1][1]) if lower else (0, 0.0)
-    return state.moved(now, actor, "undo", reason, phase=Phase.PAUSED, step_index=index, weight_pct=weight,
-                       window=state.window + 1, reasons=(f"undone by {actor} to weight {weight:g}: {reason}",),
-                       hold_since=None, step_started_at=now)
+    return state.moved(
+        now,
+        actor,
+        "undo",
+        reason,
+        phase=Phase.PAUSED,
+        step_index=index,
+        weight_pct=weight,
+        window=state.window + 1,
+        reasons=(f"undone by {actor} to weight {weight:g}: {reason}",),
+        hold_since=None,
+        step_started_at=now,
+    )
 
 
 def status(spec: RolloutSpec, state: RolloutState, obs: Observations, now: float) -> dict[str, Any]:

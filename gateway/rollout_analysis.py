@@ -7,7 +7,15 @@ from collections.abc import Iterable
 
 from gateway.rollout_samples import CohortCounts, Observations, PairOutcome, bin_upper_ms
 from gateway.rollout_spec import Guards, LatencyGuard, RolloutSpec
-from gateway.stats import Status, Verdict, binomial_lower, binomial_upper, breaches_slo, non_inferiority, win_share
+from gateway.stats import (
+    Status,
+    Verdict,
+    binomial_lower,
+    binomial_upper,
+    breaches_slo,
+    non_inferiority,
+    win_share,
+)
 
 GUARD_NAMES = ("error_rate", "ttft_p95", "tpot_p95", "shadow_quality")
 
@@ -20,7 +28,15 @@ def hard_breach(guards: Guards, candidate: CohortCounts, alpha: float) -> Verdic
     if not breaches_slo(k, n, slo, alpha):
         return None
     detail = f"{k} errors in {n} requests: exact lower bound above the {slo:g} SLO at alpha {alpha:g}"
-    return Verdict("error_rate_slo", Status.FAIL, n, k / n, binomial_lower(k, n, alpha), binomial_upper(k, n, alpha), detail)
+    return Verdict(
+        "error_rate_slo",
+        Status.FAIL,
+        n,
+        k / n,
+        binomial_lower(k, n, alpha),
+        binomial_upper(k, n, alpha),
+        detail,
+    )
 
 
 def _p95_bin(control: Counter[int]) -> int:
@@ -58,7 +74,12 @@ def _latency(
     verdict = non_inferiority(name, k1, n1, k0, n0, guard.margin, alpha, allow_pass=final)
     p95s = ", ".join(f"{t:.0f}" for t in thresholds) or "none yet"
     return Verdict(
-        name, verdict.status, verdict.n, verdict.estimate, verdict.lower, verdict.upper,
+        name,
+        verdict.status,
+        verdict.n,
+        verdict.estimate,
+        verdict.lower,
+        verdict.upper,
         f"share above control p95 (ms: {p95s}); {verdict.detail}",
     )
 
@@ -79,16 +100,30 @@ def evaluate(
     verdicts: list[Verdict] = []
     if guards.error_rate is not None and "error_rate" in wanted:
         breach = hard_breach(guards, cand, spec.interim_alpha)
-        verdicts.append(breach or non_inferiority(
-            "error_rate", cand.errors, cand.requests, ctrl.errors, ctrl.requests,
-            guards.error_rate.margin, level, allow_pass=final,
-        ))
+        verdicts.append(
+            breach
+            or non_inferiority(
+                "error_rate",
+                cand.errors,
+                cand.requests,
+                ctrl.errors,
+                ctrl.requests,
+                guards.error_rate.margin,
+                level,
+                allow_pass=final,
+            )
+        )
     if guards.ttft_p95 is not None and "ttft_p95" in wanted:
-        strata = [(cand.ttft.get(s, Counter()), ctrl.ttft.get(s, Counter())) for s in sorted(set(cand.ttft) | set(ctrl.ttft))]
+        strata = [
+            (cand.ttft.get(s, Counter()), ctrl.ttft.get(s, Counter()))
+            for s in sorted(set(cand.ttft) | set(ctrl.ttft))
+        ]
         verdicts.append(_latency("ttft_p95", guards.ttft_p95, strata, level, final))
     if guards.tpot_p95 is not None and "tpot_p95" in wanted:
         verdicts.append(_latency("tpot_p95", guards.tpot_p95, [(cand.tpot, ctrl.tpot)], level, final))
     if guards.shadow_quality is not None and "shadow_quality" in wanted and shadow_active:
         wins, losses = obs.pairs[PairOutcome.WIN], obs.pairs[PairOutcome.LOSS]
-        verdicts.append(win_share("shadow_quality", wins, losses, guards.shadow_quality.margin, level, allow_pass=final))
+        verdicts.append(
+            win_share("shadow_quality", wins, losses, guards.shadow_quality.margin, level, allow_pass=final)
+        )
     return tuple(verdicts)

@@ -76,7 +76,9 @@ class Assignment:
             return None
 
 
-def assign_session(state: RolloutState | None, key: str | None, recorded: Assignment | None) -> Assignment | None:
+def assign_session(
+    state: RolloutState | None, key: str | None, recorded: Assignment | None
+) -> Assignment | None:
     """A session's arm: the recorded one while the same rollout run lasts, stable once it aborts.
 
     Returns None when there is no rollout. The caller records the result when it differs from

@@ -57,7 +57,7 @@ def prompt_stratum(prompt_tokens: int) -> int:
 
 
 def counter_fields(cohort: Cohort, sample: Sample) -> list[str]:
-    """The counters one sample increments by 1: the request path HINCRBYs these (or adds them to a Counter)."""
+    """The counters one sample increments by 1: the request path HINCRBYs these (or adds to a Counter)."""
     c = cohort.value
     fields = [f"{c}.requests"]
     if sample.error:

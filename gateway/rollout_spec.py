@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -14,7 +14,10 @@ _TARGET = re.compile(r"^(deployment|policy):[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _KEY = re.compile(r"^(header:[A-Za-z0-9\-]+|user|api_key|tenant|session)$")
 
 Target = Annotated[
-    str, Field(description="what serves a cohort: 'deployment:NAME' or 'policy:NAME'", examples=["deployment:hq-v2"])
+    str,
+    Field(
+        description="what serves a cohort: 'deployment:NAME' or 'policy:NAME'", examples=["deployment:hq-v2"]
+    ),
 ]
 
 
@@ -52,7 +55,9 @@ class Analysis(_Model):
 
 
 class Shadow(_Model):
-    percent: float = Field(ge=0, le=100, description="share of stable-served requests mirrored to the candidate")
+    percent: float = Field(
+        ge=0, le=100, description="share of stable-served requests mirrored to the candidate"
+    )
 
 
 class SetWeightStep(_Model):
@@ -79,11 +84,18 @@ class ShadowStep(_Model):
 
 
 Step = SetWeightStep | PauseStep | AnalysisStep | ShadowStep
-_STEP_KINDS = {"set_weight": SetWeightStep, "pause": PauseStep, "analysis": AnalysisStep, "shadow": ShadowStep}
+_STEP_KINDS = {
+    "set_weight": SetWeightStep,
+    "pause": PauseStep,
+    "analysis": AnalysisStep,
+    "shadow": ShadowStep,
+}
 
 
 class ErrorRateGuard(_Model):
-    slo: float = Field(default=0.02, gt=0, lt=1, description="absolute error-rate SLO; a proven breach aborts")
+    slo: float = Field(
+        default=0.02, gt=0, lt=1, description="absolute error-rate SLO; a proven breach aborts"
+    )
     margin: float = Field(default=0.02, ge=0, lt=1, description="allowed excess over control's error rate")
 
 
@@ -95,7 +107,9 @@ class LatencyGuard(_Model):
 
 
 class ShadowQualityGuard(_Model):
-    margin: float = Field(default=0.05, ge=0, lt=0.5, description="candidate win share may be as low as 0.5 - margin")
+    margin: float = Field(
+        default=0.05, ge=0, lt=0.5, description="candidate win share may be as low as 0.5 - margin"
+    )
 
 
 class Guards(_Model):
@@ -111,13 +125,17 @@ class RolloutSpec(_Model):
     id: str = Field(min_length=1, max_length=128, description="rollout id, also the bucketing salt")
     route: str | None = Field(default=None, description="the client model name (route) it applies to")
     candidate: Target
-    stable: Target | None = Field(default=None, description="what the candidate replaces; checked against the route")
+    stable: Target | None = Field(
+        default=None, description="what the candidate replaces; checked against the route"
+    )
     steps: tuple[Step, ...] = Field(min_length=1)
     guards: Guards = Guards()
     key: tuple[str, ...] = ("header:x-session-id", "user", "api_key")
     max_hold_s: float = Field(default=1800.0, gt=0, description="inconclusive this long at a step -> pause")
     alpha: float = Field(default=FINAL_ALPHA, gt=0, lt=0.5, description="end-of-step significance level")
-    interim_alpha: float = Field(default=INTERIM_ALPHA, gt=0, lt=0.5, description="interim (abort-only) level")
+    interim_alpha: float = Field(
+        default=INTERIM_ALPHA, gt=0, lt=0.5, description="interim (abort-only) level"
+    )
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -127,7 +145,8 @@ class RolloutSpec(_Model):
                 kinds = list(item) if isinstance(item, dict) else []
                 if len(kinds) != 1 or kinds[0] not in _STEP_KINDS:
                     raise ValueError(
-                        f"steps[{i}]: {item!r} is not a step; each step is exactly one of {sorted(_STEP_KINDS)}"
+                        f"steps[{i}]: {item!r} is not a step; each step is exactly one of "
+                        f"{sorted(_STEP_KINDS)}"
                     )
             return [_step(i, item) for i, item in enumerate(raw)]
         return raw
@@ -160,7 +179,7 @@ class RolloutSpec(_Model):
 def _step(index: int, item: dict[str, object]) -> Step:
     kind = next(iter(item))
     try:
-        return _STEP_KINDS[kind].model_validate(item)  # type: ignore[no-any-return]
+        return cast(Step, _STEP_KINDS[kind](**item))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
@@ -176,9 +195,13 @@ def _check_weights(steps: tuple[Step, ...]) -> None:
                     f"steps[{i}]: set_weight {step.set_weight:g} must be above the previous weight {weight:g}"
                 )
             weight = step.set_weight
-        elif weight >= 100 and (isinstance(step, AnalysisStep) or (isinstance(step, PauseStep) and not step.pause.manual)):
+        elif weight >= 100 and (
+            isinstance(step, AnalysisStep) or (isinstance(step, PauseStep) and not step.pause.manual)
+        ):
             # At 100% there is no control cohort left to compare with, so the check could never conclude.
-            raise ValueError(f"steps[{i}]: an analysis or timed pause after set_weight 100 has no control cohort")
+            raise ValueError(
+                f"steps[{i}]: an analysis or timed pause after set_weight 100 has no control cohort"
+            )
 
 
 class ShadowSpec(_Model):
@@ -202,17 +225,21 @@ class ShadowSpec(_Model):
 def check_route(
     route: str, stable: str | None, rollouts: Iterable[RolloutSpec], shadows: Iterable[ShadowSpec] = ()
 ) -> None:
-    """Route-level checks the policy loader calls where routes are declared; raises ValueError naming the route."""
+    """Route-level checks for the policy loader where routes are declared; ValueError names the route."""
     declared = list(rollouts)
     if len(declared) > 1:
         ids = ", ".join(r.id for r in declared)
         raise ValueError(f"route {route!r}: at most one rollout per route, found {len(declared)} ({ids})")
     for spec in declared:
         if stable is not None and spec.candidate == stable:
-            raise ValueError(f"route {route!r}: rollout {spec.id!r} candidate {spec.candidate!r} is the route's stable target")
+            raise ValueError(
+                f"route {route!r}: rollout {spec.id!r} candidate {spec.candidate!r} "
+                "is the route's stable target"
+            )
         if stable is not None and spec.stable is not None and spec.stable != stable:
             raise ValueError(
-                f"route {route!r}: rollout {spec.id!r} says stable is {spec.stable!r} but the route serves {stable!r}"
+                f"route {route!r}: rollout {spec.id!r} says stable is {spec.stable!r} "
+                f"but the route serves {stable!r}"
             )
     for shadow in shadows:
         if stable is not None and shadow.target == stable:
@@ -234,22 +261,32 @@ def problems(
     """
     by_route: dict[str, list[int]] = {}
     for i, spec in enumerate(rollouts):
-        yield from _target_problems(f"rollouts[{i}]", spec.route, spec.candidate, stable_of, deployments, policies)
+        yield from _target_problems(
+            f"rollouts[{i}]", spec.route, spec.candidate, stable_of, deployments, policies
+        )
         if spec.route is not None:
             by_route.setdefault(spec.route, []).append(i)
             stable = stable_of.get(spec.route)
             if stable is not None and spec.stable is not None and spec.stable != stable:
-                yield f"rollouts[{i}].stable: {spec.stable!r} but route {spec.route!r} is served by {stable!r}"
+                served = f"route {spec.route!r} is served by {stable!r}"
+                yield f"rollouts[{i}].stable: {spec.stable!r} but {served}"
     for route, indexes in by_route.items():
         if len(indexes) > 1:
-            yield f"rollouts: route {route!r} has {len(indexes)} rollouts (items {indexes}); at most one per route"
+            n = len(indexes)
+            yield f"rollouts: route {route!r} has {n} rollouts (items {indexes}); at most one per route"
     for i, shadow in enumerate(shadows):
-        yield from _target_problems(f"shadows[{i}]", shadow.route, shadow.target, stable_of, deployments, policies)
+        yield from _target_problems(
+            f"shadows[{i}]", shadow.route, shadow.target, stable_of, deployments, policies
+        )
 
 
 def _target_problems(
-    where: str, route: str | None, target: str, stable_of: Mapping[str, str],
-    deployments: Collection[str], policies: Collection[str],
+    where: str,
+    route: str | None,
+    target: str,
+    stable_of: Mapping[str, str],
+    deployments: Collection[str],
+    policies: Collection[str],
 ) -> Iterator[str]:
     if route is None:
         yield f"{where}.route: missing (which client model does it apply to?)"

@@ -86,12 +86,18 @@ class RolloutState:
     def moved(self, now: float, actor: str, action: str, reason: str = "", **changes: Any) -> RolloutState:
         """A new state with the changes applied, generation bumped and the transition appended to history."""
         nxt = replace(self, generation=self.generation + 1, **changes)
-        entry = Transition(now, actor, action, reason, nxt.phase, nxt.step_index, nxt.weight_pct, nxt.generation)
+        entry = Transition(
+            now, actor, action, reason, nxt.phase, nxt.step_index, nxt.weight_pct, nxt.generation
+        )
         return replace(nxt, history=(*self.history, entry)[-HISTORY_LIMIT:])
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            **{k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("phase", "reasons", "history")},
+            **{
+                k: getattr(self, k)
+                for k in self.__dataclass_fields__
+                if k not in ("phase", "reasons", "history")
+            },
             "phase": self.phase.value,
             "reasons": list(self.reasons),
             "history": [t.to_dict() for t in self.history],
@@ -99,12 +105,14 @@ class RolloutState:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RolloutState:
-        return cls(**{
-            **raw,
-            "phase": Phase(raw["phase"]),
-            "reasons": tuple(raw.get("reasons", ())),
-            "history": tuple(Transition.from_dict(t) for t in raw.get("history", ())),
-        })
+        return cls(
+            **{
+                **raw,
+                "phase": Phase(raw["phase"]),
+                "reasons": tuple(raw.get("reasons", ())),
+                "history": tuple(Transition.from_dict(t) for t in raw.get("history", ())),
+            }
+        )
 
 
 def start(rollout_id: str, now: float) -> RolloutState:

@@ -55,7 +55,10 @@ def _betacf(a: float, b: float, x: float) -> float:
     h = d
     for m in range(1, 10_000):
         m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+        for aa in (
+            m * (b - m) * x / ((qam + m2) * (a + m2)),
+            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
+        ):
             d = 1.0 + aa * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + aa / c
@@ -174,7 +177,7 @@ def non_inferiority(
 def win_share(
     metric: str, wins: int, losses: int, margin: float, alpha: float, *, allow_pass: bool = True
 ) -> Verdict:
-    """Paired sign test of the candidate's win share over decided pairs against 0.5 - margin (ties dropped)."""
+    """Paired sign test of the candidate's win share (ties dropped) against 0.5 - margin."""
     n = wins + losses
     floor = 0.5 - margin
     if n == 0:

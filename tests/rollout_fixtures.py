@@ -1,4 +1,4 @@
-"""Helpers for the rollout tests: specs from YAML and a driver that ticks step() over scripted observations."""
+"""Rollout test helpers: specs from YAML and a driver that ticks step() over scripted observations."""
 
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from gateway.rollout_samples import Observations, Sample, scripted
 
 
 def spec_of(text: str, **overrides: Any) -> RolloutSpec:
-    raw = {"id": "hq-v2-1", "candidate": "deployment:hq-v2", "stable": "deployment:hq", **yaml.safe_load(text)}
+    raw = {
+        "id": "hq-v2-1",
+        "candidate": "deployment:hq-v2",
+        "stable": "deployment:hq",
+        **yaml.safe_load(text),
+    }
     raw.update(overrides)
     return RolloutSpec.model_validate(raw)
 

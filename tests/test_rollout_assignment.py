@@ -7,7 +7,16 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.rollout import Arm, Assignment, Phase, RolloutState, assign, assign_session, bucket, shadow_sampled
+from gateway.rollout import (
+    Arm,
+    Assignment,
+    Phase,
+    RolloutState,
+    assign,
+    assign_session,
+    bucket,
+    shadow_sampled,
+)
 from gateway.rollout_assignment import sticky_key
 
 keys = st.text(min_size=1, max_size=40)
@@ -26,7 +35,9 @@ def test_bucket_is_in_unit_interval_and_deterministic(salt: str, key: str) -> No
 
 
 @given(salts, keys, weights, weights)
-def test_raising_the_weight_only_moves_keys_towards_the_candidate(salt: str, key: str, w1: float, w2: float) -> None:
+def test_raising_the_weight_only_moves_keys_towards_the_candidate(
+    salt: str, key: str, w1: float, w2: float
+) -> None:
     low, high = sorted((w1, w2))
     before, after = assign(at(low, salt), key), assign(at(high, salt), key)
     if before is Arm.CANDIDATE:
@@ -70,7 +81,9 @@ def test_a_session_keeps_its_first_arm_until_abort(key: str, later: list[float])
     assert aborted is not None and aborted.arm is Arm.STABLE
     retried = replace(state, weight_pct=0.0, run=state.run + 1)
     fresh = assign_session(retried, key, recorded)
-    assert fresh is not None and fresh.arm is Arm.STABLE and fresh.run == 1  # the aborted run's record is void
+    assert (
+        fresh is not None and fresh.arm is Arm.STABLE and fresh.run == 1
+    )  # the aborted run's record is void
 
 
 def test_assignment_encoding_round_trips_and_tolerates_garbage() -> None:

@@ -39,7 +39,7 @@ def test_the_documented_example_loads() -> None:
     spec = RolloutSpec.model_validate(yaml.safe_load(EXAMPLE))
     assert len(spec.steps) == 10 and spec.guards.ttft_p95 is not None
     with pytest.raises(ValidationError):
-        spec.max_hold_s = 5  # type: ignore[misc]  # frozen
+        spec.max_hold_s = 5  # frozen
 
 
 @pytest.mark.parametrize(
@@ -47,10 +47,16 @@ def test_the_documented_example_loads() -> None:
     [
         ("[{set_weight: 0}]", "steps[0].set_weight: set_weight must be in (0, 100], got 0"),
         ("[{set_weight: 150}]", "set_weight must be in (0, 100], got 150"),
-        ("[{set_weight: 50}, {set_weight: 20}]", "steps[1]: set_weight 20 must be above the previous weight 50"),
+        (
+            "[{set_weight: 50}, {set_weight: 20}]",
+            "steps[1]: set_weight 20 must be above the previous weight 50",
+        ),
         ("[{canary: 5}]", "steps[0]: {'canary': 5} is not a step; each step is exactly one of"),
         ("[{set_weight: 5, pause: {}}]", "is not a step"),
-        ("[{pause: {duration_s: 10, forever: true}}]", "steps[0].pause.forever: Extra inputs are not permitted"),
+        (
+            "[{pause: {duration_s: 10, forever: true}}]",
+            "steps[0].pause.forever: Extra inputs are not permitted",
+        ),
         ("[{set_weight: 100}, {analysis: {}}]", "steps[1]: an analysis or timed pause after set_weight 100"),
         ("[]", "at least 1 item"),
     ],
@@ -68,7 +74,7 @@ def test_other_misconfigurations() -> None:
         spec_of("steps: [{set_weight: 5}]", candidate="hq-v2")
     with pytest.raises(ValidationError, match="key source 'cookie' must be"):
         spec_of("steps: [{set_weight: 5}]", key=["cookie"])
-    with pytest.raises(ValidationError, match="interim_alpha 0.1 must not exceed alpha 0.05"):
+    with pytest.raises(ValidationError, match=r"interim_alpha 0\.1 must not exceed alpha 0\.05"):
         spec_of("steps: [{set_weight: 5}]", interim_alpha=0.1)
     with pytest.raises(ValidationError, match="Extra inputs"):
         spec_of("steps: [{set_weight: 5}]", weight=5)
@@ -76,7 +82,9 @@ def test_other_misconfigurations() -> None:
 
 def test_route_level_checks() -> None:
     a = spec_of("steps: [{set_weight: 5}]", route="auto")
-    b = spec_of("steps: [{set_weight: 5}]", id="other", route="auto", candidate="policy:router-v2", stable=None)
+    b = spec_of(
+        "steps: [{set_weight: 5}]", id="other", route="auto", candidate="policy:router-v2", stable=None
+    )
     stable_of = {"auto": "policy:live", "hq": "deployment:hq"}
     found = list(problems([a, b], stable_of=stable_of, deployments={"hq", "hq-v2"}, policies={"router-v2"}))
     assert found == [

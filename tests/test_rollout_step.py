@@ -41,8 +41,14 @@ def test_healthy_rollout_walks_10_25_50_100_then_promotes() -> None:
     spec = spec_of(STEPS)
     state, trace = drive(spec, range(0, 240, 30), lambda s, t: healthy())
     assert trace == [
-        (0, "Progressing", 10), (30, "Progressing", 10), (60, "Progressing", 25), (90, "Progressing", 25),
-        (120, "Progressing", 50), (150, "Progressing", 50), (180, "Promoting", 100), (210, "Healthy", 100),
+        (0, "Progressing", 10),
+        (30, "Progressing", 10),
+        (60, "Progressing", 25),
+        (90, "Progressing", 25),
+        (120, "Progressing", 50),
+        (150, "Progressing", 50),
+        (180, "Promoting", 100),
+        (210, "Healthy", 100),
     ]
     assert state.window == 4  # one per weight: 10, 25, 50, 100
     assert [t.action for t in state.history][:4] == ["start", "set_weight 10", "step passed", "set_weight 25"]
@@ -66,12 +72,20 @@ def test_hard_breach_aborts_within_one_tick_on_ten_samples() -> None:
 def test_slow_regression_is_caught_at_the_end_of_step_not_before() -> None:
     # 6% errors against control's 1%: the SLO (10%) is not breached, so only non-inferiority can see it.
     spec = spec_of(STEPS, guards={"error_rate": {"slo": 0.10, "margin": 0.01}})
-    growing = {30: scripted(samples(150, 9), samples(150, 1)), 60: scripted(samples(300, 18), samples(300, 3))}
+    growing = {
+        30: scripted(samples(150, 9), samples(150, 1)),
+        60: scripted(samples(300, 18), samples(300, 3)),
+    }
     state, trace = drive(spec, [0, 30, 59, 60], lambda s, t: growing.get(int(t), growing[30]))
     # Interim looks at the strict alpha never fail on this data, even on the full sample:
     interim = evaluate(spec, growing[60], final=False, shadow_active=False)
     assert [v.status for v in interim] == [Status.INCONCLUSIVE]
-    assert trace == [(0, "Progressing", 10), (30, "Progressing", 10), (59, "Progressing", 10), (60, "Aborted", 0)]
+    assert trace == [
+        (0, "Progressing", 10),
+        (30, "Progressing", 10),
+        (59, "Progressing", 10),
+        (60, "Aborted", 0),
+    ]
     assert state.history[-1].action == "abort" and "error_rate" in state.reasons[0]
 
 
@@ -79,8 +93,14 @@ def test_no_traffic_holds_then_pauses_for_a_human_after_max_hold() -> None:
     spec = spec_of(STEPS)
     state, trace = drive(spec, [0, 30, 60, 120, 240, 359, 360, 420], lambda s, t: EMPTY)
     assert trace == [
-        (0, "Progressing", 10), (30, "Progressing", 10), (60, "Progressing", 10), (120, "Progressing", 10),
-        (240, "Progressing", 10), (359, "Progressing", 10), (360, "Paused", 10), (420, "Paused", 10),
+        (0, "Progressing", 10),
+        (30, "Progressing", 10),
+        (60, "Progressing", 10),
+        (120, "Progressing", 10),
+        (240, "Progressing", 10),
+        (359, "Progressing", 10),
+        (360, "Paused", 10),
+        (420, "Paused", 10),
     ]
     assert state.hold_since == 60
     assert state.reasons[0] == "inconclusive for 300 s (max_hold_s)"
@@ -124,8 +144,11 @@ def test_manual_pause_step_then_resume_pause_and_promote() -> None:
     state, trace = drive(spec, [711, 712], lambda s, t: healthy(), state)
     assert trace == [(711, "Promoting", 100), (712, "Healthy", 100)]
     audited = [(t.actor, t.action, t.reason) for t in state.history if t.actor != "ticker"]
-    assert audited == [("ana", "resume", "looks fine"), ("bo", "pause", "incident elsewhere"),
-                       ("bo", "promote", "skip the soak")]
+    assert audited == [
+        ("ana", "resume", "looks fine"),
+        ("bo", "pause", "incident elsewhere"),
+        ("bo", "promote", "skip the soak"),
+    ]
 
 
 def test_paused_rollout_still_aborts_on_a_hard_breach() -> None:
@@ -189,7 +212,9 @@ def test_latency_guard_stratified_by_prompt_length() -> None:
 
     def cohort(scale: float, long_scale: float) -> list[Sample]:
         short = [Sample(False, 100, ttft_ms=50 + i % 100 * scale, tpot_ms=20 + i % 50) for i in range(400)]
-        long = [Sample(False, 4000, ttft_ms=900 + i % 100 * long_scale, tpot_ms=20 + i % 50) for i in range(400)]
+        long = [
+            Sample(False, 4000, ttft_ms=900 + i % 100 * long_scale, tpot_ms=20 + i % 50) for i in range(400)
+        ]
         return short + long
 
     same = evaluate(spec, scripted(cohort(1, 5), cohort(1, 5)), final=True, shadow_active=False)
@@ -202,8 +227,11 @@ def test_latency_guard_stratified_by_prompt_length() -> None:
 def test_shadow_step_and_quality_guard() -> None:
     from gateway.rollout_samples import PairOutcome
 
-    spec = spec_of("steps: [{shadow: {percent: 20}}, {set_weight: 10}, {analysis: {guards: [shadow_quality]}}, "
-                   "{set_weight: 100}]", guards={"shadow_quality": {}})
+    spec = spec_of(
+        "steps: [{shadow: {percent: 20}}, {set_weight: 10}, {analysis: {guards: [shadow_quality]}}, "
+        "{set_weight: 100}]",
+        guards={"shadow_quality": {}},
+    )
     state = step(spec, start(spec.id, 0), EMPTY, 0)
     assert (state.shadow_pct, state.weight_pct, state.step_index) == (20, 10, 2)
     losing = Observations()

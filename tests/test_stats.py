@@ -37,8 +37,8 @@ def test_clopper_pearson_known_values() -> None:
     # Two-sided 95% for 5/10 is (0.1871, 0.8129); one-sided 95% upper for 0/10 is 1 - 0.05**(1/10).
     assert binomial_lower(5, 10, 0.025) == pytest.approx(0.187086, abs=1e-6)
     assert binomial_upper(5, 10, 0.025) == pytest.approx(0.812914, abs=1e-6)
-    assert binomial_upper(0, 10, 0.05) == pytest.approx(1 - 0.05 ** 0.1, abs=1e-9)
-    assert binomial_lower(10, 10, 0.05) == pytest.approx(0.05 ** 0.1, abs=1e-9)
+    assert binomial_upper(0, 10, 0.05) == pytest.approx(1 - 0.05**0.1, abs=1e-9)
+    assert binomial_lower(10, 10, 0.05) == pytest.approx(0.05**0.1, abs=1e-9)
     assert binomial_lower(0, 10, 0.05) == 0.0 and binomial_upper(10, 10, 0.05) == 1.0
 
 
