@@ -1,4 +1,4 @@
-"""The rollout state machine: the pure step() the ticker calls and the audited manual operations."""
+"""The rollout state machine: the pure step() a ticker calls; also the import point of the rollout API."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Any
 
 from gateway.rollout_analysis import evaluate, hard_breach
 from gateway.rollout_assignment import Assignment, assign, assign_session, bucket, shadow_sampled, sticky_key
+from gateway.rollout_operations import abort, pause, promote, promote_full, resume, retry, undo
 from gateway.rollout_samples import Observations
 from gateway.rollout_spec import AnalysisStep, PauseStep, RolloutSpec, SetWeightStep, ShadowStep, check_route
 from gateway.rollout_state import (
@@ -96,46 +97,28 @@ def _enter(state: RolloutState, index: int, now: float, action: str, **changes: 
     )
 
 
+def _instant(state: RolloutState, current: SetWeightStep | ShadowStep, now: float) -> RolloutState:
+    nxt = state.step_index + 1
+    if isinstance(current, SetWeightStep):
+        weight = current.set_weight
+        return _enter(state, nxt, now, f"set_weight {weight:g}", weight_pct=weight, window=state.window + 1)
+    percent = current.shadow.percent
+    return _enter(state, nxt, now, f"shadow {percent:g}", shadow_pct=percent)
+
+
 def _advance(spec: RolloutSpec, state: RolloutState, obs: Observations, now: float) -> RolloutState:
     """Apply instant steps (weights, shadows) until a step that waits, then look at that step once."""
     window = state.window
     for _ in range(len(spec.steps) + 1):
         if state.step_index >= len(spec.steps):
-            return state.moved(
-                now,
-                TICKER,
-                "promote",
-                "steps complete",
-                phase=Phase.PROMOTING,
-                weight_pct=100.0,
-                shadow_pct=0.0,
-                reasons=(),
-                hold_since=None,
-            )
+            done = {"phase": Phase.PROMOTING, "weight_pct": 100.0, "shadow_pct": 0.0, "reasons": ()}
+            return state.moved(now, TICKER, "promote", "steps complete", hold_since=None, **done)
         current = spec.steps[state.step_index]
-        nxt = state.step_index + 1
-        if isinstance(current, SetWeightStep):
-            state = _enter(
-                state,
-                nxt,
-                now,
-                f"set_weight {current.set_weight:g}",
-                weight_pct=current.set_weight,
-                window=state.window + 1,
-            )
-        elif isinstance(current, ShadowStep):
-            state = _enter(
-                state, nxt, now, f"shadow {current.shadow.percent:g}", shadow_pct=current.shadow.percent
-            )
+        if isinstance(current, SetWeightStep | ShadowStep):
+            state = _instant(state, current, now)
         elif isinstance(current, PauseStep) and current.pause.manual:
-            return state.moved(
-                now,
-                TICKER,
-                "pause",
-                "manual step",
-                phase=Phase.PAUSED,
-                reasons=(f"step {state.step_index}: waiting for a human (pause: {{}})",),
-            )
+            waiting = (f"step {state.step_index}: waiting for a human (pause: {{}})",)
+            return state.moved(now, TICKER, "pause", "manual step", phase=Phase.PAUSED, reasons=waiting)
         elif state.window != window:
             return state  # obs belong to the previous window; the new one is first looked at next tick
         else:
@@ -176,153 +159,6 @@ def _wait(
         reasons = (f"inconclusive for {spec.max_hold_s:g} s (max_hold_s)", *waiting)
         return state.moved(now, TICKER, "pause", reasons[0], phase=Phase.PAUSED, reasons=reasons)
     return state
-
-
-# Manual operations: each checks the caller's generation, then the phase, then records actor and reason.
-
-
-def _guard(state: RolloutState, generation: int, action: str, allowed: tuple[Phase, ...]) -> None:
-    if generation != state.generation:
-        raise StaleGeneration(
-            f"{action}: generation {generation} is stale, the rollout is at generation {state.generation}"
-        )
-    if state.phase not in allowed:
-        names = ", ".join(p.value for p in allowed)
-        raise InvalidTransition(f"{action}: not possible while {state.phase.value} (only while {names})")
-
-
-_LIVE = (Phase.PROGRESSING, Phase.PAUSED)
-
-
-def pause(state: RolloutState, *, actor: str, reason: str, generation: int, now: float) -> RolloutState:
-    """Hold at the current weight until resumed; guards keep watching and may still abort."""
-    _guard(state, generation, "pause", (Phase.PROGRESSING,))
-    return state.moved(
-        now, actor, "pause", reason, phase=Phase.PAUSED, reasons=(f"paused by {actor}: {reason}",)
-    )
-
-
-def resume(
-    spec: RolloutSpec, state: RolloutState, *, actor: str, reason: str, generation: int, now: float
-) -> RolloutState:
-    """Continue from a pause: a manual `pause: {}` step is completed, a held step gets a fresh max_hold."""
-    _guard(state, generation, "resume", (Phase.PAUSED,))
-    index = state.step_index
-    if index < len(spec.steps):
-        current = spec.steps[index]
-        if isinstance(current, PauseStep) and current.pause.manual:
-            index += 1
-    return state.moved(
-        now,
-        actor,
-        "resume",
-        reason,
-        phase=Phase.PROGRESSING,
-        step_index=index,
-        reasons=(),
-        hold_since=None,
-        step_started_at=now if index != state.step_index else state.step_started_at,
-    )
-
-
-def promote(
-    spec: RolloutSpec, state: RolloutState, *, actor: str, reason: str, generation: int, now: float
-) -> RolloutState:
-    """Skip the current step's wait (or pause); the next tick applies the following steps."""
-    _guard(state, generation, "promote", _LIVE)
-    index = min(state.step_index + 1, len(spec.steps))
-    return state.moved(
-        now,
-        actor,
-        "promote",
-        reason,
-        phase=Phase.PROGRESSING,
-        step_index=index,
-        reasons=(),
-        hold_since=None,
-        step_started_at=now,
-    )
-
-
-def promote_full(
-    spec: RolloutSpec, state: RolloutState, *, actor: str, reason: str, generation: int, now: float
-) -> RolloutState:
-    """Skip every remaining step: the candidate takes all traffic now."""
-    _guard(state, generation, "promote_full", _LIVE)
-    return state.moved(
-        now,
-        actor,
-        "promote_full",
-        reason,
-        phase=Phase.PROMOTING,
-        step_index=len(spec.steps),
-        weight_pct=100.0,
-        shadow_pct=0.0,
-        reasons=(),
-        hold_since=None,
-    )
-
-
-def abort(state: RolloutState, *, actor: str, reason: str, generation: int, now: float) -> RolloutState:
-    """Send every request back to stable and stop shadows."""
-    _guard(state, generation, "abort", (*_LIVE, Phase.PROMOTING))
-    return state.moved(
-        now,
-        actor,
-        "abort",
-        reason,
-        phase=Phase.ABORTED,
-        weight_pct=0.0,
-        shadow_pct=0.0,
-        reasons=(f"aborted by {actor}: {reason}",),
-        hold_since=None,
-    )
-
-
-def retry(state: RolloutState, *, actor: str, reason: str, generation: int, now: float) -> RolloutState:
-    """Start an aborted rollout again from step 0 with the same salt, so keys land in the same buckets."""
-    _guard(state, generation, "retry", (Phase.ABORTED,))
-    return state.moved(
-        now,
-        actor,
-        "retry",
-        reason,
-        phase=Phase.PROGRESSING,
-        step_index=0,
-        weight_pct=0.0,
-        window=state.window + 1,
-        run=state.run + 1,
-        reasons=(),
-        hold_since=None,
-        step_started_at=now,
-    )
-
-
-def undo(
-    spec: RolloutSpec, state: RolloutState, *, actor: str, reason: str, generation: int, now: float
-) -> RolloutState:
-    """Go back to the previous set_weight step's weight (0 if none) and pause there for a human."""
-    _guard(state, generation, "undo", (*_LIVE, Phase.PROMOTING, Phase.HEALTHY))
-    weights = [
-        (i, s.set_weight)
-        for i, s in enumerate(spec.steps[: state.step_index])
-        if isinstance(s, SetWeightStep)
-    ]
-    lower = [(i, w) for i, w in weights if w < state.weight_pct]
-    index, weight = (lower[-1][0] + 1, lower[-1][1]) if lower else (0, 0.0)
-    return state.moved(
-        now,
-        actor,
-        "undo",
-        reason,
-        phase=Phase.PAUSED,
-        step_index=index,
-        weight_pct=weight,
-        window=state.window + 1,
-        reasons=(f"undone by {actor} to weight {weight:g}: {reason}",),
-        hold_since=None,
-        step_started_at=now,
-    )
 
 
 def status(spec: RolloutSpec, state: RolloutState, obs: Observations, now: float) -> dict[str, Any]:

@@ -100,19 +100,9 @@ def evaluate(
     verdicts: list[Verdict] = []
     if guards.error_rate is not None and "error_rate" in wanted:
         breach = hard_breach(guards, cand, spec.interim_alpha)
-        verdicts.append(
-            breach
-            or non_inferiority(
-                "error_rate",
-                cand.errors,
-                cand.requests,
-                ctrl.errors,
-                ctrl.requests,
-                guards.error_rate.margin,
-                level,
-                allow_pass=final,
-            )
-        )
+        counts = (cand.errors, cand.requests, ctrl.errors, ctrl.requests)
+        margin = guards.error_rate.margin
+        verdicts.append(breach or non_inferiority("error_rate", *counts, margin, level, allow_pass=final))
     if guards.ttft_p95 is not None and "ttft_p95" in wanted:
         strata = [
             (cand.ttft.get(s, Counter()), ctrl.ttft.get(s, Counter()))
