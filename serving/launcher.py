@@ -193,8 +193,15 @@ print("VALIDATION:" + json.dumps(problems))
 
 def validate(commands: Mapping[str, ServerCommand], timeout_s: float = 180.0) -> None:
     """Check every engine argument with vLLM's own parser (in the servers' python); raise naming the flag."""
-    pythons = {cmd.python for cmd in commands.values()}
-    for python in pythons:
+    problems = check(commands, timeout_s)
+    if problems:
+        raise LaunchError("; ".join(f"{name}: {p}" for name, found in problems.items() for p in found))
+
+
+def check(commands: Mapping[str, ServerCommand], timeout_s: float = 180.0) -> dict[str, list[str]]:
+    """The problems vLLM's parser finds in each command's engine arguments (empty when all are valid)."""
+    problems: dict[str, list[str]] = {}
+    for python in {cmd.python for cmd in commands.values()}:
         batch = {name: list(cmd.engine_args) for name, cmd in commands.items() if cmd.python == python}
         try:
             done = subprocess.run(
@@ -212,9 +219,8 @@ def validate(commands: Mapping[str, ServerCommand], timeout_s: float = 180.0) ->
         if line is None:
             tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
             raise LaunchError(f"cannot load vLLM's argument parser with {python}: " + " | ".join(tail))
-        problems: dict[str, list[str]] = json.loads(line.removeprefix("VALIDATION:"))
-        if problems:
-            raise LaunchError("; ".join(f"{name}: {p}" for name, found in problems.items() for p in found))
+        problems |= json.loads(line.removeprefix("VALIDATION:"))
+    return problems
 
 
 @dataclass
