@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.errors import Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
-from gateway.services import EXCHANGE, REQUEST_ID, SERVICES, Exchange, request_attrs
+from gateway.services import EXCHANGE, REQUEST_ID, SERVICES, Exchange
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
     endpoint = _ENDPOINTS.get(request.path)
     ex = None
     if endpoint is not None:
-        ex = Exchange(request_id, endpoint, svc.tracer.start_span("gateway " + endpoint, attributes=request_attrs(request)))
+        ex = Exchange(request_id, endpoint)
         request[EXCHANGE] = ex
     status = 500
     try:
@@ -65,7 +65,7 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
         return error_response(GatewayError(f"Internal error; quote request id {request_id}"))
     finally:
         if ex is not None:
-            ex.finish(status, svc.metrics)
+            ex.finish(status, svc.metrics, svc.tracer)
 
 
 def _check_admin(request: web.Request, token: str) -> None:

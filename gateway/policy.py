@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -124,6 +125,11 @@ class When(Frozen):
     response_format: StrOrList | None = None
     headers: dict[str, StrOrList] | None = None
 
+    @functools.cached_property
+    def conditions(self) -> tuple[tuple[str, Any], ...]:
+        """The given conditions only, computed once: the hot path must not walk every field per request."""
+        return tuple((name, value) for name, value in self if value is not None)
+
     @field_validator("headers")
     @classmethod
     def _lowercase_names(cls, headers: dict[str, StrOrList] | None) -> dict[str, StrOrList] | None:
@@ -176,10 +182,20 @@ class Policy(Frozen):
             if dep.load.spill_to is not None and dep.load.spill_to not in known:
                 yield f"deployments.{name}.load.spill_to: unknown deployment {dep.load.spill_to!r}"
 
-    def failover_order(self, first: str) -> tuple[str, ...]:
-        """The chosen deployment, then the fallback list without it, bounded by max_attempts."""
-        order = [first, *(d for d in self.fallback if d != first)]
-        return tuple(order[: self.max_attempts])
+    def candidates(self, first: str) -> tuple[str, ...]:
+        """Deployments to try for a request that prefers `first`: it, then the fallback list, then the rest.
+
+        The caller keeps the first max_attempts that are usable, so excluded ones do not use up attempts.
+        """
+        order = self._candidates.get(first)
+        if order is None:
+            order = tuple(dict.fromkeys([first, *self.fallback, *self.deployments]))
+            self._candidates[first] = order
+        return order
+
+    @functools.cached_property
+    def _candidates(self) -> dict[str, tuple[str, ...]]:
+        return {}
 
 
 class PolicyError(Exception):

@@ -146,6 +146,9 @@ class _StreamRelay:
         self.done = False
 
     def feed(self, chunk: bytes) -> bytes:
+        # Nearly every chunk is whole content events: pass those through without splitting them.
+        if not self._pending and chunk.endswith(b"\n\n") and b'"usage"' not in chunk and b"[DONE]" not in chunk:
+            return chunk
         events, self._pending = openai.split_events(self._pending + chunk)
         if not events:
             return b""

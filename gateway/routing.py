@@ -62,7 +62,7 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
     chosen, reason = _adjust_for_load(policy, wanted, features, ctx)
     if reason:
         trail.append(reason)
-    attempts = _usable(policy, policy.failover_order(chosen), features, ctx, trail)
+    attempts = _usable(policy, chosen, features, ctx, trail)
     if explain:
         trail.append(f"attempt order: {', '.join(attempts)}")
     return Decision(attempts[0], rule_name, attempts, tuple(trail))
@@ -88,7 +88,7 @@ def _select(
     for rule in policy.rules:
         if pin is not None and not rule.override_pin:
             continue
-        failed = _first_failure(rule.when, features, ctx)
+        failed = _first_failure(rule.when, features, ctx, explain)
         if failed is None:
             trail.append(f"rule {rule.name}: matched, use {rule.use}")
             return rule.use, rule.name
@@ -117,15 +117,11 @@ def _adjust_for_load(policy: Policy, name: str, features: Features, ctx: Context
     )
 
 
-def _usable(
-    policy: Policy, order: tuple[str, ...], features: Features, ctx: Context, trail: list[str]
-) -> tuple[str, ...]:
+def _usable(policy: Policy, chosen: str, features: Features, ctx: Context, trail: list[str]) -> tuple[str, ...]:
     """Drop deployments that are unhealthy, too full or too small for the request from the order."""
     kept: list[str] = []
     too_small: list[str] = []
-    # Try the whole fallback list when the preferred ones are excluded, so a healthy one is still found.
-    candidates = [*order, *(d for d in (*policy.fallback, *policy.deployments) if d not in order)]
-    for name in dict.fromkeys(candidates):
+    for name in policy.candidates(chosen):
         why = _exclusion(policy, name, features, ctx)
         if why is None:
             kept.append(name)
@@ -170,32 +166,35 @@ def _fits(policy: Policy, name: str, features: Features) -> bool:
     return limit is None or features.prompt_tokens + (features.max_tokens or 0) <= limit
 
 
-def _first_failure(when: When, features: Features, ctx: Context) -> str | None:
-    """None when every condition holds, else a short text naming the first that failed and why."""
-    for name, wanted in when:
-        if wanted is None:
-            continue
-        failed = _check(name, wanted, features, ctx)
-        if failed is not None:
-            return failed
+def _first_failure(when: When, features: Features, ctx: Context, explain: bool) -> str | None:
+    """None when every condition holds; else the failed condition (with got/wanted when explaining)."""
+    for name, wanted in when.conditions:
+        ok, got = _holds(name, wanted, features, ctx)
+        if not ok:
+            return _why(name, wanted, got) if explain else name
     return None
 
 
-def _check(name: str, wanted: Any, features: Features, ctx: Context) -> str | None:
+def _holds(name: str, wanted: Any, features: Features, ctx: Context) -> tuple[bool, Any]:
     if name == "headers":
         for header, allowed in wanted.items():
             got = ctx.headers.get(header)
             if got is None or not _among(got, allowed):
-                return f"header {header}={got!r}, wants {allowed!r}"
-        return None
+                return False, (header, got)
+        return True, None
     got = _feature(name, features, ctx)
     if isinstance(wanted, Range):
-        ok = got is not None and _in_range(float(got), wanted)
-    elif isinstance(wanted, bool):
-        ok = got == wanted
-    else:
-        ok = got is not None and _among(str(got), wanted)
-    return None if ok else f"{name}={got!r}, wants {_show(wanted)}"
+        return got is not None and _in_range(float(got), wanted), got
+    if isinstance(wanted, bool):
+        return got == wanted, got
+    return got is not None and _among(str(got), wanted), got
+
+
+def _why(name: str, wanted: Any, got: Any) -> str:
+    if name == "headers":
+        header, value = got
+        return f"header {header}={value!r}, wants {wanted[header]!r}"
+    return f"{name}={got!r}, wants {_show(wanted)}"
 
 
 def _feature(name: str, features: Features, ctx: Context) -> Any:

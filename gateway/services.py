@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from opentelemetry.trace import Span, Status, StatusCode, Tracer
+from opentelemetry.trace import Status, StatusCode, Tracer
 
 from gateway import telemetry as t
 from gateway.backends import Backends
@@ -67,21 +67,25 @@ class Services:
         ex.usage = usage
         if usage is None or ex.deployment is None:
             return
-        self.metrics.tokens.labels(ex.deployment, "input").inc(usage.prompt_tokens)
-        self.metrics.tokens.labels(ex.deployment, "output").inc(usage.completion_tokens)
+        self.metrics.count_tokens(ex.deployment, usage.prompt_tokens, usage.completion_tokens)
 
 
 class Exchange:
-    """One client request as the gateway saw it: timings, decision, outcome; ends as a span and metrics."""
+    """One client request as the gateway saw it: timings, decision, outcome; ends as one span and metrics.
 
-    __slots__ = ("deployment", "endpoint", "error", "first_byte_at", "request_id", "rule", "served_model",
-                 "span", "started", "usage")
+    The span is created once at the end with every attribute (start time back-dated): the OpenTelemetry
+    SDK costs several microseconds per set_attribute call, and this is the hot path.
+    """
 
-    def __init__(self, request_id: str, endpoint: str, span: Span | None) -> None:
+    __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "request_id", "rule",
+                 "served_model", "started", "started_ns", "usage")
+
+    def __init__(self, request_id: str, endpoint: str) -> None:
         self.request_id = request_id
         self.endpoint = endpoint
-        self.span = span
         self.started = time.perf_counter()
+        self.started_ns = time.time_ns()
+        self.attributes: dict[str, Any] = {t.REQUEST_ID: request_id, t.GEN_AI_OPERATION: OPERATION[endpoint]}
         self.deployment: str | None = None
         self.rule: str | None = None
         self.served_model: str | None = None
@@ -91,21 +95,17 @@ class Exchange:
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         self.deployment, self.rule = decision.deployment, decision.rule
-        if self.span is None:
-            return
-        self.span.set_attributes({
-            t.GEN_AI_OPERATION: OPERATION[features.endpoint],
-            t.GEN_AI_REQUEST_MODEL: features.requested_model,
-            t.RULE: decision.rule,
-            t.REASONS: list(decision.reasons),
-            t.ATTEMPTS: list(decision.attempts),
-        })
+        attrs = self.attributes
+        attrs[t.GEN_AI_REQUEST_MODEL] = features.requested_model
+        attrs[t.RULE] = decision.rule
+        attrs[t.REASONS] = decision.reasons
+        attrs[t.ATTEMPTS] = decision.attempts
         if features.max_tokens is not None:
-            self.span.set_attribute(t.GEN_AI_REQUEST_MAX_TOKENS, features.max_tokens)
+            attrs[t.GEN_AI_REQUEST_MAX_TOKENS] = features.max_tokens
         if features.temperature is not None:
-            self.span.set_attribute(t.GEN_AI_REQUEST_TEMPERATURE, features.temperature)
+            attrs[t.GEN_AI_REQUEST_TEMPERATURE] = features.temperature
         if complexity is not None:
-            self.span.set_attribute(t.COMPLEXITY, complexity)
+            attrs[t.COMPLEXITY] = complexity
 
     def attempted(self, deployment: str, served_model: str) -> None:
         self.deployment, self.served_model = deployment, served_model
@@ -117,23 +117,19 @@ class Exchange:
     def failed_mid_stream(self, err: GatewayError) -> None:
         self.error = err
 
-    def finish(self, status: int, metrics: t.Metrics) -> None:
-        """Record metrics and end the span; called once by the middleware."""
+    def finish(self, status: int, metrics: t.Metrics, tracer: Tracer) -> None:
+        """Record metrics and the span; called once by the middleware."""
         elapsed_s = time.perf_counter() - self.started
-        deployment = self.deployment or "none"
-        shown_status = "stream_error" if self.error is not None and status == 200 else str(status)
-        metrics.requests.labels(self.endpoint, deployment, self.rule or "none", shown_status).inc()
-        metrics.latency.labels(self.endpoint, deployment).observe(elapsed_s)
         ttft_s = None if self.first_byte_at is None else self.first_byte_at - self.started
-        if ttft_s is not None:
-            metrics.ttft.labels(deployment).observe(ttft_s)
-        if self.span is not None:
-            self._end_span(status, ttft_s)
+        shown_status = "stream_error" if self.error is not None and status == 200 else str(status)
+        metrics.observe_request(self.endpoint, self.deployment or "none", self.rule or "none", shown_status,
+                                elapsed_s, ttft_s)
+        self._record_span(tracer, status, ttft_s)
 
-    def _end_span(self, status: int, ttft_s: float | None) -> None:
-        span = self.span
-        assert span is not None
-        attrs: dict[str, Any] = {"http.response.status_code": status, t.DEPLOYMENT: self.deployment or ""}
+    def _record_span(self, tracer: Tracer, status: int, ttft_s: float | None) -> None:
+        attrs = self.attributes
+        attrs["http.response.status_code"] = status
+        attrs[t.DEPLOYMENT] = self.deployment or ""
         if self.served_model:
             attrs[t.GEN_AI_RESPONSE_MODEL] = self.served_model
         if self.usage is not None:
@@ -141,7 +137,7 @@ class Exchange:
             attrs[t.GEN_AI_OUTPUT_TOKENS] = self.usage.completion_tokens
         if ttft_s is not None:
             attrs[t.TTFT_MS] = ttft_s * 1000
-        span.set_attributes(attrs)
+        span = tracer.start_span("gateway " + self.endpoint, start_time=self.started_ns, attributes=attrs)
         if status >= 500 or self.error is not None:
             span.set_status(Status(StatusCode.ERROR, self.error.message if self.error else str(status)))
         span.end()
@@ -151,7 +147,3 @@ SERVICES = web.AppKey("services", Services)
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)
 TENANT = web.RequestKey("tenant", str)
-
-
-def request_attrs(request: web.Request) -> dict[str, Any]:
-    return {"http.request.method": request.method, "url.path": request.path}

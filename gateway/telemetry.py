@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -78,9 +79,35 @@ class Metrics:
     deployment_kv_cache: Gauge
     deployment_spec_acceptance: Gauge
     in_flight: Gauge
+    # prometheus_client validates and hashes label values on every .labels() call; the label sets are
+    # few, so each child is looked up once and kept.
+    request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
+    token_children: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def observe_request(
+        self, endpoint: str, deployment: str, rule: str, status: str, elapsed_s: float, ttft_s: float | None
+    ) -> None:
+        key = (endpoint, deployment, rule, status)
+        children = self.request_children.get(key)
+        if children is None:
+            children = (self.requests.labels(*key), self.latency.labels(endpoint, deployment),
+                        self.ttft.labels(deployment))
+            self.request_children[key] = children
+        children[0].inc()
+        children[1].observe(elapsed_s)
+        if ttft_s is not None:
+            children[2].observe(ttft_s)
+
+    def count_tokens(self, deployment: str, input_tokens: int, output_tokens: int) -> None:
+        children = self.token_children.get(deployment)
+        if children is None:
+            children = (self.tokens.labels(deployment, "input"), self.tokens.labels(deployment, "output"))
+            self.token_children[deployment] = children
+        children[0].inc(input_tokens)
+        children[1].inc(output_tokens)
 
 
 def make_metrics() -> Metrics:

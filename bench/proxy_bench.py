@@ -1,0 +1,137 @@
+"""Benchmark: direct to a fake upstream vs a minimal aiohttp proxy vs the gateway, interleaved, one run.
+
+    .venv/bin/python -m bench.proxy_bench [--rounds 3] [--duration-s 3] [--workers 1]
+
+Prints req/s and latency per scenario and target (median over rounds) and the ratios the core issue
+asks for. Every process is started here on free loopback ports and stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+SCENARIOS = [
+    ("non-stream c=32", ["--concurrency", "32"]),
+    ("non-stream c=1", ["--concurrency", "1"]),
+    ("stream 64 chunks c=16", ["--concurrency", "16", "--stream"]),
+    ("open loop 400 req/s", ["--rate", "400"]),
+]
+TARGETS = ("direct", "minimal proxy", "gateway")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"nothing listens on port {port} after {timeout_s}s")
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def gateway_policy(upstream: str, directory: str) -> str:
+    policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
+    for dep in policy["deployments"].values():
+        dep["url"] = upstream
+        dep["health"]["interval_s"] = 1
+    path = Path(directory) / "bench-policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    return str(path)
+
+
+def measure(url: str, extra: list[str], duration_s: float) -> dict[str, float]:
+    out = subprocess.run([PY, "-m", "bench.loadgen", "--url", url, "--duration-s", str(duration_s), *extra],
+                         cwd=ROOT, capture_output=True, text=True, timeout=duration_s * 4 + 60, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def run(rounds: int, duration_s: float, workers: int) -> dict[str, dict[str, list[dict[str, float]]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            up_port, min_port, gw_port = free_port(), free_port(), free_port()
+            upstream = f"http://127.0.0.1:{up_port}"
+            procs.append(start([PY, "-m", "bench.fake_upstream", str(up_port)]))
+            procs.append(start([PY, "-m", "bench.minimal_proxy", str(min_port), upstream]))
+            procs.append(start([PY, "-m", "gateway", "serve", "--policy", gateway_policy(upstream, tmp),
+                                "--port", str(gw_port), "--workers", str(workers)],
+                               env={"AGENT_GATEWAY_LOG_LEVEL": "WARNING"}))
+            for port in (up_port, min_port, gw_port):
+                wait_ready(port)
+            time.sleep(1.0)  # first health probes
+            urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions"
+                    for name, port in zip(TARGETS, (up_port, min_port, gw_port), strict=True)}
+            results: dict[str, dict[str, list[dict[str, float]]]] = {s: {t: [] for t in TARGETS} for s, _ in SCENARIOS}
+            for r in range(rounds):
+                for scenario, extra in SCENARIOS:
+                    for target in TARGETS:  # interleaved, so drift hits all three alike
+                        results[scenario][target].append(measure(urls[target], extra, duration_s))
+                print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+            return results
+        finally:
+            for proc in procs:
+                os.killpg(proc.pid, signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=10)
+
+
+def median(samples: list[dict[str, float]], key: str) -> float:
+    return statistics.median(s[key] for s in samples)
+
+
+def report(results: dict[str, dict[str, list[dict[str, float]]]]) -> None:
+    print(f"{'scenario':24} {'target':14} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x direct':>9} "
+          f"{'x minimal':>9} {'+p50 ms':>8} {'errors':>6}")
+    for scenario, by_target in results.items():
+        direct_rps, minimal_rps = median(by_target["direct"], "rps"), median(by_target["minimal proxy"], "rps")
+        direct_p50 = median(by_target["direct"], "p50_ms")
+        for target, samples in by_target.items():
+            rps, p50 = median(samples, "rps"), median(samples, "p50_ms")
+            print(f"{scenario:24} {target:14} {rps:8.0f} {p50:8.2f} {median(samples, 'p99_ms'):8.2f} "
+                  f"{rps / direct_rps:9.2f} {rps / minimal_rps:9.2f} {p50 - direct_p50:8.2f} "
+                  f"{sum(int(s['errors']) for s in samples):6d}")
+    c32 = results["non-stream c=32"]
+    ratio = median(c32["gateway"], "rps") / median(c32["minimal proxy"], "rps")
+    open_ = results["open loop 400 req/s"]
+    added = {t: median(open_[t], "p50_ms") - median(open_["direct"], "p50_ms") for t in TARGETS}
+    print(f"\ngateway req/s vs minimal proxy at c=32: {ratio:.2f}x (target >= 0.75)")
+    print(f"added p50 at 400 req/s: gateway {added['gateway']:.2f} ms, minimal proxy {added['minimal proxy']:.2f} ms "
+          f"(target: gateway <= 2x minimal = {2 * added['minimal proxy']:.2f} ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration-s", type=float, default=3.0)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    report(run(args.rounds, args.duration_s, args.workers))
+
+
+if __name__ == "__main__":
+    main()
