@@ -22,10 +22,10 @@ Register = Callable[[Any], None]
 
 def _registrations() -> list[Register]:
     """Sub-commands owned by other modules; each exposes register(subparsers)."""
-    from gateway import classifier_cli
+    from gateway import classifier_cli, rollout_cli, store_cli
+    from serving import up
 
-    found: list[Register] = [classifier_cli.register]
-    return found
+    return [up.register, classifier_cli.register, store_cli.register, rollout_cli.register]
 
 
 def build_parser() -> argparse.ArgumentParser:
