@@ -22,6 +22,7 @@ or `errors.StoreUnavailable` (`reject`), and probes Redis again every `retry_s`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import math
@@ -77,15 +78,19 @@ class Limits:
 
     @classmethod
     def of(cls, tenant: TenantPolicy | None) -> Limits:
-        if tenant is None:
-            return cls()
-        usd = {b.window: b.hard_usd for b in tenant.budgets if b.hard_usd is not None}
-        tokens = {b.window: b.hard_tokens for b in tenant.budgets if b.hard_tokens is not None}
-        if tenant.tokens_per_minute is not None:
-            tokens[Window.MINUTE] = min(
-                tokens.get(Window.MINUTE, tenant.tokens_per_minute), tenant.tokens_per_minute
-            )
-        return cls(usd, tokens, tenant.requests_per_minute, tenant.max_concurrent)
+        return cls() if tenant is None else _limits_of(tenant)
+
+
+@functools.lru_cache(maxsize=256)
+def _limits_of(tenant: TenantPolicy) -> Limits:
+    # policies are frozen and swapped whole on reload, so a cache keyed by the section is always right
+    usd = {b.window: b.hard_usd for b in tenant.budgets if b.hard_usd is not None}
+    tokens = {b.window: b.hard_tokens for b in tenant.budgets if b.hard_tokens is not None}
+    if tenant.tokens_per_minute is not None:
+        tokens[Window.MINUTE] = min(
+            tokens.get(Window.MINUTE, tenant.tokens_per_minute), tenant.tokens_per_minute
+        )
+    return Limits(usd, tokens, tenant.requests_per_minute, tenant.max_concurrent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,23 +213,39 @@ def _digest(text: str) -> str:
 def plan(layout: Layout, tenant: str, limits: Limits, now_s: float) -> list[BucketPlan]:
     """The current bucket of every window with its hard limits."""
     out = []
-    for window in WINDOWS:
-        bucket_id, ends_at_s = bucket(window, now_s)
+    for window, key, ends_at_s, expire_at_s in _buckets(layout.prefix, tenant, math.floor(now_s / 60)):
         usd = limits.usd.get(window)
         tokens = limits.tokens.get(window)
         rpm = limits.requests_per_minute if window is Window.MINUTE else None
         out.append(
             BucketPlan(
                 window,
-                layout.bucket(tenant, window, bucket_id),
+                key,
                 ends_at_s,
-                int(ends_at_s) + RETENTION_S[window],
+                expire_at_s,
                 -1 if usd is None else to_nusd(usd),
                 -1 if tokens is None else tokens,
                 -1 if rpm is None else rpm,
             )
         )
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _buckets(prefix: str, tenant: str, minute: int) -> tuple[tuple[Window, str, float, int], ...]:
+    # the hot path asks for the same keys all minute long: build them once per tenant and minute
+    layout, out = Layout(prefix), []
+    for window in WINDOWS:
+        bucket_id, ends_at_s = bucket(window, minute * 60.0)
+        out.append(
+            (
+                window,
+                layout.bucket(tenant, window, bucket_id),
+                ends_at_s,
+                int(ends_at_s) + RETENTION_S[window],
+            )
+        )
+    return tuple(out)
 
 
 def refusal(limit: str, plans: list[BucketPlan], now_s: float) -> Refusal:

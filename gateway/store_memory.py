@@ -84,15 +84,18 @@ class MemoryStore:
         if rec is None:
             return None
         p: list[str] = rec.split()
+        cost, tokens = int(p[0]), int(p[1])
         for key in p[2::2]:
-            if ks.get(key) is not None:
-                ks.hincr(key, "rusd", -int(p[0]))
-                ks.hincr(key, "rtok", -int(p[1]))
+            h = ks.get(key)
+            if h is not None:
+                h["rusd"] = h.get("rusd", 0) - cost
+                h["rtok"] = h.get("rtok", 0) - tokens
         return p
 
     def _expire_stale(self, tenant: str, now_ms: int) -> None:
         zset = self._ks.zset(self._layout.reservations(tenant))
-        for rid in sorted((r for r, at in zset.items() if at <= now_ms), key=zset.__getitem__)[:200]:
+        stale = [r for r, at in zset.items() if at <= now_ms]
+        for rid in sorted(stale, key=zset.__getitem__)[:200]:
             self._unhold(tenant, rid)
 
     async def reserve(self, hold: Hold) -> Reservation | Refusal:
@@ -106,9 +109,10 @@ class MemoryStore:
         rid, expires_ms = new_reservation_id(), int((now_s + hold.ttl_s) * 1000)
         rec = [str(cost), str(tokens)]
         for p in plans:
-            ks.hincr(p.key, "rusd", cost)
-            ks.hincr(p.key, "rtok", tokens)
-            ks.hincr(p.key, "req", 1)
+            h = ks.hash(p.key)
+            h["rusd"] = h.get("rusd", 0) + cost
+            h["rtok"] = h.get("rtok", 0) + tokens
+            h["req"] = h.get("req", 0) + 1
             ks.expire(p.key, p.expire_at_s)
             rec += [p.key, str(p.expire_at_s)]
         ks.zset(lay.reservations(hold.tenant))[rid] = expires_ms
@@ -154,13 +158,14 @@ class MemoryStore:
         else:
             targets = [(b.key, float(b.expire_at_s)) for b in plan(lay, t, Limits(), self._clock())]
         cost, d = to_nusd(spend.usd), f"d:{reservation.deployment}:"
+        adds = {
+            "usd": cost, "tok": spend.tokens_in + spend.tokens_out, d + "usd": cost,
+            d + "in": spend.tokens_in, d + "out": spend.tokens_out, d + "req": 1,
+        }  # fmt: skip
         for key, at in targets:
-            ks.hincr(key, "usd", cost)
-            ks.hincr(key, "tok", spend.tokens_in + spend.tokens_out)
-            ks.hincr(key, d + "usd", cost)
-            ks.hincr(key, d + "in", spend.tokens_in)
-            ks.hincr(key, d + "out", spend.tokens_out)
-            ks.hincr(key, d + "req", 1)
+            h = ks.hash(key)
+            for name, by in adds.items():
+                h[name] = h.get(name, 0) + by
             ks.expire(key, at)
         if reservation.session_id is not None:
             session_key = lay.session(t, reservation.session_id)

@@ -15,6 +15,7 @@ Contract for the core (pure: no redis, aiohttp or I/O here):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -124,6 +125,13 @@ def find_tenant(tenants: Sequence[TenantPolicy], name: str) -> TenantPolicy | No
 
 def bucket(window: Window, now_s: float) -> tuple[str, float]:
     """The bucket id of `window` at `now_s` and the time it ends (both UTC)."""
+    return _bucket(window, math.floor(now_s / 60))
+
+
+@functools.lru_cache(maxsize=64)
+def _bucket(window: Window, minute: int) -> tuple[str, float]:
+    # every window is a whole number of minutes, so the minute index determines the bucket (and caches)
+    now_s = minute * 60
     if window is Window.MONTH:
         t = datetime.fromtimestamp(now_s, UTC)
         nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=UTC)

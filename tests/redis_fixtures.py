@@ -1,4 +1,4 @@
-"""A private redis-server per test session (free port, tmp dir, no persistence) that tests may kill and restart."""
+"""A private redis-server per test session (free port, tmp dir, no persistence) that tests may restart."""
 
 from __future__ import annotations
 
@@ -45,7 +45,17 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args = [
+            REDIS_SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
         args += ["--dir", str(self.workdir), "--logfile", str(self.workdir / "redis.log")]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.store import Hold, Limits, Refusal, Reservation, RedisStore, Spend, Store
+from gateway.store import Hold, Limits, RedisStore, Refusal, Reservation, Spend, Store
 from gateway.store_memory import MemoryStore
 from gateway.tenancy import Cost, Window
 from tests.redis_fixtures import RedisServer, key_prefix, redis_server  # noqa: F401
@@ -31,7 +31,9 @@ def clock() -> Clock:
 
 @pytest.fixture(params=["memory", "redis"])
 async def store(
-    request: pytest.FixtureRequest, clock: Clock, key_prefix: str  # noqa: F811
+    request: pytest.FixtureRequest,
+    clock: Clock,
+    key_prefix: str,  # noqa: F811
 ) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore(prefix=key_prefix, clock=clock)
@@ -201,9 +203,19 @@ async def test_usage_rows_per_deployment(store: Store) -> None:
     await held(store, hold(0.5, 100))  # still open
     day = {row.deployment: row for row in await store.usage("acme") if row.window is Window.DAY}
     assert set(day) == {"*", "hq", "fast"}
-    assert (day["*"].spend_usd, day["*"].tokens_in, day["*"].tokens_out, day["*"].requests) == (0.21, 13, 24, 3)
+    assert (day["*"].spend_usd, day["*"].tokens_in, day["*"].tokens_out, day["*"].requests) == (
+        0.21,
+        13,
+        24,
+        3,
+    )
     assert day["*"].reserved_usd == 0.5
-    assert (day["hq"].spend_usd, day["hq"].tokens_in, day["hq"].tokens_out, day["hq"].requests) == (0.2, 10, 20, 1)
+    assert (day["hq"].spend_usd, day["hq"].tokens_in, day["hq"].tokens_out, day["hq"].requests) == (
+        0.2,
+        10,
+        20,
+        1,
+    )
     assert [r.tenant for r in await store.usage()] == ["acme"] * len(await store.usage("acme"))
 
 

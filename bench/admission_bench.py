@@ -1,0 +1,133 @@
+"""Admission overhead per request: reserve + settle (and the snapshot/step reads) on Redis and in memory.
+
+    .venv/bin/python -m bench.admission_bench [--requests 3000] [--concurrency 32] [--redis-url URL]
+
+Without --redis-url it starts a private redis-server on a free loopback port (and stops it). It prints,
+per store: sequential latency of reserve+settle (p50/p99 µs), the same with the snapshot and the session
+step the request path adds, throughput with `--concurrency` requests in flight, and a plain Redis PING
+round trip measured in the same run as the floor any Redis-backed admission pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from gateway.budgets import Budgets
+from gateway.policy import Price
+from gateway.sessions import Sessions
+from gateway.store import RedisStore, Store
+from gateway.store_memory import MemoryStore
+from gateway.tenancy import Budget, Cost, SessionPolicy, TenantPolicy, Window
+
+POLICY = TenantPolicy(
+    name="bench",
+    budgets=(
+        Budget(window=Window.DAY, soft_usd=1e6, hard_usd=1e7),
+        Budget(window=Window.MONTH, hard_usd=1e8),
+    ),
+    requests_per_minute=10_000_000,
+    tokens_per_minute=10**12,
+    max_concurrent=100_000,
+)
+PRICE = Price(input_per_mtok_usd=3.0, output_per_mtok_usd=15.0)
+WORST = Cost(0.02, 1500)
+SESSIONS = SessionPolicy()
+
+
+async def reserve_settle(budgets: Budgets) -> None:
+    held = await budgets.reserve("bench", POLICY, "hq", WORST)
+    await budgets.settle(held, PRICE, 500, 200)
+
+
+async def full_path(budgets: Budgets, sessions: Sessions) -> None:
+    await budgets.snapshot("bench")
+    await sessions.step("bench", "bench-session", SESSIONS)
+    await reserve_settle(budgets)
+
+
+async def timed(op: Callable[[], Awaitable[None]], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await op()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+async def throughput(op: Callable[[], Awaitable[None]], n: int, concurrency: int) -> float:
+    left = n
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await op()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return n / (time.perf_counter() - t0)
+
+
+def line(label: str, samples: list[float]) -> str:
+    q = statistics.quantiles(samples, n=100)
+    rate = 1e6 / statistics.mean(samples)
+    return f"  {label:<34} p50 {q[49]:8.1f} µs   p99 {q[98]:8.1f} µs   ({rate:8.0f} /s)"
+
+
+async def measure(name: str, store: Store, n: int, concurrency: int) -> None:
+    budgets, sessions = Budgets(store), Sessions(store)
+    await timed(lambda: reserve_settle(budgets), min(200, n))  # warm up: scripts loaded, pool filled
+    print(f"{name}")
+    print(line("reserve+settle (sequential)", await timed(lambda: reserve_settle(budgets), n)))
+    print(line("snapshot+step+reserve+settle", await timed(lambda: full_path(budgets, sessions), n)))
+    ops = await throughput(lambda: reserve_settle(budgets), n, concurrency)
+    print(f"  {'reserve+settle, ' + str(concurrency) + ' in flight':<34} {ops:8.0f} requests/s")
+
+
+async def ping_floor(url: str, n: int) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    await client.ping()
+    samples = await timed(lambda: client.ping(), n)  # type: ignore[arg-type, return-value]
+    print(line("plain PING round trip (floor)", samples))
+    await client.aclose()
+
+
+async def run(url: str, n: int, concurrency: int) -> None:
+    await measure("in-memory twin (MemoryStore)", MemoryStore(), n, concurrency)
+    store = RedisStore(url, timeout_s=1.0, prefix=f"bench{int(time.time())}")
+    try:
+        await measure(f"redis on loopback (RedisStore, {url})", store, n, concurrency)
+        await ping_floor(url, n)
+    finally:
+        await store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--redis-url", help="an existing Redis (its keys get a fresh prefix); default: start one"
+    )
+    args = parser.parse_args()
+    if args.redis_url:
+        asyncio.run(run(args.redis_url, args.requests, args.concurrency))
+        return
+    from tests.redis_fixtures import running_redis
+
+    with tempfile.TemporaryDirectory() as tmp, running_redis(Path(tmp)) as server:
+        asyncio.run(run(server.url, args.requests, args.concurrency))
+
+
+if __name__ == "__main__":
+    main()
