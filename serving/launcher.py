@@ -269,7 +269,8 @@ class Server:
                 lines = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
         except OSError:
             return ""
-        return lines[-1][-width:] if lines else ""
+        # vLLM prefixes every line with process, level, time and source; the message is what helps.
+        return lines[-1].rsplit("] ", 1)[-1][:width] if lines else ""
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the whole process group, SIGKILL it after grace_s; safe to call twice."""

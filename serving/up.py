@@ -30,6 +30,10 @@ from serving.launcher import (
 
 DEFAULT_STATE_DIR = Path("var/up")
 GATEWAY_READY_TIMEOUT_S = 60.0
+DESCRIPTION = (
+    "Start both vLLM deployments of a serving profile, then the gateway with a policy pointing at them. "
+    "Ctrl-C or SIGTERM stops everything."
+)
 
 
 class Shutdown(Exception):
@@ -41,13 +45,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser = subparsers.add_parser(
         "up",
         help="start the HQ + fast vLLM pair and the gateway in front of them",
-        description="Start both vLLM deployments of a serving profile, then the gateway with a policy "
-        "pointing at them. Ctrl-C or SIGTERM stops everything.",
+        description=DESCRIPTION,
     )
+    add_arguments(parser)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="cpu", help="cpu, gpu or a profile YAML file (default: cpu)")
     parser.add_argument(
         "--policy",
-        help="policy template; its deployments' url/served_model are replaced "
+        help="policy template whose deployments get the started servers' url and served_model "
         "(default: policies/default.yaml)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="gateway listen address (default: 127.0.0.1)")
@@ -60,6 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--model-dir", type=Path, help="where the tiny model is cached (cpu profile)")
     parser.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m serving.up`: the same command without the gateway CLI around it."""
+    parser = argparse.ArgumentParser(prog="python -m serving.up", description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -260,3 +275,7 @@ def _port_or_free(port: int) -> int:
 
 def _say(message: str) -> None:
     print(f"up: {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
