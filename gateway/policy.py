@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway import rollout_spec
+from gateway.rollout_spec import RolloutSpec, ShadowSpec
 
 ENDPOINTS = ("chat", "completions", "embeddings")
 Endpoint = Literal["chat", "completions", "embeddings"]
@@ -144,6 +148,24 @@ class Rule(Frozen):
     override_pin: bool = False
 
 
+class CandidatePolicy(Frozen):
+    """A routing policy to roll out or shadow (`policy:NAME`): the live one with these sections replaced."""
+
+    rules: list[Rule] | None = None
+    default: str | None = None
+    fallback: list[str] | None = None
+
+
+class PolicyShadow(Frozen):
+    """Evaluate a candidate policy on live traffic; record its decision where it disagrees, call nothing."""
+
+    candidate: str = Field(description="a name declared under `policies:`")
+    percent: float = Field(100.0, gt=0, le=100)
+
+
+LIVE_POLICY = "live"  # the target name of the live policy itself (`policy:live`), for `auto`-like routes
+
+
 class Policy(Frozen):
     version: Literal[1] = 1
     deployments: dict[str, Deployment]
@@ -152,6 +174,10 @@ class Policy(Frozen):
     default: str
     fallback: list[str] = []
     max_attempts: int = Field(2, ge=1, le=5)
+    policies: dict[str, CandidatePolicy] = {}
+    rollouts: list[RolloutSpec] = []
+    shadows: list[ShadowSpec] = []
+    policy_shadow: PolicyShadow | None = None
 
     @model_validator(mode="after")
     def _references_exist(self) -> Policy:
@@ -181,6 +207,42 @@ class Policy(Frozen):
         for name, dep in known.items():
             if dep.load.spill_to is not None and dep.load.spill_to not in known:
                 yield f"deployments.{name}.load.spill_to: unknown deployment {dep.load.spill_to!r}"
+        yield from self._experiment_problems()
+
+    def _experiment_problems(self) -> Iterator[str]:
+        known = self.deployments
+        for name, cand in self.policies.items():
+            used = [*(r.use for r in cand.rules or ()), *([cand.default] if cand.default else ()),
+                    *(cand.fallback or ())]
+            for dep in used:
+                if dep not in known:
+                    yield f"policies.{name}: unknown deployment {dep!r} (known: {sorted(known)})"
+        if self.policy_shadow is not None and self.policy_shadow.candidate not in self.policies:
+            yield (f"policy_shadow.candidate: unknown policy {self.policy_shadow.candidate!r} "
+                   f"(declared under policies: {sorted(self.policies)})")
+        stable_of = {name: f"deployment:{m.pin}" if m.pin else f"policy:{LIVE_POLICY}"
+                     for name, m in self.models.items()}
+        yield from rollout_spec.problems(self.rollouts, self.shadows, stable_of=stable_of,
+                                         deployments=known, policies=self.policies)
+
+    @functools.cached_property
+    def experimental(self) -> bool:
+        """Whether any rollout or shadow is declared (the request path skips that machinery otherwise)."""
+        return bool(self.rollouts or self.shadows or self.policy_shadow)
+
+    def candidate_policy(self, name: str) -> Policy:
+        """The declared candidate `name` as a whole Policy (cached: policies are swapped whole on reload)."""
+        found = self._candidate_policies.get(name)
+        if found is None:
+            cand = self.policies[name]
+            live = self.model_dump(exclude={"rollouts", "shadows", "policy_shadow"})
+            found = Policy.model_validate({**live, **cand.model_dump(exclude_none=True)})
+            self._candidate_policies[name] = found
+        return found
+
+    @functools.cached_property
+    def _candidate_policies(self) -> dict[str, Policy]:
+        return {}
 
     def candidates(self, first: str) -> tuple[str, ...]:
         """Deployments to try for a request that prefers `first`: it, then the fallback list, then the rest.
@@ -235,13 +297,24 @@ def parse(text: str, path: str = "<policy>") -> Policy:
 
 def _locate(path: str, root: yaml.Node | None, err: Mapping[str, Any]) -> str:
     loc = [part for part in err["loc"] if not (isinstance(part, str) and part.startswith("function-"))]
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if not loc:  # a whole-policy check names its field at the start of the message: locate that
+        loc = _named_loc(message)
+        message = message.split(": ", 1)[1] if loc else message
     field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
     line = _line_of(root, loc)
     where = f"{path}:{line}" if line else path
-    message = str(err["msg"]).removeprefix("Value error, ")
     value = err.get("input")
     shown = "" if isinstance(value, dict | list) or value is None else f" (value: {value!r})"
     return f"{where}: {field or '<top>'}: {message}{shown}"
+
+
+def _named_loc(message: str) -> list[Any]:
+    """`rollouts[0].route: ...` -> ["rollouts", 0, "route"]; [] when the message names no field."""
+    head = message.split(":", 1)[0]
+    if " " in head or head == message:
+        return []
+    return [int(p) if p.isdigit() else p for p in re.split(r"[.\[\]]+", head) if p]
 
 
 def _line_of(node: yaml.Node | None, loc: list[Any]) -> int | None:

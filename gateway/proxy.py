@@ -38,8 +38,14 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     features = extract(body, endpoint)
     ctx = svc.context(request, features, policy)
     decision = decide(policy, features, ctx)
+    trials, trial = svc.trials, None
+    if trials is not None and trials.engaged(policy):
+        trial = await trials.begin(request, policy, features, ctx, decision, body)
+        decision = trial.decision  # a rollout's candidate arm
     svc.recent.remember(ex.request_id, policy, features, ctx)
     ex.decided(features, decision, ctx.complexity)
+    if trial is not None:
+        return await trial.follow(_forward(request, svc, policy, decision, body, features))
     return await _forward(request, svc, policy, decision, body, features)
 
 
@@ -89,6 +95,8 @@ async def _forward(
 async def _relay_body(request: web.Request, svc: Services, reply: upstream.Reply) -> web.Response:
     ex_headers = upstream.reply_headers(reply)
     raw = await reply.read()
+    if request[EXCHANGE].tap is not None:
+        request[EXCHANGE].tap.append(raw)
     if reply.status == 200:
         svc.backends.record_success(reply.deployment)
         svc.settle(request[EXCHANGE], _usage_from_json(raw))
@@ -111,9 +119,12 @@ async def _relay_stream(
     await response.prepare(request)
     relay = _StreamRelay(client_wants_usage)
     finished = False
+    tap = ex.tap
     try:
         async for chunk in reply.chunks():
             ex.first_byte()
+            if tap is not None:
+                tap.append(chunk)
             out = relay.feed(chunk)
             if out:
                 await response.write(out)

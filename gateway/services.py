@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -21,6 +21,9 @@ from gateway.policy import Policy
 from gateway.policy_file import PolicyFile
 from gateway.routing import Context, Decision, needs_complexity
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.trials import Trials
 
 
 
@@ -50,6 +53,7 @@ class Services:
     tracer: Tracer
     classifier: Classifier
     recent: Recent
+    trials: Trials | None = None  # rollouts, shadows, request log (gateway/trials.py), set by its cleanup ctx
 
     def context(self, request: web.Request, features: Features, policy: Policy) -> Context:
         """Gather the decision's inputs besides the body: headers, tenant, score, a snapshot of load."""
@@ -78,7 +82,7 @@ class Exchange:
     """
 
     __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "request_id", "rule",
-                 "served_model", "started", "started_ns", "usage")
+                 "served_model", "started", "started_ns", "tap", "usage")
 
     def __init__(self, request_id: str, endpoint: str) -> None:
         self.request_id = request_id
@@ -92,6 +96,7 @@ class Exchange:
         self.first_byte_at: float | None = None
         self.usage: Usage | None = None
         self.error: GatewayError | None = None
+        self.tap: list[bytes] | None = None  # set when a shadow compares against the relayed bytes
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         self.deployment, self.rule = decision.deployment, decision.rule

@@ -8,6 +8,7 @@ table against both stores to keep them identical.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, cast
@@ -18,6 +19,7 @@ from gateway.store import (
     KeyRecord,
     Layout,
     Limits,
+    Observation,
     Refusal,
     Reservation,
     Spend,
@@ -176,6 +178,15 @@ class MemoryStore:
     async def release(self, reservation: Reservation) -> bool:
         return self._unhold(reservation.tenant, reservation.id) is not None
 
+    async def observe(
+        self, tenant: str, session_id: str | None, rate_window_s: float = 30.0, idle_ttl_s: int = 3600
+    ) -> Observation:
+        snapshot = await self.snapshot(tenant)
+        session = (
+            None if session_id is None else await self.step(tenant, session_id, rate_window_s, idle_ttl_s)
+        )
+        return Observation(snapshot, session)
+
     async def snapshot(self, tenant: str) -> TenantSnapshot:
         now_s = self._clock()
         self._expire_stale(tenant, int(now_s * 1000))
@@ -191,12 +202,13 @@ class MemoryStore:
             self._layout.steps(tenant, session_id),
         )
         steps = ks.hincr(key, "steps", 1)
-        times = ks.zset(steps_key)
-        times[f"{now_ms}:{steps}"] = now_ms
-        for member in [m for m, at in times.items() if at <= now_ms - rate_window_s * 1000]:
-            del times[member]
-        for member in sorted(times, key=times.__getitem__)[:-1000]:
-            del times[member]
+        # step times arrive in clock order, so a bounded deque is the sorted set here
+        times = ks.get(steps_key)
+        if times is None:
+            times = ks.data[steps_key] = deque(maxlen=1000)
+        times.append(now_ms)
+        while times and times[0] <= now_ms - rate_window_s * 1000:
+            times.popleft()
         ks.expire(key, now_s + idle_ttl_s)
         ks.expire(steps_key, now_s + idle_ttl_s)
         h = ks.hash(key)
@@ -254,3 +266,80 @@ class MemoryStore:
     def dump(self) -> dict[str, Any]:
         """Every live key and value (tests scan it for secrets, as they SCAN Redis)."""
         return {k: v for k in list(self._ks.data) if (v := self._ks.get(k)) is not None}
+
+
+# --- Rollouts and shadows (the twin of store_rollouts.RedisRolloutStore; owned by the rollout area) ---
+
+
+class MemoryRolloutStore:
+    """One process's rollout states, counters, arms and pairs; the embedded default with no Redis.
+
+    The leader lock is trivially this process's; arms and counters never expire here (the process's
+    lifetime bounds them, and arms are keyed by rollout run).
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[str, str] = {}
+        self._counts: dict[str, dict[str, int]] = {}
+        self._arms: dict[str, str] = {}
+        self._pairs: dict[str, Any] = {}
+        self._listeners: list[Any] = []
+        self._seq = 0
+
+    async def read_state(self, route: str) -> str | None:
+        return self._states.get(route)
+
+    async def write_state(self, route: str, expected_gen: int, state_json: str, fence: int) -> bool:
+        import json
+
+        current = self._states.get(route)
+        generation = -1 if current is None else int(json.loads(current)["generation"])
+        if generation != expected_gen:
+            return False
+        self._states[route] = state_json
+        for queue in self._listeners:
+            queue.put_nowait(route)
+        return True
+
+    async def lead(self, owner: str, ttl_s: float) -> int | None:
+        return 1
+
+    async def count(self, key: str, fields: Any, ttl_s: int) -> dict[str, int]:
+        h = self._counts.setdefault(key, {})
+        for name, by in fields.items():
+            h[name] = h.get(name, 0) + by
+        return {name: h[name] for name in fields}
+
+    async def counts(self, key: str) -> dict[str, int]:
+        return dict(self._counts.get(key, {}))
+
+    async def record_arm(self, key: str, value: str, ttl_s: int) -> str:
+        return self._arms.setdefault(key, value)
+
+    async def add_pair(self, target: str, record_json: str, maxlen: int) -> None:
+        from collections import deque
+
+        self._seq += 1
+        self._pairs.setdefault(target, deque(maxlen=maxlen)).append((self._seq, record_json))
+
+    async def pairs(self, target: str | None, count: int) -> list[str]:
+        targets = [target] if target else list(self._pairs)
+        found = sorted(item for name in targets for item in self._pairs.get(name, ()))
+        return [record for _, record in found[-count:]]
+
+    async def changes(self) -> Any:
+        import asyncio
+
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        self._listeners.append(queue)
+        try:
+            while True:
+                try:
+                    yield await asyncio.wait_for(queue.get(), 1.0)
+                except TimeoutError:
+                    yield None
+        finally:
+            self._listeners.remove(queue)
+
+    async def close(self) -> None:
+        return None
