@@ -2,12 +2,17 @@
 
 Contract for the core (request path, in this order):
 
-    snap = await budgets.snapshot(tenant)                          # before decide(), one round trip
+    seen = await budgets.observe(tenant, sid, policy.sessions)     # before decide(), ONE round trip:
+                                                                   # the tenant's windows + this session step
     costs = {name: worst_case(dep, prompt_tokens, max_tokens) for name, dep in policy.deployments.items()}
-    verdict = tenancy.admission(snap, tenant_policy, costs, ...)   # pure, passed into decide()
-    held = await budgets.reserve(tenant, tenant_policy, chosen, costs[chosen], session_id=sid)
+    verdict = tenancy.admission(seen.snapshot, tenant_policy, costs,
+                                session=seen.session, sessions=policy.sessions, max_cost_usd=header_cap)
+    held = await budgets.reserve(tenant, tenant_policy, chosen, costs[chosen], session_id=sid,
+                                 ttl_s=dep.timeouts.total_s + 60)
         # raises errors.RateLimited (429, Retry-After, names the limit) or errors.StoreUnavailable (503)
     try: ... forward ...
+    (failover: reserve once with the largest worst case of decision.attempts; settle names the
+     deployment that answered)
     then exactly one of:
       await budgets.settle(held, dep.price, tokens_in, tokens_out)  # on completion (usage from upstream)
       await budgets.release(held)                                   # on failure, cancel, disconnect
@@ -18,13 +23,14 @@ second settle/release of the same reservation is a no-op.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from gateway.errors import RateLimited
 from gateway.policy import Deployment, Price
-from gateway.store import Hold, Limits, Refusal, Reservation, Spend, Store, StoreError
-from gateway.tenancy import Cost, TenantPolicy, TenantSnapshot
+from gateway.store import Hold, Limits, Observation, Refusal, Reservation, Spend, Store, StoreError
+from gateway.tenancy import Cost, SessionPolicy, TenantPolicy, TenantSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,13 @@ class Budgets:
         self._session_ttl_s = session_ttl_s
         self._open: set[str] = set()
 
+    async def observe(self, tenant: str, session_id: str | None, sessions: SessionPolicy) -> Observation:
+        """The tenant's windows and open reservations, and (when `session_id`) this step of the session.
+
+        One atomic store call; raises StoreUnavailable under `on_unavailable: reject`.
+        """
+        return await self._store.observe(tenant, session_id, sessions.rate_window_s, sessions.idle_ttl_s)
+
     async def snapshot(self, tenant: str) -> TenantSnapshot:
         """The tenant's current windows and open reservations (raises StoreUnavailable under `reject`)."""
         return await self._store.snapshot(tenant)
@@ -59,20 +72,39 @@ class Budgets:
         cost: Cost,
         *,
         session_id: str | None = None,
+        ttl_s: float | None = None,
     ) -> Reservation:
-        """Hold `cost` against every limit of the tenant at once, or raise RateLimited naming the limit."""
-        hold = Hold(tenant, deployment, cost, Limits.of(policy), session_id, self._ttl_s, self._session_ttl_s)
+        """Hold `cost` against every limit of the tenant at once, or raise RateLimited naming the limit.
+
+        `ttl_s` must outlast the request (the deployment's total timeout plus a margin): a hold that
+        expires early frees budget that the still-running request will spend.
+        """
+        ttl = self._ttl_s if ttl_s is None else ttl_s
+        hold = Hold(tenant, deployment, cost, Limits.of(policy), session_id, ttl, self._session_ttl_s)
         result = await self._store.reserve(hold)
         if isinstance(result, Refusal):
             raise _rate_limited(tenant, result)
         self._open.add(result.id)
         return result
 
-    async def settle(self, reservation: Reservation, price: Price, tokens_in: int, tokens_out: int) -> None:
-        """Replace the hold by the actual spend; never raises."""
+    async def settle(
+        self,
+        reservation: Reservation,
+        price: Price,
+        tokens_in: int,
+        tokens_out: int,
+        *,
+        deployment: str | None = None,
+    ) -> None:
+        """Replace the hold by the actual spend; never raises.
+
+        `deployment` names the one that answered when failover moved the request (usage is per deployment).
+        """
         if reservation.id not in self._open:
             return
         self._open.discard(reservation.id)
+        if deployment is not None and deployment != reservation.deployment:
+            reservation = dataclasses.replace(reservation, deployment=deployment)
         spend = Spend(price.cost_usd(tokens_in, tokens_out), tokens_in, tokens_out)
         try:
             await self._store.settle(reservation, spend)

@@ -7,7 +7,7 @@ Contract for the core:
     check_admin(request.headers.get("Authorization"), policy.auth)     # admin endpoints; 401 / 403
 
 The digest is HMAC-SHA256 keyed by the `AGENT_GATEWAY_KEY_PEPPER` environment variable when it is
-set (changing it invalidates every key), else SHA-256: keys are 192-bit random, so a plain hash
+set (changing it invalidates every key), else SHA-256: keys are 160-bit random, so a plain hash
 cannot be reversed. Nothing here logs a key; errors say "invalid API key" without echoing it.
 """
 
@@ -39,7 +39,7 @@ def digest(raw_key: str, pepper: str | None = None) -> str:
 async def create(store: Store, tenant: str, name: str = "") -> tuple[KeyRecord, str]:
     """A new key for `tenant`: the record as stored and the raw key, which is never stored nor shown again."""
     key_id = secrets.token_hex(4)
-    raw = f"{KEY_PREFIX}-{key_id}-{secrets.token_urlsafe(24)}"
+    raw = f"{KEY_PREFIX}-{key_id}-{secrets.token_hex(20)}"  # hex: a double-click selects it whole
     record = KeyRecord(key_id, tenant, f"{KEY_PREFIX}-{key_id}", digest(raw), time.time(), name)
     await store.put_key(record)
     return record, raw

@@ -6,6 +6,8 @@ Contract (every store, `RedisStore` here and `store_memory.MemoryStore`, impleme
                                                       the request-rate and the concurrency limits
     settle(reservation, spend: Spend) -> bool        frees the hold, records the actual spend
     release(reservation) -> bool                     frees the hold, records nothing
+    observe(tenant, session_id | None, rate_window_s, idle_ttl_s) -> Observation
+                                                      snapshot + session step in one round trip
     snapshot(tenant) -> TenantSnapshot               current buckets and open reservations
     step(tenant, session_id, rate_window_s, idle_ttl_s) -> SessionState
     usage(tenant | None) -> list[UsageRow]
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NANO = 1_000_000_000
+BUCKET_FIELDS = ("usd", "rusd", "tok", "rtok", "req")
 # How long a bucket outlives its window, so `usage` can still show a window that just ended.
 RETENTION_S = {Window.MINUTE: 120, Window.HOUR: 86400, Window.DAY: 8 * 86400, Window.MONTH: 62 * 86400}
 
@@ -147,6 +150,14 @@ class UsageRow:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "window": str(self.window)}
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Everything admission reads, from one round trip: the tenant's windows and the session's step."""
+
+    snapshot: TenantSnapshot
+    session: SessionState | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +326,9 @@ class Store(Protocol):
     async def reserve(self, hold: Hold) -> Reservation | Refusal: ...
     async def settle(self, reservation: Reservation, spend: Spend) -> bool: ...
     async def release(self, reservation: Reservation) -> bool: ...
+    async def observe(
+        self, tenant: str, session_id: str | None, rate_window_s: float = 30.0, idle_ttl_s: int = 3600
+    ) -> Observation: ...
     async def snapshot(self, tenant: str) -> TenantSnapshot: ...
     async def step(
         self, tenant: str, session_id: str, rate_window_s: float, idle_ttl_s: int
@@ -348,7 +362,7 @@ class RedisStore:
         self._clock = clock
         self._scripts = {
             name: self._redis.register_script(getattr(store_scripts, name))
-            for name in ("RESERVE", "SETTLE", "RELEASE", "SNAPSHOT", "STEP")
+            for name in ("RESERVE", "SETTLE", "RELEASE", "OBSERVE", "STEP")
         }
 
     async def _run(self, op: Awaitable[T]) -> T:
@@ -410,27 +424,33 @@ class RedisStore:
         keys = [self._layout.reservations(t), self._layout.records(t)]
         return bool(await self._script("RELEASE", keys, [reservation.id]))
 
-    async def snapshot(self, tenant: str) -> TenantSnapshot:
+    async def observe(
+        self, tenant: str, session_id: str | None, rate_window_s: float = 30.0, idle_ttl_s: int = 3600
+    ) -> Observation:
         now_s, lay = self._clock(), self._layout
         plans = plan(lay, tenant, Limits(), now_s)
         keys = [lay.reservations(tenant), lay.records(tenant), *(p.key for p in plans)]
-        result = await self._script("SNAPSHOT", keys, [int(now_s * 1000)])
+        args: list[Any] = [int(now_s * 1000)]
+        if session_id is not None:
+            keys += [lay.session(tenant, session_id), lay.steps(tenant, session_id)]
+            args += [int(rate_window_s * 1000), idle_ttl_s, f"{args[0]}:{secrets.token_hex(4)}"]
+        result = await self._script("OBSERVE", keys, args)
         windows = {
-            p.window: window_usage(
-                p.window, p.ends_at_s, dict(zip(("usd", "rusd", "tok", "rtok", "req"), row, strict=True))
-            )
-            for p, row in zip(plans, result[1:], strict=True)
+            p.window: window_usage(p.window, p.ends_at_s, dict(zip(BUCKET_FIELDS, row, strict=True)))
+            for p, row in zip(plans, result[1:5], strict=True)
         }
-        return TenantSnapshot(tenant, now_s, windows, int(result[0]))
+        snapshot = TenantSnapshot(tenant, now_s, windows, int(result[0]))
+        session = None if session_id is None else _session(session_id, result[5], rate_window_s)
+        return Observation(snapshot, session)
+
+    async def snapshot(self, tenant: str) -> TenantSnapshot:
+        return (await self.observe(tenant, None)).snapshot
 
     async def step(self, tenant: str, session_id: str, rate_window_s: float, idle_ttl_s: int) -> SessionState:
         now_ms = int(self._clock() * 1000)
         keys = [self._layout.session(tenant, session_id), self._layout.steps(tenant, session_id)]
         args = [now_ms, int(rate_window_s * 1000), idle_ttl_s, f"{now_ms}:{secrets.token_hex(4)}"]
-        steps, recent, cost_nusd, pinned = await self._script("STEP", keys, args)
-        return SessionState(
-            session_id, int(steps), int(recent) * 60.0 / rate_window_s, int(cost_nusd) / NANO, pinned or None
-        )
+        return _session(session_id, await self._script("STEP", keys, args), rate_window_s)
 
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
         now_s, lay = self._clock(), self._layout
@@ -479,6 +499,13 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _session(session_id: str, row: list[Any], rate_window_s: float) -> SessionState:
+    steps, recent, cost_nusd, pinned = row
+    return SessionState(
+        session_id, int(steps), int(recent) * 60.0 / rate_window_s, int(cost_nusd) / NANO, pinned or None
+    )
 
 
 def _strs(fields: Mapping[Any, Any]) -> dict[str, str]:

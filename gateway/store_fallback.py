@@ -22,6 +22,7 @@ from gateway.errors import StoreUnavailable
 from gateway.store import (
     Hold,
     KeyRecord,
+    Observation,
     RedisStore,
     Refusal,
     Reservation,
@@ -145,6 +146,11 @@ class FallbackStore:
                 self._pending.popleft()
         finally:
             self._replay = None
+
+    async def observe(
+        self, tenant: str, session_id: str | None, rate_window_s: float = 30.0, idle_ttl_s: int = 3600
+    ) -> Observation:
+        return await self._run(lambda s: s.observe(tenant, session_id, rate_window_s, idle_ttl_s))
 
     async def snapshot(self, tenant: str) -> TenantSnapshot:
         return await self._run(lambda s: s.snapshot(tenant))

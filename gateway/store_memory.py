@@ -79,6 +79,7 @@ class MemoryStore:
         self._clock = clock
 
     def _unhold(self, tenant: str, rid: str) -> list[str] | None:
+        """The reservation's buckets that still exist, or None when it is not open."""
         ks, lay = self._ks, self._layout
         zset, records = ks.zset(lay.reservations(tenant)), ks.hash(lay.records(tenant))
         zset.pop(rid, None)
@@ -86,13 +87,14 @@ class MemoryStore:
         if rec is None:
             return None
         p: list[str] = rec.split()
-        cost, tokens = int(p[0]), int(p[1])
+        cost, tokens, live = int(p[0]), int(p[1]), []
         for key in p[2::2]:
             h = ks.get(key)
             if h is not None:
                 h["rusd"] = h.get("rusd", 0) - cost
                 h["rtok"] = h.get("rtok", 0) - tokens
-        return p
+                live.append(key)
+        return live
 
     def _expire_stale(self, tenant: str, now_ms: int) -> None:
         zset = self._ks.zset(self._layout.reservations(tenant))
@@ -115,7 +117,8 @@ class MemoryStore:
             h["rusd"] = h.get("rusd", 0) + cost
             h["rtok"] = h.get("rtok", 0) + tokens
             h["req"] = h.get("req", 0) + 1
-            ks.expire(p.key, p.expire_at_s)
+            if h["req"] == 1:
+                ks.expire(p.key, p.expire_at_s)
             rec += [p.key, str(p.expire_at_s)]
         ks.zset(lay.reservations(hold.tenant))[rid] = expires_ms
         ks.hash(lay.records(hold.tenant))[rid] = " ".join(rec)
@@ -154,9 +157,10 @@ class MemoryStore:
 
     async def settle(self, reservation: Reservation, spend: Spend) -> bool:
         ks, lay, t = self._ks, self._layout, reservation.tenant
-        p = self._unhold(t, reservation.id)
-        if p is not None:
-            targets = [(p[i], float(p[i + 1])) for i in range(2, len(p), 2)]
+        live = self._unhold(t, reservation.id)
+        targets: list[tuple[str, float | None]]
+        if live is not None:
+            targets = [(key, None) for key in live]
         else:
             targets = [(b.key, float(b.expire_at_s)) for b in plan(lay, t, Limits(), self._clock())]
         cost, d = to_nusd(spend.usd), f"d:{reservation.deployment}:"
@@ -168,12 +172,13 @@ class MemoryStore:
             h = ks.hash(key)
             for name, by in adds.items():
                 h[name] = h.get(name, 0) + by
-            ks.expire(key, at)
+            if at is not None:
+                ks.expire(key, at)
         if reservation.session_id is not None:
             session_key = lay.session(t, reservation.session_id)
             if ks.get(session_key) is not None:
                 ks.hincr(session_key, "cost", cost)
-        return p is not None
+        return live is not None
 
     async def release(self, reservation: Reservation) -> bool:
         return self._unhold(reservation.tenant, reservation.id) is not None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 # Shared by every script that touches reservations. A record is "cost tokens key1 expireat1 key2 …":
 # the reserved amounts and the window buckets they were added to, so settle and expiry undo exactly
-# what reserve did even when the clock has moved on to new buckets.
+# what reserve did even when the clock has moved on to new buckets. unhold returns the buckets that
+# still exist (they keep the TTL reserve gave them), or nil when the reservation is not open.
 PRELUDE = """
 local function split(s)
   local out = {}
@@ -17,14 +18,16 @@ local function unhold(records, zset, id)
   if not rec then return nil end
   redis.call('HDEL', records, id)
   local p = split(rec)
+  local live = {}
   for i = 3, #p, 2 do
     -- a bucket that already expired must not come back as a key without a TTL
     if redis.call('EXISTS', p[i]) == 1 then
       redis.call('HINCRBY', p[i], 'rusd', '-' .. p[1])
       redis.call('HINCRBY', p[i], 'rtok', '-' .. p[2])
+      live[#live + 1] = p[i]
     end
   end
-  return p
+  return live
 end
 local function expire_stale(records, zset, now_ms)
   -- bounded so one call never stalls Redis; later calls finish the rest
@@ -65,8 +68,8 @@ for i = 1, n do
   local key, at = KEYS[4 + i], ARGV[10 + (i - 1) * 6 + 6]
   redis.call('HINCRBY', key, 'rusd', ARGV[4])
   redis.call('HINCRBY', key, 'rtok', ARGV[5])
-  redis.call('HINCRBY', key, 'req', 1)
-  redis.call('EXPIREAT', key, at)
+  -- req only grows, so 1 means this reserve created the bucket: give it its TTL once
+  if redis.call('HINCRBY', key, 'req', 1) == 1 then redis.call('EXPIREAT', key, at) end
   rec[#rec + 1] = key
   rec[#rec + 1] = at
 end
@@ -86,17 +89,18 @@ return {1}
 )
 
 # settle: KEYS[1]=reservation zset, KEYS[2]=reservation records, KEYS[3]=session hash,
-#   KEYS[4..]=the current window buckets (used only when the reservation is gone);
+#   KEYS[4..]=the current window buckets (used only when the reservation is gone; otherwise the spend
+#   goes to the buckets it was reserved in that still exist);
 #   ARGV: id, cost_nusd, tokens_in, tokens_out, deployment, session (1|0), then expireat_s per KEYS[4..]
 #   -> 1 when the reservation was open, 0 when it had expired (the spend is recorded either way)
 SETTLE = (
     PRELUDE
     + """
-local p = unhold(KEYS[2], KEYS[1], ARGV[1])
+local live = unhold(KEYS[2], KEYS[1], ARGV[1])
 local found = 1
 local targets = {}
-if p then
-  for i = 3, #p, 2 do targets[#targets + 1] = {p[i], p[i + 1]} end
+if live then
+  for _, key in ipairs(live) do targets[#targets + 1] = {key, false} end
 else
   found = 0
   for i = 4, #KEYS do targets[#targets + 1] = {KEYS[i], ARGV[7 + i - 4]} end
@@ -110,7 +114,7 @@ for _, t in ipairs(targets) do
   redis.call('HINCRBY', t[1], d .. 'in', ARGV[3])
   redis.call('HINCRBY', t[1], d .. 'out', ARGV[4])
   redis.call('HINCRBY', t[1], d .. 'req', 1)
-  redis.call('EXPIREAT', t[1], t[2])
+  if t[2] then redis.call('EXPIREAT', t[1], t[2]) end
 end
 if ARGV[6] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('HINCRBY', KEYS[3], 'cost', ARGV[2])
@@ -128,31 +132,38 @@ return 0
 """
 )
 
-# snapshot: KEYS[1]=reservation zset, KEYS[2]=reservation records, KEYS[3..]=window buckets;
-#   ARGV[1]=now_ms -> {open reservations, {usd, rusd, tok, rtok, req} per bucket}
-SNAPSHOT = (
+# Counts one step of a session and reports it; the steps set bounded so a runaway loop cannot grow it.
+STEP_FN = """
+local function step(session, times, now, window, ttl, member)
+  local steps = redis.call('HINCRBY', session, 'steps', 1)
+  redis.call('ZADD', times, now, member)
+  redis.call('ZREMRANGEBYSCORE', times, '-inf', now - window)
+  redis.call('ZREMRANGEBYRANK', times, 0, -1001)
+  redis.call('EXPIRE', session, ttl)
+  redis.call('EXPIRE', times, ttl)
+  local h = redis.call('HMGET', session, 'cost', 'pinned')
+  return {steps, redis.call('ZCARD', times), tonumber(h[1]) or 0, h[2] or ''}
+end
+"""
+
+# observe: KEYS[1]=reservation zset, KEYS[2]=reservation records, KEYS[3..6]=window buckets,
+#   optional KEYS[7]=session hash, KEYS[8]=step times zset; ARGV: now_ms[, rate_window_ms, ttl_s, member]
+#   -> {open reservations, {usd, rusd, tok, rtok, req} per bucket[, step result as STEP returns it]}
+OBSERVE = (
     PRELUDE
+    + STEP_FN
     + """
-expire_stale(KEYS[2], KEYS[1], tonumber(ARGV[1]))
+local now = tonumber(ARGV[1])
+expire_stale(KEYS[2], KEYS[1], now)
 local out = {redis.call('ZCARD', KEYS[1])}
-for i = 3, #KEYS do
+for i = 3, 6 do
   out[#out + 1] = redis.call('HMGET', KEYS[i], 'usd', 'rusd', 'tok', 'rtok', 'req')
 end
+if #KEYS == 8 then out[#out + 1] = step(KEYS[7], KEYS[8], now, tonumber(ARGV[2]), ARGV[3], ARGV[4]) end
 return out
 """
 )
 
 # step: KEYS[1]=session hash, KEYS[2]=step times zset; ARGV: now_ms, rate_window_ms, ttl_s, member
 #   -> {steps, steps inside the rate window, cost_nusd, pinned deployment or ''}
-STEP = """
-local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
-local steps = redis.call('HINCRBY', KEYS[1], 'steps', 1)
-redis.call('ZADD', KEYS[2], now, ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
--- a runaway loop must not grow the set without bound; the rate saturates instead
-redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -1001)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-local h = redis.call('HMGET', KEYS[1], 'cost', 'pinned')
-return {steps, redis.call('ZCARD', KEYS[2]), tonumber(h[1]) or 0, h[2] or ''}
-"""
+STEP = STEP_FN + "return step(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4])"

@@ -229,3 +229,14 @@ async def test_keys_put_find_list_delete(store: Store) -> None:
     assert await store.delete_key("1a2b3c4d") == rec
     assert await store.find_key("d" * 64) is None
     assert await store.delete_key("1a2b3c4d") is None
+
+
+async def test_observe_reads_windows_and_steps_the_session_at_once(store: Store) -> None:
+    r = await held(store, hold(0.5, 100, session_id="s1"))
+    seen = await store.observe("acme", "s1", 30.0, 3600)
+    assert seen.snapshot.concurrent == 1 and seen.snapshot.windows[Window.DAY].reserved_usd == 0.5
+    assert seen.session is not None and (seen.session.steps, seen.session.pinned) == (1, "hq")
+    await store.settle(r, Spend(0.25, 1, 1))
+    again = await store.observe("acme", "s1", 30.0, 3600)
+    assert again.session is not None and (again.session.steps, again.session.cost_usd) == (2, 0.25)
+    assert (await store.observe("acme", None)).session is None
