@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from serving import vllm_args
 from serving.profile import TINY_MODEL, Deployment, Profile
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -146,51 +147,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-# Runs inside the serving venv's python: importing vLLM takes ~10 s, so it is done once for all commands.
-_VALIDATOR = r"""
-import contextlib, difflib, io, json, sys
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.config import SpeculativeConfig
-
-class Rejected(Exception):
-    pass
-
-def reject(message):
-    raise Rejected(message)
-
-parser = make_arg_parser(FlexibleArgumentParser(prog="vllm-server"))
-parser.error = reject
-known = set(parser._option_string_actions)
-problems = {}
-for name, args in json.load(sys.stdin).items():
-    found = []
-    for arg in args:
-        if not arg.startswith("--"):
-            continue
-        flag = arg.split("=", 1)[0].split(".", 1)[0]
-        flag = "--" + flag[2:].replace("_", "-")
-        if flag not in known:
-            close = difflib.get_close_matches(flag, known, n=1)
-            found.append(f"unknown vLLM argument {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
-    for flag, value in zip(args, args[1:]):
-        if flag == "--speculative-config":
-            unknown = sorted(set(json.loads(value)) - set(SpeculativeConfig.__dataclass_fields__))
-            found += [f"--speculative-config: unknown key {key!r}" for key in unknown]
-    if not found:
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):
-                validate_parsed_serve_args(parser.parse_args(args))
-        except (Rejected, ValueError, TypeError) as exc:
-            found.append(str(exc))
-        except SystemExit as exc:
-            found.append(f"vLLM's parser exited with {exc.code}")
-    if found:
-        problems[name] = found
-print("VALIDATION:" + json.dumps(problems))
-"""
-
-
 def validate(commands: Mapping[str, ServerCommand], timeout_s: float = 180.0) -> None:
     """Check every engine argument with vLLM's own parser (in the servers' python); raise naming the flag."""
     problems = check(commands, timeout_s)
@@ -205,7 +161,10 @@ def check(commands: Mapping[str, ServerCommand], timeout_s: float = 180.0) -> di
         batch = {name: list(cmd.engine_args) for name, cmd in commands.items() if cmd.python == python}
         try:
             done = subprocess.run(
-                [python, "-c", _VALIDATOR],
+                # By path, so the servers' python needs vLLM but not this package (run_path, not `python
+                # FILE`: that would put serving/ first on sys.path, where profile.py shadows the stdlib's).
+                # Importing vLLM takes ~10 s, so one run checks every command.
+                [python, "-c", f"import runpy; runpy.run_path({vllm_args.__file__!r}, run_name='__main__')"],
                 input=json.dumps(batch),
                 capture_output=True,
                 text=True,
@@ -215,11 +174,11 @@ def check(commands: Mapping[str, ServerCommand], timeout_s: float = 180.0) -> di
             )
         except subprocess.TimeoutExpired as exc:
             raise LaunchError(f"checking vLLM arguments took over {timeout_s:.0f} s") from exc
-        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("VALIDATION:")), None)
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith(vllm_args.MARKER)), None)
         if line is None:
             tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
             raise LaunchError(f"cannot load vLLM's argument parser with {python}: " + " | ".join(tail))
-        problems |= json.loads(line.removeprefix("VALIDATION:"))
+        problems |= json.loads(line.removeprefix(vllm_args.MARKER))
     return problems
 
 

@@ -136,7 +136,11 @@ def train_tokenizer(folder: Path, spec: TinyModelSpec, corpus: list[str]) -> dic
             "chat_template": CHAT_TEMPLATE,
         },
     )
-    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    ids: dict[str, int] = {}
+    for token in SPECIAL_TOKENS:
+        token_id = tokenizer.token_to_id(token)
+        assert token_id is not None, f"{token} missing from the trained vocabulary"
+        ids[token] = token_id
     return {"size": tokenizer.get_vocab_size(), **ids}
 
 
