@@ -240,3 +240,61 @@ async def test_observe_reads_windows_and_steps_the_session_at_once(store: Store)
     again = await store.observe("acme", "s1", 30.0, 3600)
     assert again.session is not None and (again.session.steps, again.session.cost_usd) == (2, 0.25)
     assert (await store.observe("acme", None)).session is None
+
+
+async def test_redis_and_memory_agree_on_a_random_history(redis_server: RedisServer, key_prefix: str) -> None:  # noqa: F811
+    """The twin is only useful if it is a twin: replay one random history on both and compare every read."""
+    import random
+
+    rng = random.Random(5)
+    clock = Clock()
+    stores: list[Store] = [
+        MemoryStore(prefix=key_prefix, clock=clock),
+        RedisStore(redis_server.url, prefix=key_prefix, clock=clock),
+    ]
+    limits = Limits(
+        usd={Window.MINUTE: 0.5, Window.DAY: 2.0},
+        tokens={Window.HOUR: 5000},
+        requests_per_minute=20,
+        max_concurrent=4,
+    )
+    open_: list[list[Reservation]] = []
+    seen: set[str] = set()
+    try:
+        for _ in range(300):
+            action = rng.choice(["reserve", "reserve", "settle", "release", "tick", "step"])
+            usd, tokens = round(rng.uniform(0.01, 0.3), 4), rng.randint(10, 900)
+            sid, ttl = rng.choice([None, "a", "b"]), rng.choice([5.0, 60.0])
+            dep = rng.choice(["hq", "fast"])
+            if action == "tick":
+                clock.now += rng.choice([0.5, 3, 20, 61])
+                continue
+            if action == "step":
+                states = [await s.step("acme", "a", 30.0, 3600) for s in stores]
+                assert states[0] == states[1]
+                continue
+            if action == "reserve":
+                results = [
+                    await s.reserve(Hold("acme", dep, Cost(usd, tokens), limits, sid, ttl)) for s in stores
+                ]
+                assert type(results[0]) is type(results[1])
+                if isinstance(results[0], Refusal):
+                    assert results[0] == results[1]
+                    seen.add(results[0].limit)
+                else:
+                    open_.append(results)  # type: ignore[arg-type]
+            elif open_:
+                pair = open_.pop(rng.randrange(len(open_)))
+                spend = Spend(round(usd / 2, 4), tokens // 3, tokens // 3)
+                got = [
+                    await (s.settle(r, spend) if action == "settle" else s.release(r))
+                    for s, r in zip(stores, pair, strict=True)
+                ]
+                assert got[0] == got[1]
+            snaps = [await s.snapshot("acme") for s in stores]
+            assert snaps[0] == snaps[1]
+        usage = [await s.usage("acme") for s in stores]
+        assert usage[0] == usage[1]
+        assert len(seen) >= 3, seen  # the history reached several limits
+    finally:
+        await stores[1].close()
