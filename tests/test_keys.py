@@ -19,7 +19,7 @@ from gateway.tenancy import AuthPolicy
 from tests.redis_fixtures import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def store(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Store]:  # noqa: F811
     if request.param == "memory":
         yield MemoryStore(prefix=key_prefix)
@@ -78,6 +78,7 @@ def test_pepper_changes_the_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     assert keys.digest("agk-1-x") != plain
 
 
+@pytest.mark.redis
 async def test_cached_keys_survive_a_store_outage(private_redis: RedisServer) -> None:  # noqa: F811
     store = FallbackStore(RedisStore(private_redis.url, timeout_s=0.2), MemoryStore(), retry_s=5)
     _, raw = await keys.create(store, "acme")
@@ -107,6 +108,7 @@ def _cli(*argv: str) -> int:
     return int(args.func(args))
 
 
+@pytest.mark.redis
 def test_cli_create_list_revoke_usage(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     url = redis_server.url
     assert _cli("keys", "create", "--tenant", "cli-tenant", "--name", "laptop", "--redis-url", url) == 0

@@ -29,7 +29,7 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def store(
     request: pytest.FixtureRequest,
     clock: Clock,
@@ -242,6 +242,7 @@ async def test_observe_reads_windows_and_steps_the_session_at_once(store: Store)
     assert (await store.observe("acme", None)).session is None
 
 
+@pytest.mark.redis
 async def test_redis_and_memory_agree_on_a_random_history(redis_server: RedisServer, key_prefix: str) -> None:  # noqa: F811
     """The twin is only useful if it is a twin: replay one random history on both and compare every read."""
     import random
