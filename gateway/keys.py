@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -25,6 +26,8 @@ from gateway.store import KeyRecord, Store
 from gateway.tenancy import AuthPolicy
 
 PEPPER_ENV = "AGENT_GATEWAY_KEY_PEPPER"
+# tenant names end up inside store keys ({tenant} hash tags): no braces, spaces or wildcards
+TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 KEY_PREFIX = "agk"
 
 
@@ -38,6 +41,8 @@ def digest(raw_key: str, pepper: str | None = None) -> str:
 
 async def create(store: Store, tenant: str, name: str = "") -> tuple[KeyRecord, str]:
     """A new key for `tenant`: the record as stored and the raw key, which is never stored nor shown again."""
+    if not TENANT_NAME.fullmatch(tenant):
+        raise ValueError(f"tenant {tenant!r}: use 1-64 letters, digits, '_', '.' or '-'")
     key_id = secrets.token_hex(4)
     raw = f"{KEY_PREFIX}-{key_id}-{secrets.token_hex(20)}"  # hex: a double-click selects it whole
     record = KeyRecord(key_id, tenant, f"{KEY_PREFIX}-{key_id}", digest(raw), time.time(), name)

@@ -75,7 +75,11 @@ def _safe_url(url: str) -> str:
 
 
 async def _create(store: RedisStore, args: argparse.Namespace) -> int:
-    record, raw = await keys.create(store, args.tenant, args.name)
+    try:
+        record, raw = await keys.create(store, args.tenant, args.name)
+    except ValueError as exc:
+        print(f"agent-gateway: keys create: --tenant: {exc}", file=sys.stderr)
+        return 2
     print(raw)
     print(
         f"created {record.prefix} for tenant {record.tenant}; the key is shown only this once",

@@ -121,6 +121,8 @@ def test_cli_create_list_revoke_usage(redis_server: RedisServer, capsys: pytest.
     assert _cli("keys", "revoke", prefix, "--redis-url", url) == 0
     assert _cli("keys", "revoke", prefix, "--redis-url", url) == 2
     assert "no key" in capsys.readouterr().err
+    assert _cli("keys", "create", "--tenant", "a{b}", "--redis-url", url) == 2
+    assert "--tenant" in capsys.readouterr().err
     assert _cli("usage", "--tenant", "nobody", "--redis-url", url) == 0
     assert "SPEND_USD" in capsys.readouterr().out
     assert _cli("usage", "--json", "--redis-url", url) == 0

@@ -16,7 +16,7 @@ from gateway.errors import RateLimited, StoreUnavailable
 from gateway.store import Hold, RedisStore, Reservation, Spend, StoreError
 from gateway.store_fallback import FallbackStore
 from gateway.store_memory import MemoryStore
-from gateway.tenancy import Budget, Cost, TenantPolicy, Window
+from gateway.tenancy import Budget, Cost, SessionPolicy, TenantPolicy, Window
 from tests.redis_fixtures import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
 
 pytestmark = pytest.mark.redis
@@ -205,3 +205,23 @@ def _price() -> Any:
     from gateway.policy import Price
 
     return Price(input_per_mtok_usd=1.0, output_per_mtok_usd=2.0)
+
+
+async def test_allow_under_a_hung_redis_serves_every_request_without_waiting(
+    private_redis: RedisServer,  # noqa: F811
+) -> None:
+    store, _ = _fallback(private_redis, "allow")
+    budgets = Budgets(store)
+    await budgets.observe("acme", "s", SessionPolicy())
+    private_redis.pause()
+    try:
+        started = time.monotonic()
+        seen = await asyncio.gather(*(budgets.observe("acme", "s", SessionPolicy()) for _ in range(50)))
+        held = await asyncio.gather(
+            *(budgets.reserve("acme", POLICY, "hq", Cost(0.01, 10)) for _ in range(20))
+        )
+        assert time.monotonic() - started < 1.5  # only the first probe waits for the timeout
+        assert all(s.session is not None for s in seen) and {r.origin for r in held} == {"local"}
+    finally:
+        private_redis.resume()
+    await store.close()
