@@ -1,0 +1,342 @@
+"""The complexity classifier: P(HQ needed) for a request, scored from a plain-JSON linear model."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.features import Features
+
+FORMAT = "agent-gateway/classifier"
+CALIBRATION_FORMAT = "agent-gateway/calibration"
+FORMAT_VERSION = 1
+DEFAULT_MODEL_PATH = Path(__file__).parent / "models" / "default.json"
+DEFAULT_CALIBRATION_PATH = Path(__file__).parent / "models" / "default.calibration.json"
+
+# sklearn's char analyzer collapses runs of whitespace (not single newlines) to one space.
+_WHITE_SPACES = re.compile(r"\s\s+")
+_C1 = np.uint32(0xCC9E2D51)
+_C2 = np.uint32(0x1B873593)
+_TAIL_MASKS = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF], dtype=np.uint32)
+_INT32_MIN = -(2**31)
+
+Int32Array = npt.NDArray[np.int32]
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+class ModelFileError(ValueError):
+    """A model or calibration file that is not a readable artifact of ours; the message names the file."""
+
+
+def _log1p(value: float) -> float:
+    return math.log1p(max(value, 0.0))
+
+
+# The structured inputs a model may use, by the name stored in the artifact; each maps Features to a float.
+NUMERIC_FEATURES: dict[str, Callable[[Features], float]] = {
+    "prompt_tokens": lambda f: _log1p(f.prompt_tokens),
+    "last_user_tokens": lambda f: _log1p(f.last_user_tokens),
+    "history_tokens": lambda f: _log1p(f.history_tokens),
+    "system_tokens": lambda f: _log1p(f.system_tokens),
+    "message_count": lambda f: _log1p(f.message_count),
+    "tools_count": lambda f: _log1p(f.tools_count),
+    "tool_result_turns": lambda f: _log1p(f.tool_result_turns),
+    "has_code": lambda f: float(f.has_code),
+    "has_math": lambda f: float(f.has_math),
+    "json_output": lambda f: float(f.response_format in ("json_object", "json_schema")),
+    "max_tokens": lambda f: _log1p(f.max_tokens or 0),
+}
+
+
+def _rotl(x: npt.NDArray[np.uint32], r: int) -> npt.NDArray[np.uint32]:
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def murmurhash3_spans(data: bytes, starts: IntArray, lengths: IntArray) -> Int32Array:
+    """MurmurHash3 x86 32-bit (seed 0, signed, as sklearn's murmurhash3_32) of many byte spans at once."""
+    padded = np.frombuffer(data + b"\0\0\0\0", dtype=np.uint8).astype(np.uint32)
+    # words[j] is the little-endian uint32 starting at byte j, so any block is one gather.
+    words = padded[:-3] | (padded[1:-2] << 8) | (padded[2:-1] << 16) | (padded[3:] << 24)
+    last_word = len(words) - 1
+    h = np.zeros(len(starts), dtype=np.uint32)
+    n_blocks = lengths >> 2
+    for block in range(int(n_blocks.max(initial=0))):
+        k = words[np.minimum(starts + 4 * block, last_word)]
+        k = _rotl(k * _C1, 15) * _C2
+        mixed = _rotl(h ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+        h = np.where(block < n_blocks, mixed, h)
+    tail = words[np.minimum(starts + 4 * n_blocks, last_word)] & _TAIL_MASKS[lengths & 3]
+    h ^= _rotl(tail * _C1, 15) * _C2  # an empty tail is 0 and leaves h unchanged
+    h ^= lengths.astype(np.uint32)
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h.view(np.int32)
+
+
+@dataclass(frozen=True, slots=True)
+class CharNgrams:
+    """sklearn HashingVectorizer(analyzer="char", alternate_sign=True, norm=None), then / sqrt(n-grams)."""
+
+    ngram_min: int
+    ngram_max: int
+    n_features: int
+    lowercase: bool = True
+    max_chars: int = 2_000
+
+    def preprocess(self, text: str) -> str:
+        """The text the n-grams are cut from, exactly as the training analyzer sees it."""
+        text = text[: self.max_chars]
+        return _WHITE_SPACES.sub(" ", text.lower() if self.lowercase else text)
+
+    def hashes(self, text: str) -> Int32Array:
+        """Signed murmur hashes of every n-gram of the preprocessed text, in sklearn's order."""
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data) == len(text):
+            offsets = np.arange(len(text) + 1, dtype=np.int64)
+        else:  # byte offset of each character start, so n-grams stay whole characters
+            raw = np.frombuffer(data, dtype=np.uint8)
+            offsets = np.append(np.flatnonzero((raw & 0xC0) != 0x80), len(data)).astype(np.int64)
+        n_chars = len(offsets) - 1
+        sizes = range(self.ngram_min, min(self.ngram_max, n_chars) + 1)
+        if not sizes:
+            return np.zeros(0, dtype=np.int32)
+        starts = np.concatenate([offsets[: n_chars - n + 1] for n in sizes])
+        ends = np.concatenate([offsets[n:] for n in sizes])
+        return murmurhash3_spans(data, starts, ends - starts)
+
+    def columns(self, hashes: Int32Array) -> tuple[IntArray, FloatArray]:
+        """Column index and sign of each hash, as sklearn's FeatureHasher maps them."""
+        wide = hashes.astype(np.int64)
+        index = np.abs(wide) % self.n_features
+        index[wide == _INT32_MIN] = (2**31 - 1 - (self.n_features - 1)) % self.n_features
+        return index, np.where(wide >= 0, 1.0, -1.0)
+
+    def ngrams(self, text: str) -> list[str]:
+        """The n-gram strings themselves (slow; for explanations only)."""
+        return [
+            text[i : i + n]
+            for n in range(self.ngram_min, self.ngram_max + 1)
+            for i in range(len(text) - n + 1)
+        ]
+
+
+def sigmoid(z: float) -> float:
+    """The logistic function, safe for large |z|."""
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+@dataclass(frozen=True, slots=True)
+class NumericInput:
+    """One structured input: a NUMERIC_FEATURES name, standardized with the training mean and scale."""
+
+    name: str
+    mean: float
+    scale: float
+    coef: float
+
+    def contribution(self, features: Features) -> float:
+        return self.coef * (NUMERIC_FEATURES[self.name](features) - self.mean) / self.scale
+
+
+class Classifier:
+    """A logistic model over hashed character n-grams of the last user turn plus structured inputs."""
+
+    def __init__(
+        self,
+        text: CharNgrams,
+        text_coef: FloatArray,
+        numeric: Sequence[NumericInput],
+        intercept: float,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.text = text
+        self.text_coef = text_coef
+        self.numeric = tuple(numeric)
+        self.intercept = intercept
+        self.meta = dict(meta or {})
+
+    @classmethod
+    def load(cls, path: str | Path) -> Classifier:
+        """Read a plain-JSON artifact; anything else (a pickle, a truncated file) is a ModelFileError."""
+        return cls.from_dict(read_json(path, FORMAT), str(path))
+
+    @classmethod
+    def default(cls) -> Classifier:
+        """The model shipped in gateway/models/default.json."""
+        return cls.load(DEFAULT_MODEL_PATH)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], source: str = "<dict>") -> Classifier:
+        try:
+            spec = doc["text"]
+            text = CharNgrams(
+                ngram_min=int(spec["ngram_min"]),
+                ngram_max=int(spec["ngram_max"]),
+                n_features=int(spec["n_features"]),
+                lowercase=bool(spec["lowercase"]),
+                max_chars=int(spec["max_chars"]),
+            )
+            coef = np.zeros(text.n_features, dtype=np.float64)
+            coef[np.asarray(doc["text_coef"]["index"], dtype=np.int64)] = doc["text_coef"]["value"]
+            numeric = [
+                NumericInput(str(n["name"]), float(n["mean"]), float(n["scale"]), float(n["coef"]))
+                for n in doc["numeric"]
+            ]
+            intercept = float(doc["intercept"])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ModelFileError(f"{source}: not a valid classifier artifact: {exc!r}") from exc
+        unknown = [n.name for n in numeric if n.name not in NUMERIC_FEATURES]
+        if unknown:
+            raise ModelFileError(f"{source}: unknown numeric feature(s) {unknown}")
+        return cls(text, coef, numeric, intercept, doc.get("meta"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The artifact: settings, the nonzero text coefficients (sparse) and the structured inputs."""
+        nonzero = np.flatnonzero(self.text_coef)
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "text": {
+                "analyzer": "char",
+                "ngram_min": self.text.ngram_min,
+                "ngram_max": self.text.ngram_max,
+                "n_features": self.text.n_features,
+                "lowercase": self.text.lowercase,
+                "max_chars": self.text.max_chars,
+                "alternate_sign": True,
+                "scaling": "1/sqrt(ngrams)",
+            },
+            "intercept": self.intercept,
+            "numeric": [
+                {"name": n.name, "mean": n.mean, "scale": n.scale, "coef": n.coef} for n in self.numeric
+            ],
+            "text_coef": {
+                "index": nonzero.tolist(),
+                "value": [float(f"{v:.6g}") for v in self.text_coef[nonzero]],
+            },
+            "meta": self.meta,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n", encoding="utf-8")
+
+    def text_logit(self, text: str) -> float:
+        """The text block's contribution to the logit."""
+        hashes = self.text.hashes(self.text.preprocess(text))
+        if len(hashes) == 0:
+            return 0.0
+        index, sign = self.text.columns(hashes)
+        return float(self.text_coef[index].dot(sign)) / math.sqrt(len(hashes))
+
+    def logit(self, features: Features) -> float:
+        z = self.intercept + self.text_logit(features.last_user_text)
+        return z + sum(n.contribution(features) for n in self.numeric)
+
+    def score(self, features: Features) -> float:
+        """P(HQ needed): the probability that the fast deployment's answer would be worse than HQ's."""
+        return sigmoid(self.logit(features))
+
+    def explain(self, features: Features, top: int = 5) -> list[tuple[str, float]]:
+        """The inputs that moved the logit most, as (readable name, logit contribution), largest |c| first."""
+        contributions: dict[str, float] = {}
+        for n in self.numeric:
+            if n.coef:
+                contributions[n.name] = n.contribution(features)
+        text = self.text.preprocess(features.last_user_text)
+        grams = self.text.ngrams(text)
+        if grams:
+            index, sign = self.text.columns(self.text.hashes(text))
+            weights = self.text_coef[index] * sign / math.sqrt(len(grams))
+            for gram, weight in zip(grams, weights.tolist(), strict=True):
+                key = f"char:{gram!r}"
+                contributions[key] = contributions.get(key, 0.0) + weight
+        ranked = sorted(contributions.items(), key=lambda item: -abs(item[1]))
+        return [(name, round(value, 4)) for name, value in ranked[:top]]
+
+
+def read_json(path: str | Path, expected_format: str) -> dict[str, Any]:
+    """A JSON object of the expected format; never unpickles or executes anything."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        hint = " (it looks like a pickle; only JSON artifacts load)" if raw[:1] == b"\x80" else ""
+        raise ModelFileError(f"{path}: not a JSON artifact{hint}: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != expected_format:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ModelFileError(f"{path}: format is {found!r}, expected {expected_format!r}")
+    if doc.get("version") != FORMAT_VERSION:
+        raise ModelFileError(f"{path}: version {doc.get('version')!r} is not {FORMAT_VERSION}")
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Score quantiles of reference traffic: which threshold sends a given share of it to HQ."""
+
+    scores: tuple[float, ...]  # sorted ascending, a sample (or quantiles) of scores on reference traffic
+    meta: Mapping[str, Any]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        doc = read_json(path, CALIBRATION_FORMAT)
+        try:
+            scores = tuple(sorted(float(s) for s in doc["scores"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelFileError(f"{path}: field 'scores' must be a list of numbers: {exc}") from exc
+        if not scores:
+            raise ModelFileError(f"{path}: field 'scores' is empty")
+        return cls(scores, doc.get("meta", {}))
+
+    @classmethod
+    def default(cls) -> Calibration:
+        return cls.load(DEFAULT_CALIBRATION_PATH)
+
+    @classmethod
+    def from_scores(
+        cls, scores: Sequence[float], meta: Mapping[str, Any] | None = None, points: int = 1001
+    ) -> Calibration:
+        """Keep `points` quantiles of the scores: enough resolution, a small file."""
+        quantiles = np.quantile(np.asarray(scores, dtype=np.float64), np.linspace(0.0, 1.0, points))
+        return cls(tuple(float(f"{q:.6g}") for q in quantiles), dict(meta or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": CALIBRATION_FORMAT,
+            "version": FORMAT_VERSION,
+            "scores": list(self.scores),
+            "meta": dict(self.meta),
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n", encoding="utf-8")
+
+    def threshold_for_share(self, hq_share: float) -> float:
+        """The score threshold t such that about hq_share of the reference traffic has score >= t."""
+        share = min(max(hq_share, 0.0), 1.0)
+        if share <= 0.0:
+            return math.nextafter(self.scores[-1], math.inf)  # nothing reaches it
+        return float(np.quantile(np.asarray(self.scores), 1.0 - share))
+
+    def share_for_threshold(self, threshold: float) -> float:
+        """The share of reference traffic whose score is >= threshold."""
+        scores = np.asarray(self.scores)
+        return float(np.mean(scores >= threshold))

@@ -1,0 +1,249 @@
+"""Training and RouteLLM-style evaluation of the complexity classifier (scikit-learn, off the hot path)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+from sklearn.feature_extraction.text import HashingVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GroupKFold
+
+from gateway.classifier import NUMERIC_FEATURES, CharNgrams, Classifier, FloatArray, NumericInput
+from gateway.features import Features
+
+DEFAULT_TEXT = CharNgrams(ngram_min=3, ngram_max=5, n_features=2**18)
+DEFAULT_C = 0.3
+CURVE_POINTS = 10  # RouteLLM: thresholds at the score's deciles
+RANDOM_SEEDS = 10
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One labelled prompt: its request features and the quality of each deployment's answer."""
+
+    features: Features
+    q_strong: float
+    q_weak: float
+    group: str = ""
+    prompt_chars: int = 0
+
+
+def labels(examples: Sequence[Example]) -> npt.NDArray[np.int64]:
+    """1 where the fast deployment's answer is worse than HQ's (q_strong > q_weak)."""
+    return np.array([int(e.q_strong > e.q_weak) for e in examples], dtype=np.int64)
+
+
+def vectorizer(text: CharNgrams) -> HashingVectorizer:
+    """The scikit-learn twin of CharNgrams (before the 1/sqrt(n-grams) row scaling)."""
+    return HashingVectorizer(
+        analyzer="char",
+        ngram_range=(text.ngram_min, text.ngram_max),
+        n_features=text.n_features,
+        lowercase=text.lowercase,
+        alternate_sign=True,
+        norm=None,
+        dtype=np.float64,
+    )
+
+
+def text_matrix(text: CharNgrams, texts: Sequence[str]) -> sp.csr_matrix:
+    """Hashed n-gram counts of each text, each row divided by sqrt(its number of n-grams)."""
+    clipped = [t[: text.max_chars] for t in texts]
+    counts = vectorizer(text).transform(clipped)
+    n_grams = np.array([_ngram_count(text, text.preprocess(t)) for t in clipped], dtype=np.float64)
+    scale = 1.0 / np.sqrt(np.maximum(n_grams, 1.0))
+    return sp.csr_matrix(sp.diags(scale) @ counts)
+
+
+def _ngram_count(text: CharNgrams, preprocessed: str) -> int:
+    length = len(preprocessed)
+    return sum(max(length - n + 1, 0) for n in range(text.ngram_min, text.ngram_max + 1))
+
+
+def numeric_matrix(features: Sequence[Features], names: Sequence[str]) -> FloatArray:
+    """The raw structured inputs (before standardization), one column per name."""
+    return np.array([[NUMERIC_FEATURES[n](f) for n in names] for f in features], dtype=np.float64)
+
+
+def design_matrix(model: Classifier, features: Sequence[Features]) -> sp.csr_matrix:
+    """The matrix scikit-learn sees for these requests: [text block | standardized structured inputs]."""
+    names = [n.name for n in model.numeric]
+    raw = numeric_matrix(features, names)
+    means = np.array([n.mean for n in model.numeric])
+    scales = np.array([n.scale for n in model.numeric])
+    texts = [f.last_user_text for f in features]
+    return sp.hstack([text_matrix(model.text, texts), sp.csr_matrix((raw - means) / scales)]).tocsr()
+
+
+@dataclass(slots=True)
+class Fitted:
+    """A trained artifact and the scikit-learn estimator it came from (kept for equality tests)."""
+
+    model: Classifier
+    estimator: LogisticRegression
+    design: sp.csr_matrix = field(repr=False)
+
+
+def fit(
+    examples: Sequence[Example],
+    *,
+    text: CharNgrams = DEFAULT_TEXT,
+    numeric: Sequence[str] = tuple(NUMERIC_FEATURES),
+    c: float = DEFAULT_C,
+) -> Fitted:
+    """Logistic regression on hashed char n-grams plus standardized structured inputs."""
+    features = [e.features for e in examples]
+    raw = numeric_matrix(features, numeric)
+    means = raw.mean(axis=0)
+    stds = raw.std(axis=0)
+    scales = np.where(stds > 1e-9, stds, 1.0)
+    skeleton = Classifier(
+        text,
+        np.zeros(text.n_features),
+        [NumericInput(n, float(m), float(s), 0.0) for n, m, s in zip(numeric, means, scales, strict=True)],
+        0.0,
+    )
+    design = design_matrix(skeleton, features)
+    y = labels(examples)
+    if len(set(y.tolist())) < 2:
+        raise ValueError("training needs both outcomes: some rows with q_strong > q_weak and some without")
+    estimator = LogisticRegression(C=c, max_iter=3000).fit(design, y)
+    coef = estimator.coef_[0]
+    model = Classifier(
+        text,
+        coef[: text.n_features].astype(np.float64),
+        [
+            NumericInput(n.name, n.mean, n.scale, float(w))
+            for n, w in zip(skeleton.numeric, coef[text.n_features :], strict=True)
+        ],
+        float(estimator.intercept_[0]),
+        {"target": "q_strong > q_weak", "rows": len(examples), "positives": int(y.sum()), "C": c},
+    )
+    return Fitted(model, estimator, design)
+
+
+def cross_validate(
+    examples: Sequence[Example], folds: int, progress: Progress = _quiet, c: float = DEFAULT_C
+) -> FloatArray:
+    """Out-of-fold scores, whole groups held out together (GroupKFold), scored by our own scorer."""
+    groups = [e.group or f"row{i}" for i, e in enumerate(examples)]
+    scores = np.zeros(len(examples))
+    splitter = GroupKFold(n_splits=folds)
+    for k, (train, test) in enumerate(splitter.split(np.zeros(len(examples)), groups=groups), start=1):
+        progress(f"fold {k}/{folds}: training on {len(train)} rows, scoring {len(test)}")
+        model = fit([examples[i] for i in train], c=c).model
+        scores[test] = [model.score(examples[i].features) for i in test]
+    return scores
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Quality against HQ share, one point per threshold, sorted by share."""
+
+    hq_share: FloatArray
+    quality: FloatArray
+    thresholds: FloatArray
+
+
+def routing_curve(
+    scores: FloatArray, q_strong: FloatArray, q_weak: FloatArray, points: int = CURVE_POINTS
+) -> Curve:
+    """RouteLLM's sweep: thresholds at the score quantiles; route to HQ where score >= threshold."""
+    thresholds = np.quantile(scores, np.linspace(0.0, 1.0, points + 1))
+    rows = []
+    for i, threshold in enumerate(thresholds):
+        # the last threshold uses '>' so the sweep always ends at 0% HQ
+        to_hq = scores >= threshold if i < points else scores > threshold
+        rows.append((float(to_hq.mean()), float(np.where(to_hq, q_strong, q_weak).mean()), float(threshold)))
+    rows.sort()
+    table = np.array(rows)
+    return Curve(table[:, 0], table[:, 1], table[:, 2])
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """RouteLLM figures: average performance gap recovered, and HQ share needed for 50% / 80% of the gap."""
+
+    apgr: float
+    cpt50: float
+    cpt80: float
+
+
+def summarize(curve: Curve, strong: float, weak: float) -> Summary:
+    """APGR = area between the curve and the weak line over the strong-weak gap; CPT by interpolation."""
+    span = curve.hq_share[-1] - curve.hq_share[0]
+    gap = strong - weak
+    if span <= 0 or gap == 0:
+        return Summary(math.nan, math.nan, math.nan)
+    area = float(np.trapezoid(curve.quality, curve.hq_share))
+    apgr = (area - weak * span) / (gap * span)
+    # np.interp as RouteLLM does: quality treated as increasing in HQ share
+    cpt = [float(np.interp(weak + x * gap, curve.quality, curve.hq_share)) for x in (0.5, 0.8)]
+    return Summary(apgr, cpt[0], cpt[1])
+
+
+def compare_routers(
+    scores: FloatArray, examples: Sequence[Example], seed: int = 0
+) -> dict[str, tuple[Summary, Curve]]:
+    """The classifier beside a random router (mean of several seeds) and a prompt-length router."""
+    q_strong = np.array([e.q_strong for e in examples])
+    q_weak = np.array([e.q_weak for e in examples])
+    strong, weak = float(q_strong.mean()), float(q_weak.mean())
+    out: dict[str, tuple[Summary, Curve]] = {}
+    curve = routing_curve(scores, q_strong, q_weak)
+    out["classifier"] = (summarize(curve, strong, weak), curve)
+    rng = np.random.default_rng(seed)
+    randoms = [routing_curve(rng.random(len(examples)), q_strong, q_weak) for _ in range(RANDOM_SEEDS)]
+    figures = np.array([astuple(summarize(c, strong, weak)) for c in randoms])
+    out["random"] = (Summary(*figures.mean(axis=0).tolist()), randoms[0])
+    lengths = np.array([e.prompt_chars for e in examples], dtype=np.float64)
+    curve = routing_curve(lengths, q_strong, q_weak)
+    out["prompt length"] = (summarize(curve, strong, weak), curve)
+    return out
+
+
+def astuple(summary: Summary) -> tuple[float, float, float]:
+    return (summary.apgr, summary.cpt50, summary.cpt80)
+
+
+def report(results: dict[str, tuple[Summary, Curve]], strong: float, weak: float) -> list[str]:
+    """The figures as aligned text lines."""
+    lines = [
+        f"HQ-only quality {strong:.4f}, fast-only quality {weak:.4f} (gap {strong - weak:.4f})",
+        f"{'router':<16}{'APGR':>8}{'CPT(50%)':>11}{'CPT(80%)':>11}",
+    ]
+    for name, (summary, _) in results.items():
+        lines.append(f"{name:<16}{summary.apgr:>8.3f}{summary.cpt50:>10.1%}{summary.cpt80:>11.1%}")
+    return lines
+
+
+def plot(results: dict[str, tuple[Summary, Curve]], strong: float, weak: float, path: str | Path) -> None:
+    """Quality against HQ share for each router, with the HQ-only and fast-only lines (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, (summary, curve) in results.items():
+        ax.plot(curve.hq_share * 100, curve.quality, marker=".", label=f"{name} (APGR {summary.apgr:.3f})")
+    ax.axhline(strong, color="red", linestyle="--", label="HQ only")
+    ax.axhline(weak, color="grey", linestyle="--", label="fast only")
+    ax.set_xlabel("calls routed to HQ (%)")
+    ax.set_ylabel("quality")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

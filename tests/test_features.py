@@ -1,0 +1,231 @@
+"""Request -> Features extraction on the request shapes clients really send."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import features
+from gateway.features import LAST_USER_TEXT_CHARS, extract
+
+
+def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": list(messages), **extra}
+
+
+def test_encoding_is_the_offline_cl100k() -> None:
+    encoding = features.load_encoding()
+    assert encoding is not None
+    assert encoding.encode_ordinary("hello world") == [15339, 1917]  # cl100k ids
+
+
+def test_small_chat_counts_by_part() -> None:
+    f = extract(
+        chat(
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "hello world"},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "hello world again"},
+        ),
+        "chat",
+    )
+    assert (f.system_tokens, f.history_tokens, f.last_user_tokens) == (4, 3, 3)
+    assert f.prompt_tokens == 10 and f.prompt_tokens_exact
+    assert (f.message_count, f.user_turns, f.tool_result_turns, f.tools_count) == (4, 2, 0, 0)
+    assert f.last_user_text == "hello world again"
+    assert f.endpoint == "chat" and f.requested_model == "m"
+
+
+CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "content parts: text kept, images dropped",
+        chat(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "hello world"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    {"type": "text", "text": "again"},
+                ],
+            }
+        ),
+        {"last_user_text": "hello world\nagain", "last_user_tokens": 4},
+    ),
+    (
+        "None content and a missing role",
+        chat({"role": "assistant", "content": None}, {"content": "x"}, {"role": "user", "content": None}),
+        {"prompt_tokens": 1, "last_user_text": "", "message_count": 3, "user_turns": 1},
+    ),
+    (
+        "agent turn: tool calls and tool results",
+        chat(
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": '{"city":"Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 21}'},
+            tools=[{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}],
+        ),
+        {
+            "tools_count": 1,
+            "tool_result_turns": 1,
+            "user_turns": 1,
+            "last_user_text": "What is the weather in Paris?",
+        },
+    ),
+    (
+        "response_format, max_completion_tokens, temperature, stream",
+        chat(
+            {"role": "user", "content": "json please"},
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+            max_completion_tokens=64,
+            max_tokens=999,
+            temperature=0,
+            stream=True,
+        ),
+        {"response_format": "json_schema", "max_tokens": 64, "temperature": 0.0, "stream": True},
+    ),
+    (
+        "odd types are ignored, not fatal",
+        {
+            "model": 3,
+            "messages": "nope",
+            "temperature": True,
+            "max_tokens": "9",
+            "stream": "yes",
+            "tools": {},
+        },
+        {"requested_model": "", "message_count": 0, "temperature": None, "max_tokens": None, "stream": False},
+    ),
+    (
+        "messages that are not objects are skipped",
+        chat("hello", None, 7, {"role": "user", "content": "hi"}),
+        {"message_count": 1, "user_turns": 1, "last_user_text": "hi"},
+    ),
+    (
+        "code markers",
+        chat({"role": "user", "content": "Why does this fail?\n```python\nprint(x)\n```"}),
+        {"has_code": True, "has_math": False},
+    ),
+    (
+        "math markers (LaTeX)",
+        chat({"role": "user", "content": "Compute $\\int_0^1 x^2 dx$."}),
+        {"has_math": True, "has_code": False},
+    ),
+    (
+        "math markers (symbols)",
+        chat({"role": "user", "content": "Is √2 ≤ 1.5?"}),
+        {"has_math": True},
+    ),
+    (
+        "plain prose has neither marker",
+        chat({"role": "user", "content": "Write a short poem about autumn leaves."}),
+        {"has_math": False, "has_code": False},
+    ),
+    (
+        "special-token text is counted, not rejected",
+        chat({"role": "user", "content": "<|endoftext|>"}),
+        {"prompt_tokens_exact": True},
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_request_shapes(name: str, body: dict[str, Any], expected: dict[str, Any]) -> None:
+    f = extract(body, "chat")
+    assert {k: getattr(f, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "last_user_tokens", "history_tokens", "text"),
+    [
+        ("completions", {"prompt": "hello world"}, 2, 0, "hello world"),
+        ("completions", {"prompt": ["hello", "hello world"]}, 2, 1, "hello world"),
+        ("completions", {"prompt": [15339, 1917, 1917]}, 3, 0, ""),
+        ("completions", {"prompt": [[1, 2], [3]]}, 1, 2, ""),
+        ("embeddings", {"input": "hello world"}, 2, 0, "hello world"),
+        ("completions", {"prompt": None}, 0, 0, ""),
+    ],
+)
+def test_prompt_endpoints(
+    endpoint: str, body: dict[str, Any], last_user_tokens: int, history_tokens: int, text: str
+) -> None:
+    f = extract(body, endpoint)
+    assert (f.last_user_tokens, f.history_tokens, f.last_user_text) == (
+        last_user_tokens,
+        history_tokens,
+        text,
+    )
+    assert f.endpoint == endpoint
+
+
+def test_huge_prompt_is_estimated_and_bounded() -> None:
+    body = chat(
+        {"role": "user", "content": "lorem ipsum dolor sit amet " * 30_000 + "So what is the question?"}
+    )
+    started = time.perf_counter()
+    f = extract(body, "chat")
+    elapsed_s = time.perf_counter() - started
+    assert not f.prompt_tokens_exact
+    assert f.prompt_tokens == features.estimate_tokens(body["messages"][0]["content"])
+    assert len(f.last_user_text) == LAST_USER_TEXT_CHARS
+    assert f.last_user_text.endswith("So what is the question?")  # the tail, where the ask is, survives
+    # exact counting would take ~50 ms here; the estimate is far below (generous bound for a busy CI box)
+    assert elapsed_s < 0.025
+
+
+def test_exact_budget_is_per_request() -> None:
+    chunk = "word " * (features.EXACT_CHARS_PER_MESSAGE // 5 - 1)
+    many = chat(*[{"role": "user", "content": chunk} for _ in range(6)])
+    f = extract(many, "chat")
+    assert not f.prompt_tokens_exact  # 6 x ~8k chars exceeds the 32k total
+    assert extract(chat({"role": "user", "content": chunk}), "chat").prompt_tokens_exact
+
+
+def test_missing_encoding_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    features.load_encoding.cache_clear()
+    features.count_exact.cache_clear()
+    monkeypatch.setattr(features, "ENCODING_NAME", "no_such_encoding")
+    try:
+        with caplog.at_level("WARNING"):
+            f = extract(chat({"role": "user", "content": "hello world"}), "chat")
+        assert not f.prompt_tokens_exact
+        assert f.prompt_tokens == 3  # ceil(11 bytes / 4)
+        assert "fall back" in caplog.text
+    finally:
+        features.load_encoding.cache_clear()
+        features.count_exact.cache_clear()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["model", "messages", "tools", "prompt", "input", "response_format", "max_tokens", "stream"]
+        ),
+        json_values,
+    ),
+    st.sampled_from(["chat", "completions", "embeddings"]),
+)
+def test_extract_never_raises_on_json(body: dict[str, Any], endpoint: str) -> None:
+    f = extract(body, endpoint)
+    assert f.prompt_tokens >= 0 and len(f.last_user_text) <= LAST_USER_TEXT_CHARS
