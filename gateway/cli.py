@@ -72,6 +72,9 @@ def _add_policy(sub: Any) -> None:
     explain.set_defaults(func=explain_command)
     schema = psub.add_parser("schema", help="print the policy's JSON Schema (for editors)")
     schema.set_defaults(func=lambda args: print(policy_module.json_schema(), end="") or 0)
+    from gateway import simulate
+
+    simulate.add_parser(psub)
 
 
 def validate_command(args: argparse.Namespace) -> int:

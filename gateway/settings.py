@@ -22,6 +22,9 @@ class Settings:
     explain_memory: int = 2048  # recent requests whose decision trail /admin/requests/{id}/explain can show
     log_level: str = "INFO"
     workers: int = 1
+    redis_url: str = ""  # the shared store when the policy names none (rollout states, arms, shadow pairs)
+    request_log: str = ""  # path of the JSONL request log `policy simulate` replays; empty: no log
+    request_log_prompts: int = 0  # 1: the request log keeps bodies (prompts); 0: features only
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:

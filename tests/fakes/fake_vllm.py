@@ -35,6 +35,7 @@ class FakeVLLM:
     received: list[dict[str, Any]] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     cancelled: int = 0
+    fail_after: int | None = None  # answer 500 to every chat request after this many
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -72,6 +73,8 @@ class FakeVLLM:
         self.received.append(body)
         self.headers_seen.append(dict(request.headers))
         fault = self.faults.pop(0) if self.faults else Fault()
+        if self.fail_after is not None and len(self.received) > self.fail_after:
+            fault = Fault(status=500)
         if fault.stall_s:
             await asyncio.sleep(fault.stall_s)
         if fault.status is not None:
