@@ -32,7 +32,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -78,15 +78,42 @@ class Limits:
     tokens: Mapping[Window, int] = field(default_factory=dict)
     requests_per_minute: int | None = None
     max_concurrent: int | None = None
+    # (hard nano-USD, hard tokens, hard requests) per window in WINDOWS order, -1 for none; derived once
+    hard: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        hard = []
+        for window in WINDOWS:
+            usd, tokens = self.usd.get(window), self.tokens.get(window)
+            rpm = self.requests_per_minute if window is Window.MINUTE else None
+            hard.append(
+                (
+                    -1 if usd is None else to_nusd(usd),
+                    -1 if tokens is None else tokens,
+                    -1 if rpm is None else rpm,
+                )
+            )
+        object.__setattr__(self, "hard", tuple(hard))
 
     @classmethod
     def of(cls, tenant: TenantPolicy | None) -> Limits:
-        return cls() if tenant is None else _limits_of(tenant)
+        if tenant is None:
+            return NO_LIMITS
+        # keyed by identity, not by hash: hashing a pydantic model costs more than the whole reserve
+        hit = _LIMITS.get(id(tenant))
+        if hit is not None and hit[0] is tenant:
+            return hit[1]
+        if len(_LIMITS) > 1024:
+            _LIMITS.clear()
+        limits = _limits_of(tenant)
+        _LIMITS[id(tenant)] = (tenant, limits)
+        return limits
 
 
-@functools.lru_cache(maxsize=256)
+_LIMITS: dict[int, tuple[TenantPolicy, Limits]] = {}
+
+
 def _limits_of(tenant: TenantPolicy) -> Limits:
-    # policies are frozen and swapped whole on reload, so a cache keyed by the section is always right
     usd = {b.window: b.hard_usd for b in tenant.budgets if b.hard_usd is not None}
     tokens = {b.window: b.hard_tokens for b in tenant.budgets if b.hard_tokens is not None}
     if tenant.tokens_per_minute is not None:
@@ -94,6 +121,9 @@ def _limits_of(tenant: TenantPolicy) -> Limits:
             tokens.get(Window.MINUTE, tenant.tokens_per_minute), tenant.tokens_per_minute
         )
     return Limits(usd, tokens, tenant.requests_per_minute, tenant.max_concurrent)
+
+
+NO_LIMITS = Limits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +202,7 @@ class KeyRecord:
     name: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class BucketPlan:
+class BucketPlan(NamedTuple):
     """One window bucket a reserve touches, with the hard limits that apply to it (-1: none)."""
 
     window: Window
@@ -223,23 +252,8 @@ def _digest(text: str) -> str:
 
 def plan(layout: Layout, tenant: str, limits: Limits, now_s: float) -> list[BucketPlan]:
     """The current bucket of every window with its hard limits."""
-    out = []
-    for window, key, ends_at_s, expire_at_s in _buckets(layout.prefix, tenant, math.floor(now_s / 60)):
-        usd = limits.usd.get(window)
-        tokens = limits.tokens.get(window)
-        rpm = limits.requests_per_minute if window is Window.MINUTE else None
-        out.append(
-            BucketPlan(
-                window,
-                key,
-                ends_at_s,
-                expire_at_s,
-                -1 if usd is None else to_nusd(usd),
-                -1 if tokens is None else tokens,
-                -1 if rpm is None else rpm,
-            )
-        )
-    return out
+    buckets = _buckets(layout.prefix, tenant, math.floor(now_s / 60))
+    return [BucketPlan(*b, *hard) for b, hard in zip(buckets, limits.hard, strict=True)]
 
 
 @functools.lru_cache(maxsize=1024)
