@@ -17,7 +17,7 @@ import math
 import secrets
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -169,13 +169,15 @@ class Rollouts:
             await self.flush()
         await self.store.close()
 
-    async def _every(self, period_s: float, job: Callable[[], object]) -> None:
+    async def _every(self, period_s: float, job: Callable[[], Awaitable[None]]) -> None:
         while True:
             await asyncio.sleep(period_s)
             try:
-                await job()  # type: ignore[misc]
+                await job()
             except StoreError as exc:
-                log.debug("rollout %s: %s", getattr(job, "__name__", job), exc)
+                log.debug("rollout %s: %s", job.__name__, exc)
+            except Exception:  # one bad tick (a state written by a newer version…) must not end the loop
+                log.exception("rollout %s failed", job.__name__)
 
     async def _sync(self) -> None:
         """Re-read the states on every published change, and at least once a second without one."""
@@ -186,8 +188,10 @@ class Rollouts:
                     await self.refresh()
             except StoreError as exc:
                 log.debug("rollout sync: %s", exc)
-                self._update_stale()
-                await asyncio.sleep(RETRY_S)
+            except Exception:
+                log.exception("rollout sync failed")
+            self._update_stale()
+            await asyncio.sleep(RETRY_S)
 
     async def refresh(self) -> None:
         routes = list(self.index(self._current()).rollouts)

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from gateway.store import RedisStore, StoreError
 
 CHANNEL = "rollouts"
+ALL_TARGETS = "*"  # the stream of every target's pairs
 
 # write_state: KEYS[1]=state, KEYS[2]=leader lock; ARGV: expected generation (-1: absent), new state JSON,
 #   fencing token (0: a manual operation, no lock needed), channel, route -> 1 written, 0 refused
@@ -104,9 +105,6 @@ class RolloutKeys:
     def pairs(self, target: str) -> str:
         return f"{self.prefix}:shadow:pairs:{target}"
 
-    def targets(self) -> str:
-        return f"{self.prefix}:shadow:targets"
-
 
 class RedisRolloutStore(RedisStore):
     """RolloutStore on Redis; every command bounded by the store's timeout and translated to StoreError."""
@@ -148,19 +146,16 @@ class RedisRolloutStore(RedisStore):
         return value if previous is None else str(previous)
 
     async def add_pair(self, target: str, record_json: str, maxlen: int) -> None:
+        # Also onto one stream of every target: stream ids only order the entries of a single stream.
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(self.keys.pairs(target), {"r": record_json}, maxlen=maxlen, approximate=True)
-            pipe.sadd(self.keys.targets(), target)
+            for stream in (self.keys.pairs(target), self.keys.pairs(ALL_TARGETS)):
+                pipe.xadd(stream, {"r": record_json}, maxlen=maxlen, approximate=True)
             await self._run(pipe.execute())
 
     async def pairs(self, target: str | None, count: int) -> list[str]:
-        targets = [target] if target else sorted(await self._run(self._redis.smembers(self.keys.targets())))
-        found: list[tuple[str, str]] = []
-        for name in targets:
-            entries = await self._run(self._redis.xrevrange(self.keys.pairs(name), count=count))
-            found += [(str(entry_id), str(fields["r"])) for entry_id, fields in entries]
-        found.sort(key=lambda item: tuple(int(p) for p in item[0].split("-")))
-        return [record for _, record in found[-count:]]
+        stream = self.keys.pairs(target or ALL_TARGETS)
+        entries = await self._run(self._redis.xrevrange(stream, count=count))
+        return [str(fields["r"]) for _, fields in reversed(entries)]
 
     async def changes(self) -> AsyncIterator[str | None]:
         pubsub = self._redis.pubsub()
