@@ -209,7 +209,7 @@ def wait_listening(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if (code := process.poll()) is not None:
-            raise LaunchError(f"gateway exited with code {code} (log: {log_path})")
+            raise LaunchError(f"gateway exited with code {code}: {_last_line(log_path)} (log: {log_path})")
         try:
             with socket.create_connection((target, port), timeout=1.0):
                 return
@@ -271,6 +271,15 @@ def _port_or_free(port: int) -> int:
         except OSError:
             return free_port()
     return port
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log: for a Python crash, the exception itself."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
 
 
 def _say(message: str) -> None:
