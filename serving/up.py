@@ -17,7 +17,6 @@ from typing import Any
 import yaml
 
 from serving import profile as profiles
-from serving import tiny_model
 from serving.launcher import (
     LaunchError,
     ServerCommand,
@@ -84,10 +83,9 @@ def run(args: argparse.Namespace) -> int:
     except profiles.ProfileError as exc:
         print(f"up: {exc}", file=sys.stderr)
         return 2
-    say = _say
     try:
         commands = prepare(profile, args.model_dir)
-        say("checking engine arguments with vLLM's parser")
+        _say("checking engine arguments with vLLM's parser")
         validate(commands)
     except LaunchError as exc:
         print(f"up: {exc}", file=sys.stderr)
@@ -99,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"up: {exc}", file=sys.stderr)
             return 1
         except (KeyboardInterrupt, Shutdown):
-            say("stopped")
+            _say("stopped")
             return 0
 
 
@@ -107,6 +105,8 @@ def prepare(profile: profiles.Profile, model_dir: Path | None) -> dict[str, Serv
     """Server commands: the tiny model built when the profile wants it; free ports on cpu."""
     built = None
     if profile.uses_tiny_model():
+        from serving import tiny_model  # numpy: only paid by the cpu profile, not by every CLI start
+
         started = time.monotonic()
         built = tiny_model.build(model_dir)
         _say(f"tiny model ready in {built} ({time.monotonic() - started:.1f} s)")
