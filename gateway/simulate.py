@@ -46,7 +46,7 @@ def read_log(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def features_of(record: dict[str, Any]) -> Features:
     raw = record.get("features") or {}
-    values = {name: raw.get(name) for name in _FEATURES}
+    values: dict[str, Any] = {name: raw.get(name) for name in _FEATURES}
     values["last_user_text"] = raw.get("last_user_text") or ""
     return Features(**values)
 

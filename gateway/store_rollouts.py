@@ -121,7 +121,7 @@ class RedisRolloutStore(RedisStore):
 
     async def write_state(self, route: str, expected_gen: int, state_json: str, fence: int) -> bool:
         keys = [self.keys.state(route), self.keys.lock()]
-        args = [expected_gen, state_json, fence, self.keys.channel(), route]
+        args: list[str | int] = [expected_gen, state_json, fence, self.keys.channel(), route]
         return bool(await self._run(self._write_state(keys=keys, args=args)))
 
     async def lead(self, owner: str, ttl_s: float) -> int | None:
@@ -154,8 +154,8 @@ class RedisRolloutStore(RedisStore):
 
     async def pairs(self, target: str | None, count: int) -> list[str]:
         stream = self.keys.pairs(target or ALL_TARGETS)
-        entries = await self._run(self._redis.xrevrange(stream, count=count))
-        return [str(fields["r"]) for _, fields in reversed(entries)]
+        entries: Any = await self._run(self._redis.xrevrange(stream, count=count))
+        return [str(fields["r"]) for _, fields in reversed(entries or [])]
 
     async def changes(self) -> AsyncIterator[str | None]:
         pubsub = self._redis.pubsub()
