@@ -9,14 +9,24 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from gateway.classifier import Calibration, Classifier, ModelFileError
-from gateway.classifier_train import DEFAULT_C, Example, compare_routers, cross_validate, fit, plot, report
+from gateway.classifier_train import (
+    DEFAULT_C,
+    DEFAULT_NUMERIC_WEIGHT,
+    DEFAULT_TEXT,
+    Example,
+    compare_routers,
+    cross_validate,
+    fit,
+    plot,
+    report,
+)
 from gateway.features import Features, extract
 
 PROGRESS_EVERY_ROWS = 2_000
@@ -50,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     train.add_argument("--group-by", help="column to group by for the cross-validation run before fitting")
     train.add_argument("--cv", type=int, default=5, help="folds for that run (with --group-by; 0 skips it)")
     train.add_argument("--c", type=float, default=DEFAULT_C, help="inverse L2 regularization strength")
+    _add_shape_arguments(train)
     train.set_defaults(func=run_train)
 
     score = commands.add_parser("score", help="append a score column (higher: HQ more needed)")
@@ -64,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument("--cv", type=int, help="cross-validate K folds instead of using a model")
     evaluate.add_argument("--group-by", help="column whose values are held out together in --cv")
     evaluate.add_argument("--c", type=float, default=DEFAULT_C, help="regularization for --cv training")
+    _add_shape_arguments(evaluate)
     evaluate.add_argument("--plot", help="write the quality-vs-HQ-share curve to this PNG")
     evaluate.set_defaults(func=run_eval)
 
@@ -73,6 +85,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     calibrate.add_argument("--model", help="JSON model (default: the packaged one)")
     calibrate.add_argument("--out", help="also write a calibration JSON file for policies")
     calibrate.set_defaults(func=run_calibrate)
+
+
+def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--n-features", type=int, default=DEFAULT_TEXT.n_features, help="hashed n-gram columns (2**18)"
+    )
+    parser.add_argument(
+        "--numeric-weight",
+        type=float,
+        default=DEFAULT_NUMERIC_WEIGHT,
+        help="weaker L2 penalty on the structured inputs (prompt length, tools...) by this factor",
+    )
+
+
+def _training(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of fit/cross_validate chosen on the command line."""
+    if args.n_features < 16:
+        raise DataError(f"--n-features must be at least 16, got {args.n_features}")
+    text = replace(DEFAULT_TEXT, n_features=args.n_features)
+    return {"c": args.c, "numeric_weight": args.numeric_weight, "text": text}
 
 
 def _guarded(run: Any) -> Any:
@@ -190,10 +222,10 @@ def run_train(args: argparse.Namespace) -> int:
     progress(f"{len(examples)} rows read from {args.data}")
     cv_meta: dict[str, Any] = {}
     if args.group_by and args.cv:
-        scores = cross_validate(examples, args.cv, progress, c=args.c)
+        scores = cross_validate(examples, args.cv, progress, **_training(args))
         cv_meta = _print_figures(examples, scores, None)
     progress("fitting the final model on all rows")
-    model = fit(examples, c=args.c).model
+    model = fit(examples, **_training(args)).model
     model.meta.update({"data": Path(args.data).name, "cv": cv_meta, "group_by": args.group_by})
     model.save(args.out)
     progress(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.1f} MB)")
@@ -227,7 +259,7 @@ def run_eval(args: argparse.Namespace) -> int:
         raise DataError(f"--cv must be at least 2, got {args.cv}")
     examples = read_examples(args.data, args.group_by)
     if args.cv:
-        scores = cross_validate(examples, args.cv, progress, c=args.c)
+        scores = cross_validate(examples, args.cv, progress, **_training(args))
     else:
         model = load_model(args.model)
         scores = np.array([model.score(e.features) for e in examples])

@@ -19,6 +19,7 @@ from gateway.features import Features
 
 DEFAULT_TEXT = CharNgrams(ngram_min=3, ngram_max=5, n_features=2**18)
 DEFAULT_C = 0.3
+DEFAULT_NUMERIC_WEIGHT = 1.0
 CURVE_POINTS = 10  # RouteLLM: thresholds at the score's deciles
 RANDOM_SEEDS = 10
 
@@ -102,13 +103,18 @@ def fit(
     text: CharNgrams = DEFAULT_TEXT,
     numeric: Sequence[str] = tuple(NUMERIC_FEATURES),
     c: float = DEFAULT_C,
+    numeric_weight: float = DEFAULT_NUMERIC_WEIGHT,
 ) -> Fitted:
-    """Logistic regression on hashed char n-grams plus standardized structured inputs."""
+    """Logistic regression on hashed char n-grams plus standardized structured inputs.
+
+    numeric_weight > 1 shrinks the structured inputs' scale, which weakens their L2 penalty: thousands of
+    n-gram columns otherwise crowd out prompt length, the input that transfers best to unseen topics.
+    """
     features = [e.features for e in examples]
     raw = numeric_matrix(features, numeric)
     means = raw.mean(axis=0)
     stds = raw.std(axis=0)
-    scales = np.where(stds > 1e-9, stds, 1.0)
+    scales = np.where(stds > 1e-9, stds, 1.0) / numeric_weight
     skeleton = Classifier(
         text,
         np.zeros(text.n_features),
@@ -129,13 +135,24 @@ def fit(
             for n, w in zip(skeleton.numeric, coef[text.n_features :], strict=True)
         ],
         float(estimator.intercept_[0]),
-        {"target": "q_strong > q_weak", "rows": len(examples), "positives": int(y.sum()), "C": c},
+        {
+            "target": "q_strong > q_weak",
+            "rows": len(examples),
+            "positives": int(y.sum()),
+            "C": c,
+            "numeric_weight": numeric_weight,
+        },
     )
     return Fitted(model, estimator, design)
 
 
 def cross_validate(
-    examples: Sequence[Example], folds: int, progress: Progress = _quiet, c: float = DEFAULT_C
+    examples: Sequence[Example],
+    folds: int,
+    progress: Progress = _quiet,
+    c: float = DEFAULT_C,
+    numeric_weight: float = DEFAULT_NUMERIC_WEIGHT,
+    text: CharNgrams = DEFAULT_TEXT,
 ) -> FloatArray:
     """Out-of-fold scores, whole groups held out together (GroupKFold), scored by our own scorer."""
     groups = [e.group or f"row{i}" for i, e in enumerate(examples)]
@@ -143,7 +160,7 @@ def cross_validate(
     splitter = GroupKFold(n_splits=folds)
     for k, (train, test) in enumerate(splitter.split(np.zeros(len(examples)), groups=groups), start=1):
         progress(f"fold {k}/{folds}: training on {len(train)} rows, scoring {len(test)}")
-        model = fit([examples[i] for i in train], c=c).model
+        model = fit([examples[i] for i in train], text=text, c=c, numeric_weight=numeric_weight).model
         scores[test] = [model.score(examples[i].features) for i in test]
     return scores
 
