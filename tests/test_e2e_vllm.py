@@ -99,6 +99,21 @@ def test_tokenize_and_metrics_direct(vllm_pair: VllmPair) -> None:
     assert "vllm:spec_decode_num_drafts_total" not in {k.split("{")[0] for k in _metrics(vllm_pair.hq.url)}
 
 
+def test_ngram_speculation_accepts_tokens_on_fast(vllm_pair: VllmPair) -> None:
+    fast = vllm_pair.fast
+    accepted = "vllm:spec_decode_num_accepted_tokens_total"
+    before = _sum(_metrics(fast.url), accepted)
+    # Greedy decoding makes the random-weight model fall into a loop, which ngram prompt lookup predicts.
+    _client(fast.base_url).chat.completions.create(
+        model=fast.served_model,
+        messages=MESSAGES,
+        max_tokens=200,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert _sum(_metrics(fast.url), accepted) > before
+
+
 # --- through the gateway ---------------------------------------------------------------------------------
 
 
