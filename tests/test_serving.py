@@ -270,3 +270,12 @@ def test_up_reports_a_bad_profile(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert up.run(parser.parse_args(["up", "--profile", str(bad)])) == 2
     err = capsys.readouterr().err
     assert "deployments.hq.dtype" in err and "'bf16'" in err and "Traceback" not in err
+
+
+def test_serving_commands_prints_what_deploy_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from serving.__main__ import main
+
+    assert main(["commands", "gpu", "--host", "0.0.0.0", "--python", "python3"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    expected = build_commands(profiles.load("gpu"), host="0.0.0.0", python="python3")
+    assert printed == ["# hq", expected["hq"].shell(), "# fast", expected["fast"].shell()]
