@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -52,8 +53,6 @@ class ServerCommand:
 
     def shell(self) -> str:
         """The command as one copy-pasteable shell line (env first)."""
-        import shlex
-
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} {shlex.join(self.argv)}".strip()
 
