@@ -48,17 +48,32 @@ def stall_server(port: int) -> None:
 
 
 def policy(fast_url: str, stall_url: str, shadow: bool, directory: str) -> str:
-    deployment = {"served_model": "bench", "health": {"interval_s": 1}}
+    # One attempt and no ejection: a health blip on a loaded machine must not send primaries to the
+    # stalling deployment, or the figures would measure failover instead of shadow isolation.
+    deployment = {
+        "served_model": "bench",
+        "health": {"interval_s": 1, "timeout_s": 5, "eject_after_failures": 1000},
+    }
     doc: dict[str, object] = {
         "version": 1,
         "deployments": {"fast": {**deployment, "url": fast_url}, "hq": {**deployment, "url": stall_url}},
         "models": {"auto": {"route": "rules"}, "hq": {"pin": "hq"}, "fast": {"pin": "fast"}},
         "default": "fast",
         "fallback": ["fast"],
+        "max_attempts": 1,
     }
     if shadow:
-        doc["shadows"] = [{"route": "auto", "target": "deployment:hq", "percent": 100, "sample_by": "random",
-                           "max_in_flight": 8, "timeout_s": STALL_S, "max_tokens": 64}]
+        doc["shadows"] = [
+            {
+                "route": "auto",
+                "target": "deployment:hq",
+                "percent": 100,
+                "sample_by": "random",
+                "max_in_flight": 8,
+                "timeout_s": STALL_S,
+                "max_tokens": 64,
+            }
+        ]
     path = Path(directory) / f"policy-{'shadow' if shadow else 'plain'}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return str(path)
@@ -66,8 +81,9 @@ def policy(fast_url: str, stall_url: str, shadow: bool, directory: str) -> str:
 
 def start(args: list[str]) -> subprocess.Popen[bytes]:
     env = {**os.environ, "AGENT_GATEWAY_LOG_LEVEL": "WARNING"}
-    return subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        args, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def shadow_counters(port: int) -> dict[str, float]:
@@ -90,8 +106,20 @@ def run(rounds: int, duration_s: float, rate: float) -> None:
             procs.append(start([PY, "-m", "bench.shadow_bench", "--stall-server", str(stall)]))
             fast_url, stall_url = f"http://127.0.0.1:{up}", f"http://127.0.0.1:{stall}"
             for port, shadow in ((plain, False), (mirrored, True)):
-                procs.append(start([PY, "-m", "gateway", "serve", "--port", str(port),
-                                    "--policy", policy(fast_url, stall_url, shadow, tmp)]))
+                procs.append(
+                    start(
+                        [
+                            PY,
+                            "-m",
+                            "gateway",
+                            "serve",
+                            "--port",
+                            str(port),
+                            "--policy",
+                            policy(fast_url, stall_url, shadow, tmp),
+                        ]
+                    )
+                )
             for port in (up, stall, plain, mirrored):
                 wait_ready(port)
             time.sleep(1.5)  # first health probes

@@ -133,7 +133,7 @@ class Shadows:
         body: Mapping[str, Any],
         request_id: str,
         limits: Limits,
-        primary: asyncio.Future[Capture],
+        primary: Callable[[], asyncio.Future[Capture]],
         samples_key: str | None = None,
     ) -> bool:
         """Start one shadow unless the target is saturated or its circuit is open; never waits."""
@@ -146,7 +146,7 @@ class Shadows:
             return False
         state.in_flight += 1
         task = asyncio.get_running_loop().create_task(
-            self._shadow(target, name, dep, path, body, request_id, limits, primary, samples_key)
+            self._shadow(target, name, dep, path, body, request_id, limits, primary(), samples_key)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
