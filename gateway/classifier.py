@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from sklearn.utils import murmurhash3_32
 
 from gateway.features import Features
 
@@ -26,7 +27,9 @@ _WHITE_SPACES = re.compile(r"\s\s+")
 _C1 = np.uint32(0xCC9E2D51)
 _C2 = np.uint32(0x1B873593)
 _TAIL_MASKS = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF], dtype=np.uint32)
-_INT32_MIN = -(2**31)
+# Below this many characters a memoized pure-Python loop beats numpy's fixed per-call cost.
+SHORT_TEXT_CHARS = 160
+GRAM_MEMO_ENTRIES = 50_000  # about 6 MB
 
 Int32Array = npt.NDArray[np.int32]
 IntArray = npt.NDArray[np.int64]
@@ -63,15 +66,15 @@ def _rotl(x: npt.NDArray[np.uint32], r: int) -> npt.NDArray[np.uint32]:
 
 def murmurhash3_spans(data: bytes, starts: IntArray, lengths: IntArray) -> Int32Array:
     """MurmurHash3 x86 32-bit (seed 0, signed, as sklearn's murmurhash3_32) of many byte spans at once."""
-    padded = np.frombuffer(data + b"\0\0\0\0", dtype=np.uint8).astype(np.uint32)
-    # words[j] is the little-endian uint32 starting at byte j, so any block is one gather.
-    words = padded[:-3] | (padded[1:-2] << 8) | (padded[2:-1] << 16) | (padded[3:] << 24)
-    last_word = len(words) - 1
+    padded = data + b"\0\0\0\0"
+    # An unaligned view: words[j] is the little-endian uint32 starting at byte j, so a block is one gather.
+    words = np.ndarray((len(data) + 1,), dtype="<u4", buffer=padded, strides=(1,))
+    last_word = len(data)
     h = np.zeros(len(starts), dtype=np.uint32)
     n_blocks = lengths >> 2
     for block in range(int(n_blocks.max(initial=0))):
-        k = words[np.minimum(starts + 4 * block, last_word)]
-        k = _rotl(k * _C1, 15) * _C2
+        k = words[np.minimum(starts + 4 * block, last_word)] * _C1
+        k = _rotl(k, 15) * _C2
         mixed = _rotl(h ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
         h = np.where(block < n_blocks, mixed, h)
     tail = words[np.minimum(starts + 4 * n_blocks, last_word)] & _TAIL_MASKS[lengths & 3]
@@ -95,6 +98,10 @@ class CharNgrams:
     lowercase: bool = True
     max_chars: int = 2_000
 
+    def __post_init__(self) -> None:
+        if self.n_features < 16 or self.n_features & (self.n_features - 1):
+            raise ValueError(f"n_features must be a power of two >= 16, got {self.n_features}")
+
     def preprocess(self, text: str) -> str:
         """The text the n-grams are cut from, exactly as the training analyzer sees it."""
         text = text[: self.max_chars]
@@ -116,12 +123,14 @@ class CharNgrams:
         ends = np.concatenate([offsets[n:] for n in sizes])
         return murmurhash3_spans(data, starts, ends - starts)
 
-    def columns(self, hashes: Int32Array) -> tuple[IntArray, FloatArray]:
-        """Column index and sign of each hash, as sklearn's FeatureHasher maps them."""
-        wide = hashes.astype(np.int64)
-        index = np.abs(wide) % self.n_features
-        index[wide == _INT32_MIN] = (2**31 - 1 - (self.n_features - 1)) % self.n_features
-        return index, np.where(wide >= 0, 1.0, -1.0)
+    def columns(self, hashes: Int32Array) -> tuple[npt.NDArray[np.int32], FloatArray]:
+        """Column index and sign of each hash, as sklearn's FeatureHasher maps them.
+
+        n_features is a power of two, so abs() wrapping INT32_MIN onto itself still lands on column 0,
+        which is where sklearn's special case puts it.
+        """
+        index = np.abs(hashes) & np.int32(self.n_features - 1)
+        return index, np.where(hashes >= 0, 1.0, -1.0)
 
     def ngrams(self, text: str) -> list[str]:
         """The n-gram strings themselves (slow; for explanations only)."""
@@ -138,6 +147,23 @@ def sigmoid(z: float) -> float:
         return 1.0 / (1.0 + math.exp(-z))
     e = math.exp(z)
     return e / (1.0 + e)
+
+
+class GramWeights(dict[str, float]):
+    """Memo of n-gram -> signed coefficient for short texts, where numpy's per-call cost dominates."""
+
+    def __init__(self, text: CharNgrams, coef: FloatArray) -> None:
+        super().__init__()
+        self.mask = text.n_features - 1
+        self.coef = coef
+
+    def __missing__(self, gram: str) -> float:
+        h = murmurhash3_32(gram.encode("utf-8", "surrogatepass"))
+        weight = float(self.coef[abs(h) & self.mask])
+        weight = weight if h >= 0 else -weight
+        if len(self) < GRAM_MEMO_ENTRIES:  # bounded: past it, misses are hashed each time
+            self[gram] = weight
+        return weight
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +195,7 @@ class Classifier:
         self.numeric = tuple(numeric)
         self.intercept = intercept
         self.meta = dict(meta or {})
+        self._gram_weights = GramWeights(text, text_coef)
 
     @classmethod
     def load(cls, path: str | Path) -> Classifier:
@@ -237,11 +264,15 @@ class Classifier:
 
     def text_logit(self, text: str) -> float:
         """The text block's contribution to the logit."""
-        hashes = self.text.hashes(self.text.preprocess(text))
-        if len(hashes) == 0:
-            return 0.0
-        index, sign = self.text.columns(hashes)
-        return float(self.text_coef[index].dot(sign)) / math.sqrt(len(hashes))
+        text = self.text.preprocess(text)
+        if len(text) <= SHORT_TEXT_CHARS:
+            grams = self.text.ngrams(text)
+            total = sum(map(self._gram_weights.__getitem__, grams))
+            return total / math.sqrt(len(grams)) if grams else 0.0
+        hashes = self.text.hashes(text)
+        index = np.abs(hashes) & np.int32(self.text.n_features - 1)
+        signs = (hashes >> 31) | 1  # -1 for negative hashes, +1 otherwise: sklearn's alternate_sign
+        return float(self.text_coef[index].dot(signs)) / math.sqrt(len(hashes))
 
     def logit(self, features: Features) -> float:
         z = self.intercept + self.text_logit(features.last_user_text)
