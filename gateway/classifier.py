@@ -192,7 +192,7 @@ class Classifier:
     ) -> None:
         self.text = text
         self.text_coef = text_coef
-        self.numeric = tuple(numeric)
+        self.numeric: tuple[NumericInput, ...] = tuple(numeric)
         self.intercept = intercept
         self.meta = dict(meta or {})
         self._gram_weights = GramWeights(text, text_coef)

@@ -21,11 +21,13 @@ from gateway.classifier_train import (
     DEFAULT_NUMERIC_WEIGHT,
     DEFAULT_TEXT,
     Example,
+    apply_length_boost,
     compare_routers,
     cross_validate,
     fit,
     plot,
     report,
+    tune_length_boost,
 )
 from gateway.features import Features, extract
 
@@ -60,6 +62,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     train.add_argument("--group-by", help="column to group by for the cross-validation run before fitting")
     train.add_argument("--cv", type=int, default=5, help="folds for that run (with --group-by; 0 skips it)")
     train.add_argument("--c", type=float, default=DEFAULT_C, help="inverse L2 regularization strength")
+    train.add_argument(
+        "--tune-length-boost",
+        action="store_true",
+        help="after the cross-validation, tune one extra weight on prompt length for ranking (APGR)",
+    )
+    train.add_argument("--plot", help="write the cross-validation curve to this PNG")
     _add_shape_arguments(train)
     train.set_defaults(func=run_train)
 
@@ -221,11 +229,19 @@ def run_train(args: argparse.Namespace) -> int:
     examples = read_examples(args.data, args.group_by)
     progress(f"{len(examples)} rows read from {args.data}")
     cv_meta: dict[str, Any] = {}
+    boost = 0.0
     if args.group_by and args.cv:
         scores = cross_validate(examples, args.cv, progress, **_training(args))
-        cv_meta = _print_figures(examples, scores, None)
+        print(f"{args.cv}-fold cross-validation, whole {args.group_by!r} groups held out:")
+        cv_meta = {"plain": _print_figures(examples, scores, None)}
+        if args.tune_length_boost:
+            boost, tuned = tune_length_boost(scores, examples)
+            print(f"with the length boost {boost} tuned on these out-of-fold scores:")
+            cv_meta["length_boost"] = {"boost": boost, **_print_figures(examples, tuned, args.plot)}
     progress("fitting the final model on all rows")
     model = fit(examples, **_training(args)).model
+    if boost:
+        apply_length_boost(model, examples, boost)
     model.meta.update({"data": Path(args.data).name, "cv": cv_meta, "group_by": args.group_by})
     model.save(args.out)
     progress(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.1f} MB)")

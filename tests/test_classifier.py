@@ -17,11 +17,14 @@ from gateway.classifier import Calibration, CharNgrams, Classifier, ModelFileErr
 from gateway.classifier_train import (
     Example,
     Fitted,
+    apply_length_boost,
+    boosted,
     compare_routers,
     design_matrix,
     fit,
     routing_curve,
     summarize,
+    tune_length_boost,
 )
 from gateway.features import Features, extract
 from tests.classifier_fixtures import synthetic_rows
@@ -223,3 +226,36 @@ def test_compare_routers_prints_baselines() -> None:
     assert set(results) == {"classifier", "random", "prompt length"}
     assert results["classifier"][0] == results["prompt length"][0]  # same scores, same figures
     assert results["random"][0].apgr == pytest.approx(0.5, abs=0.1)
+
+
+def test_length_boost_folds_into_the_model_exactly(fitted: Fitted) -> None:
+    rows = synthetic_rows(120, seed=9)
+    examples = [
+        Example(
+            request(r["prompt"]), float(r["q_strong"]), float(r["q_weak"]), r["category"], len(r["prompt"])
+        )
+        for r in rows
+    ]
+    model = Classifier.from_dict(fitted.model.to_dict())
+    before = np.array([model.score(e.features) for e in examples])
+    apply_length_boost(model, examples, 0.7)
+    after = np.array([model.score(e.features) for e in examples])
+    assert np.abs(after - boosted(before, examples, 0.7)).max() < 1e-9
+    assert model.meta["length_boost"] == 0.7
+    long_first = np.argsort([-e.features.last_user_tokens for e in examples])
+    assert (after - before)[long_first[0]] > 0 > (after - before)[long_first[-1]]
+
+
+def test_tuned_boost_never_lowers_apgr() -> None:
+    rows = synthetic_rows(400, seed=11)
+    examples = [
+        Example(
+            request(r["prompt"]), float(r["q_strong"]), float(r["q_weak"]), r["category"], len(r["prompt"])
+        )
+        for r in rows
+    ]
+    scores = np.random.default_rng(0).random(len(examples))
+    boost, tuned = tune_length_boost(scores, examples)
+    plain = compare_routers(scores, examples)["classifier"][0].apgr
+    assert compare_routers(tuned, examples)["classifier"][0].apgr >= plain
+    assert boost > 0  # on this data longer prompts are the hard ones
