@@ -7,7 +7,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway import openai
-from gateway.errors import NotFound
+from gateway.budgets import usage_report
+from gateway.errors import GatewayError, NotFound
 from gateway.features import extract
 from gateway.routing import decide
 from gateway.services import SERVICES
@@ -69,11 +70,22 @@ def explanation(decision: Any, features: Any, ctx: Any) -> dict[str, Any]:
         "attempts": list(decision.attempts),
         "reasons": list(decision.reasons),
         "complexity": ctx.complexity,
+        "admission": None if ctx.admission is None else {
+            "allowed": sorted(ctx.admission.allowed), "prefer": ctx.admission.prefer,
+            "limit": ctx.admission.limit, "reasons": list(ctx.admission.reasons)},
         "features": {k: getattr(features, k) for k in features.__slots__ if k != "last_user_text"},
         "load": {name: {"healthy": load.healthy, "requests_waiting": load.requests_waiting,
                         "requests_running": load.requests_running, "kv_cache_usage": load.kv_cache_usage}
                  for name, load in ctx.load.items()},
     }
+
+
+async def usage(request: web.Request) -> web.Response:
+    """Spend, tokens and requests per tenant, deployment and window (`?tenant=T` for one tenant)."""
+    accounting = request.app[SERVICES].accounting
+    if accounting is None:
+        raise GatewayError("The store is not open")
+    return web.json_response(await usage_report(accounting.store, request.query.get("tenant")))
 
 
 async def policy_status(request: web.Request) -> web.Response:
@@ -90,4 +102,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/admin/requests/{request_id}/explain", explain_recent)
     router.add_post("/admin/explain", explain_body)
     router.add_get("/admin/policy", policy_status)
+    router.add_get("/admin/usage", usage)
     router.add_post("/admin/policy/reload", policy_reload)

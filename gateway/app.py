@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import admin, proxy, rollout_admin, trials, upstream
+from gateway import accounting, admin, proxy, rollout_admin, trials, upstream
 from gateway.backends import Backends, Tracked
 from gateway.classifier import Classifier
 from gateway.middleware import add_gateway_headers, exchange_middleware
@@ -28,6 +28,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[exchange_middleware], client_max_size=settings.max_body_bytes + 1)
     app.on_response_prepare.append(add_gateway_headers)
     app.cleanup_ctx.append(_services(settings))
+    app.cleanup_ctx.append(accounting.lifecycle(settings))  # after services: the store, keys, budgets
     app.cleanup_ctx.append(trials.lifecycle(settings))  # after services: rollouts, shadows, request log
     app.router.add_post("/v1/chat/completions", proxy.chat_completions)
     app.router.add_post("/v1/completions", proxy.completions)

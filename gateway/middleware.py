@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.errors import Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
-from gateway.services import EXCHANGE, REQUEST_ID, SERVICES, Exchange
+from gateway.services import EXCHANGE, REQUEST_ID, SERVICES, TENANT, Exchange, Services
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +20,7 @@ _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Status of a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
+ADMIN_TOKEN_ENV = "AGENT_GATEWAY_ADMIN_TOKEN"
 
 
 def error_response(err: GatewayError) -> web.Response:
@@ -44,7 +45,9 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
     status = 500
     try:
         if request.path.startswith("/admin/"):
-            _check_admin(request, svc.settings.admin_token)
+            _check_admin(request, _admin_token(svc))
+        elif request.path.startswith("/v1/") and svc.policy.current.auth.enabled:
+            request[TENANT] = await _tenant(request, svc)
         response = await handler(request)
         status = response.status
         return response
@@ -68,9 +71,23 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
             ex.finish(status, svc.metrics, svc.tracer)
 
 
+async def _tenant(request: web.Request, svc: Services) -> str:
+    """The caller's tenant from its API key (401 without a valid one); the key itself is never logged."""
+    if svc.accounting is None:
+        raise GatewayError("The key store is not open")
+    return await svc.accounting.tenant(request.headers.get("authorization"))
+
+
+def _admin_token(svc: Services) -> str:
+    """AGENT_GATEWAY_ADMIN_TOKEN, or the variable the policy's `auth.admin_token_env` names instead."""
+    env = svc.policy.current.auth.admin_token_env
+    return svc.settings.admin_token if env == ADMIN_TOKEN_ENV else os.environ.get(env, "")
+
+
 def _check_admin(request: web.Request, token: str) -> None:
     if not token:
-        raise Forbidden("The admin API is disabled: set AGENT_GATEWAY_ADMIN_TOKEN")
+        raise Forbidden("The admin API is disabled: set its token's environment variable "
+                        "(AGENT_GATEWAY_ADMIN_TOKEN, or the policy's auth.admin_token_env)")
     given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     if not hmac.compare_digest(given.encode(), token.encode()):
         raise Unauthorized("A valid admin token is required (Authorization: Bearer <token>)", code="invalid_admin_token")

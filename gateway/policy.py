@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway import rollout_spec
 from gateway.rollout_spec import RolloutSpec, ShadowSpec
+from gateway.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy
 
 ENDPOINTS = ("chat", "completions", "embeddings")
 Endpoint = Literal["chat", "completions", "embeddings"]
@@ -178,6 +179,10 @@ class Policy(Frozen):
     rollouts: list[RolloutSpec] = []
     shadows: list[ShadowSpec] = []
     policy_shadow: PolicyShadow | None = None
+    tenants: list[TenantPolicy] = []
+    sessions: SessionPolicy = SessionPolicy()
+    store: StorePolicy = StorePolicy()
+    auth: AuthPolicy = AuthPolicy()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Policy:
@@ -204,10 +209,35 @@ class Policy(Frozen):
             if rule.name in seen:
                 yield f"rules[{i}].name: duplicate rule name {rule.name!r}"
             seen.add(rule.name)
-        for name, dep in known.items():
-            if dep.load.spill_to is not None and dep.load.spill_to not in known:
-                yield f"deployments.{name}.load.spill_to: unknown deployment {dep.load.spill_to!r}"
+        yield from self._load_problems()
         yield from self._experiment_problems()
+        yield from self._tenancy_problems()
+
+    def _load_problems(self) -> Iterator[str]:
+        for name, dep in self.deployments.items():
+            if dep.load.spill_to is not None and dep.load.spill_to not in self.deployments:
+                yield f"deployments.{name}.load.spill_to: unknown deployment {dep.load.spill_to!r}"
+
+    def _tenancy_problems(self) -> Iterator[str]:
+        known = sorted(self.deployments)
+        seen: set[str] = set()
+        for i, tenant in enumerate(self.tenants):
+            if tenant.name in seen:
+                yield f"tenants[{i}].name: duplicate tenant {tenant.name!r}"
+            seen.add(tenant.name)
+            steer = tenant.above_soft
+            soft = any(b.soft_usd is not None or b.soft_tokens is not None for b in tenant.budgets)
+            # the default `fast` only matters when a soft limit can steer to it
+            named = "route_to" in steer.model_fields_set or soft
+            if steer.route_to is not None and steer.route_to not in known and named:
+                yield f"tenants[{i}].above_soft.route_to: unknown deployment {steer.route_to!r} " \
+                      f"(known: {known})"
+            for name in steer.refuse:
+                if name not in known:
+                    yield f"tenants[{i}].above_soft.refuse: unknown deployment {name!r} (known: {known})"
+        target = self.sessions.tight_loop_route_to
+        if self.sessions.tight_loop_steps_per_min is not None and target not in known:
+            yield f"sessions.tight_loop_route_to: unknown deployment {target!r} (known: {known})"
 
     def _experiment_problems(self) -> Iterator[str]:
         known = self.deployments
@@ -229,6 +259,13 @@ class Policy(Frozen):
     def experimental(self) -> bool:
         """Whether any rollout or shadow is declared (the request path skips that machinery otherwise)."""
         return bool(self.rollouts or self.shadows or self.policy_shadow)
+
+    @functools.cached_property
+    def accounted(self) -> bool:
+        """Whether tenants, keys or session rules are configured (else the request path skips the store)."""
+        s = self.sessions
+        sessions_used = s.pin or s.tight_loop_steps_per_min is not None or s.cost_cap_usd is not None
+        return bool(self.tenants) or self.auth.enabled or sessions_used
 
     def candidate_policy(self, name: str) -> Policy:
         """The declared candidate `name` as a whole Policy (cached: policies are swapped whole on reload)."""

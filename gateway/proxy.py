@@ -8,10 +8,11 @@ from typing import Any
 from aiohttp import web
 
 from gateway import openai, upstream
+from gateway.accounting import steered
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
 from gateway.features import Features, extract
 from gateway.policy import Policy
-from gateway.routing import Context, Decision, decide
+from gateway.routing import Decision, decide
 from gateway.services import EXCHANGE, SERVICES, Exchange, Services
 
 STREAM_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
@@ -32,11 +33,18 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     svc = request.app[SERVICES]
     ex: Exchange = request[EXCHANGE]
-    body = openai.decode(await read_body(request, svc.settings.max_body_bytes))
+    raw = await read_body(request, svc.settings.max_body_bytes)
+    body = openai.decode(raw)
     openai.check(body, endpoint)
     policy = svc.policy.current
     features = extract(body, endpoint)
-    ctx = svc.context(request, features, policy)
+    accounting = svc.accounting if steered(policy, request.headers) else None
+    admitted = None
+    if accounting is not None:  # tenancy configured, or a cost cap asked for: budget and session verdict
+        admitted = await accounting.admit(request, policy, features, body, len(raw))
+        ctx = svc.context(request, features, policy, admitted.verdict, admitted.session)
+    else:
+        ctx = svc.context(request, features, policy)
     decision = decide(policy, features, ctx)
     trials, trial = svc.trials, None
     if trials is not None and trials.engaged(policy):
@@ -44,9 +52,14 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         decision = trial.decision  # a rollout's candidate arm
     svc.recent.remember(ex.request_id, policy, features, ctx)
     ex.decided(features, decision, ctx.complexity)
+    if accounting is not None and admitted is not None:
+        forwarded = accounting.follow(admitted, policy, decision, ex,
+                                      lambda: _forward(request, svc, policy, decision, body, features))
+    else:
+        forwarded = _forward(request, svc, policy, decision, body, features)
     if trial is not None:
-        return await trial.follow(_forward(request, svc, policy, decision, body, features))
-    return await _forward(request, svc, policy, decision, body, features)
+        return await trial.follow(forwarded)
+    return await forwarded
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

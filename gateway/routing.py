@@ -6,9 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound
+from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
 from gateway.policy import Policy, Range, When
+from gateway.tenancy import Admission, SessionState
+
+RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})  # the rest are budgets
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,8 @@ class Context:
     complexity: float | None = None
     load: Mapping[str, DeploymentLoad] = field(default_factory=dict)
     in_flight: Mapping[str, int] = field(default_factory=dict)
+    admission: Admission | None = None  # the tenant's budget and session verdict; None: no limits apply
+    session: SessionState | None = None  # the agent session as the store counted this step
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,9 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
             f"The model {features.requested_model!r} does not exist; available: {', '.join(policy.models)}",
             param="model",
         )
+    verdict = ctx.admission
+    if verdict is not None and verdict.refused:
+        raise _refusal(verdict, ctx.tenant)
     if features.endpoint == "embeddings":
         return _embeddings(policy, model.pin, ctx)
     trail: list[str] = []
@@ -62,10 +70,31 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
     chosen, reason = _adjust_for_load(policy, wanted, features, ctx)
     if reason:
         trail.append(reason)
+    if verdict is not None:
+        chosen = _steer(verdict, chosen, trail)
     attempts = _usable(policy, chosen, features, ctx, trail)
     if explain:
         trail.append(f"attempt order: {', '.join(attempts)}")
     return Decision(attempts[0], rule_name, attempts, tuple(trail))
+
+
+def _refusal(verdict: Admission, tenant: str | None) -> RateLimited:
+    who = f"Tenant {tenant!r}" if tenant else "This client"
+    what = "this session's cost cap" if verdict.limit == "session_usd" else f"its {verdict.limit} limit"
+    return RateLimited(
+        f"{who} reached {what}; retry after {verdict.retry_after_s:.0f} s",
+        retry_after_s=verdict.retry_after_s,
+        code="rate_limit_exceeded" if verdict.limit in RATE_LIMITS else "budget_exceeded",
+    )
+
+
+def _steer(verdict: Admission, chosen: str, trail: list[str]) -> str:
+    """Budget, cost cap and session steer after the rules and load: soft limit, tight loop, session pin."""
+    trail.extend(f"admission: {why}" for why in verdict.reasons)
+    if verdict.prefer is None or verdict.prefer == chosen:
+        return chosen
+    trail.append(f"admission: use {verdict.prefer} instead of {chosen}")
+    return verdict.prefer
 
 
 def _embeddings(policy: Policy, pin: str | None, ctx: Context) -> Decision:
@@ -148,6 +177,8 @@ def _exclusion(policy: Policy, name: str, features: Features, ctx: Context) -> s
     load = ctx.load.get(name, NO_LOAD)
     if features.endpoint not in dep.endpoints:
         return f"does not serve {features.endpoint}"
+    if ctx.admission is not None and name not in ctx.admission.allowed:
+        return "not admitted by the tenant's budget or the request's cost cap"
     if not load.healthy:
         return "unhealthy"
     if not _fits(policy, name, features):

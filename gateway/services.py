@@ -23,6 +23,8 @@ from gateway.routing import Context, Decision, needs_complexity
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
+    from gateway.accounting import Accounting
+    from gateway.tenancy import Admission, SessionState
     from gateway.trials import Trials
 
 
@@ -54,9 +56,17 @@ class Services:
     classifier: Classifier
     recent: Recent
     trials: Trials | None = None  # rollouts, shadows, request log (gateway/trials.py), set by its cleanup ctx
+    accounting: Accounting | None = None  # store, keys, budgets (gateway/accounting.py), by its cleanup ctx
 
-    def context(self, request: web.Request, features: Features, policy: Policy) -> Context:
-        """Gather the decision's inputs besides the body: headers, tenant, score, a snapshot of load."""
+    def context(
+        self,
+        request: web.Request,
+        features: Features,
+        policy: Policy,
+        admission: Admission | None = None,
+        session: SessionState | None = None,
+    ) -> Context:
+        """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict."""
         complexity = self.classifier.score(features) if needs_complexity(policy) else None
         return Context(
             headers=request.headers,
@@ -64,6 +74,8 @@ class Services:
             complexity=complexity,
             load=dict(self.backends.load),
             in_flight=dict(self.backends.in_flight),
+            admission=admission,
+            session=session,
         )
 
     def settle(self, ex: Exchange, usage: Usage | None) -> None:

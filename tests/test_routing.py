@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway import policy as policy_module
-from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound
+from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import extract
 from gateway.routing import Context, DeploymentLoad, decide
+from gateway.tenancy import Admission
 
 POLICY = policy_module.parse((Path(__file__).parent.parent / "policies" / "default.yaml").read_text())
 HEALTHY = {"hq": DeploymentLoad(), "fast": DeploymentLoad()}
@@ -128,3 +129,64 @@ def test_decision_is_always_a_usable_deployment(score: float, waiting: float, hq
         return
     assert all(load[d].healthy for d in decision.attempts)
     assert decision == decide(POLICY, _features(), replace(_ctx(load=load, complexity=score)))
+
+
+# --- budget and session verdicts (tenancy.admission) steer the decision -------------------------------
+
+BOTH = frozenset({"hq", "fast"})
+
+
+@pytest.mark.parametrize(
+    ("body", "verdict", "deployment", "reason"),
+    [
+        ({"tools": TOOLS}, Admission(BOTH, prefer="fast", reasons=("soft limit usd_per_day crossed",)),
+         "fast", "admission: soft limit usd_per_day crossed"),
+        ({"tools": TOOLS}, Admission(frozenset({"fast"}), reasons=("hq: worst case 0.02 USD > cap",)), "fast",
+         "skip hq: not admitted"),
+        ({}, Admission(BOTH, prefer="hq", reasons=("session pinned to hq",)), "hq",
+         "admission: use hq instead of fast"),
+        ({"model": "hq"}, Admission(BOTH, prefer="fast", reasons=("tight loop",)), "fast",
+         "admission: tight loop"),
+        ({"tools": TOOLS}, Admission(BOTH), "hq", "rule tools-to-hq"),
+    ],
+)
+def test_admission_table(body: dict[str, object], verdict: Admission, deployment: str, reason: str) -> None:
+    decision = decide(POLICY, _features(**body), _ctx(admission=verdict))
+    assert decision.deployment == deployment
+    assert set(decision.attempts) <= verdict.allowed
+    assert any(r.startswith(reason) for r in decision.reasons), decision.reasons
+
+
+@pytest.mark.parametrize(
+    ("limit", "code"),
+    [("usd_per_day", "budget_exceeded"), ("requests_per_minute", "rate_limit_exceeded"),
+     ("session_usd", "budget_exceeded")],
+)
+def test_refused_verdict_is_429_with_retry_after(limit: str, code: str) -> None:
+    verdict = Admission(frozenset(), limit=limit, retry_after_s=12.5)
+    with pytest.raises(RateLimited) as caught:
+        decide(POLICY, _features(), _ctx(admission=verdict, tenant="acme"))
+    assert caught.value.code == code and caught.value.headers["Retry-After"] == "13"
+    assert caught.value.status == 429
+
+
+def test_nothing_admitted_is_usable_when_the_allowed_one_is_unhealthy() -> None:
+    load = {**HEALTHY, "fast": DeploymentLoad(healthy=False)}
+    with pytest.raises(NoHealthyDeployment):
+        decide(POLICY, _features(), _ctx(admission=Admission(frozenset({"fast"})), load=load))
+
+
+@given(prefer=st.sampled_from([None, "hq", "fast"]), allowed=st.sampled_from([BOTH, {"hq"}, {"fast"}]),
+       tools=st.booleans(), fast_ok=st.booleans())
+def test_never_outside_allowed(prefer: str | None, allowed: set[str], tools: bool, fast_ok: bool) -> None:
+    load = {**HEALTHY, "fast": DeploymentLoad(healthy=fast_ok)}
+    verdict = Admission(frozenset(allowed), prefer=prefer if prefer in allowed else None)
+    try:
+        decision = decide(POLICY, _features(**({"tools": TOOLS} if tools else {})),
+                          _ctx(admission=verdict, load=load))
+    except NoHealthyDeployment:
+        assert allowed == {"fast"} and not fast_ok
+        return
+    assert set(decision.attempts) <= verdict.allowed
+    if verdict.prefer is not None and (verdict.prefer != "fast" or fast_ok):
+        assert decision.deployment == verdict.prefer
