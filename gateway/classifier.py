@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,7 @@ def murmurhash3_spans(data: bytes, starts: IntArray, lengths: IntArray) -> Int32
 
 @dataclass(frozen=True, slots=True)
 class CharNgrams:
-    """sklearn HashingVectorizer(analyzer="char", alternate_sign=True, norm=None), then / sqrt(n-grams)."""
+    """sklearn's HashingVectorizer(analyzer="char", alternate_sign=True, norm="l2") of a text head."""
 
     ngram_min: int
     ngram_max: int
@@ -149,21 +150,26 @@ def sigmoid(z: float) -> float:
     return e / (1.0 + e)
 
 
-class GramWeights(dict[str, float]):
-    """Memo of n-gram -> signed coefficient for short texts, where numpy's per-call cost dominates."""
+class GramMemo(dict[str, tuple[int, float]]):
+    """Memo of n-gram -> (column, signed coefficient) for short texts, where numpy's call cost dominates."""
 
     def __init__(self, text: CharNgrams, coef: FloatArray) -> None:
         super().__init__()
         self.mask = text.n_features - 1
         self.coef = coef
 
-    def __missing__(self, gram: str) -> float:
+    def __missing__(self, gram: str) -> tuple[int, float]:
         h = murmurhash3_32(gram.encode("utf-8", "surrogatepass"))
-        weight = float(self.coef[abs(h) & self.mask])
-        weight = weight if h >= 0 else -weight
+        column = abs(h) & self.mask
+        weight = float(self.coef[column])
+        entry = (column if h >= 0 else ~column, weight if h >= 0 else -weight)  # ~column marks sign -1
         if len(self) < GRAM_MEMO_ENTRIES:  # bounded: past it, misses are hashed each time
-            self[gram] = weight
-        return weight
+            self[gram] = entry
+        return entry
+
+
+def _unsigned(column: int) -> int:
+    return column if column >= 0 else ~column
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +201,7 @@ class Classifier:
         self.numeric: tuple[NumericInput, ...] = tuple(numeric)
         self.intercept = intercept
         self.meta = dict(meta or {})
-        self._gram_weights = GramWeights(text, text_coef)
+        self._gram_memo = GramMemo(text, text_coef)
 
     @classmethod
     def load(cls, path: str | Path) -> Classifier:
@@ -246,7 +252,7 @@ class Classifier:
                 "lowercase": self.text.lowercase,
                 "max_chars": self.text.max_chars,
                 "alternate_sign": True,
-                "scaling": "1/sqrt(ngrams)",
+                "norm": "l2",
             },
             "intercept": self.intercept,
             "numeric": [
@@ -263,16 +269,37 @@ class Classifier:
         Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n", encoding="utf-8")
 
     def text_logit(self, text: str) -> float:
-        """The text block's contribution to the logit."""
+        """The text block's contribution to the logit: coef . x / ||x||, x the signed n-gram counts."""
         text = self.text.preprocess(text)
         if len(text) <= SHORT_TEXT_CHARS:
-            grams = self.text.ngrams(text)
-            total = sum(map(self._gram_weights.__getitem__, grams))
-            return total / math.sqrt(len(grams)) if grams else 0.0
+            return self._short_text_logit(self.text.ngrams(text))
+        columns, values = self.text_vector(text)
+        norm = math.sqrt(float(values.dot(values)))
+        return float(self.text_coef[columns].dot(values)) / norm if norm else 0.0
+
+    def text_vector(self, text: str) -> tuple[IntArray, FloatArray]:
+        """The nonzero columns of sklearn's hashed count vector of a preprocessed text, and their values."""
         hashes = self.text.hashes(text)
-        index = np.abs(hashes) & np.int32(self.text.n_features - 1)
-        signs = (hashes >> 31) | 1  # -1 for negative hashes, +1 otherwise: sklearn's alternate_sign
-        return float(self.text_coef[index].dot(signs)) / math.sqrt(len(hashes))
+        index, signs = self.text.columns(hashes)
+        columns, inverse = np.unique(index, return_inverse=True)
+        values = np.bincount(inverse, weights=signs, minlength=len(columns)).astype(np.float64)
+        return columns.astype(np.int64), values
+
+    def _short_text_logit(self, grams: list[str]) -> float:
+        counts = Counter(grams)
+        entries = list(map(self._gram_memo.__getitem__, counts))
+        dot = sum(count * weight for count, (_, weight) in zip(counts.values(), entries, strict=True))
+        columns = [column for column, _ in entries]
+        if len(set(map(_unsigned, columns))) == len(columns):  # no two n-grams share a column
+            norm2 = sum(count * count for count in counts.values())
+        else:
+            values: dict[int, int] = {}
+            for count, column in zip(counts.values(), columns, strict=True):
+                values[_unsigned(column)] = values.get(_unsigned(column), 0) + (
+                    count if column >= 0 else -count
+                )
+            norm2 = sum(v * v for v in values.values())
+        return dot / math.sqrt(norm2) if norm2 else 0.0
 
     def logit(self, features: Features) -> float:
         z = self.intercept + self.text_logit(features.last_user_text)
@@ -291,8 +318,10 @@ class Classifier:
         text = self.text.preprocess(features.last_user_text)
         grams = self.text.ngrams(text)
         if grams:
+            _, values = self.text_vector(text)
+            norm = math.sqrt(float(values.dot(values))) or 1.0
             index, sign = self.text.columns(self.text.hashes(text))
-            weights = self.text_coef[index] * sign / math.sqrt(len(grams))
+            weights = self.text_coef[index] * sign / norm
             for gram, weight in zip(grams, weights.tolist(), strict=True):
                 key = f"char:{gram!r}"
                 contributions[key] = contributions.get(key, 0.0) + weight

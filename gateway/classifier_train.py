@@ -52,30 +52,21 @@ def labels(examples: Sequence[Example]) -> npt.NDArray[np.int64]:
 
 
 def vectorizer(text: CharNgrams) -> HashingVectorizer:
-    """The scikit-learn twin of CharNgrams (before the 1/sqrt(n-grams) row scaling)."""
+    """The scikit-learn twin of CharNgrams."""
     return HashingVectorizer(
         analyzer="char",
         ngram_range=(text.ngram_min, text.ngram_max),
         n_features=text.n_features,
         lowercase=text.lowercase,
         alternate_sign=True,
-        norm=None,
+        norm="l2",
         dtype=np.float64,
     )
 
 
 def text_matrix(text: CharNgrams, texts: Sequence[str]) -> sp.csr_matrix:
-    """Hashed n-gram counts of each text, each row divided by sqrt(its number of n-grams)."""
-    clipped = [t[: text.max_chars] for t in texts]
-    counts = vectorizer(text).transform(clipped)
-    n_grams = np.array([_ngram_count(text, text.preprocess(t)) for t in clipped], dtype=np.float64)
-    scale = 1.0 / np.sqrt(np.maximum(n_grams, 1.0))
-    return sp.csr_matrix(sp.diags(scale) @ counts)
-
-
-def _ngram_count(text: CharNgrams, preprocessed: str) -> int:
-    length = len(preprocessed)
-    return sum(max(length - n + 1, 0) for n in range(text.ngram_min, text.ngram_max + 1))
+    """L2-normalized hashed n-gram counts of the first max_chars of each text."""
+    return sp.csr_matrix(vectorizer(text).transform([t[: text.max_chars] for t in texts]))
 
 
 def numeric_matrix(features: Sequence[Features], names: Sequence[str]) -> FloatArray:
