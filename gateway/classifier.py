@@ -97,15 +97,24 @@ class CharNgrams:
     ngram_max: int
     n_features: int
     lowercase: bool = True
-    max_chars: int = 2_000
+    max_chars: int = 1_000  # hashing cost grows with the text: this bounds the score's cost
+    tail_chars: int = 300
 
     def __post_init__(self) -> None:
         if self.n_features < 16 or self.n_features & (self.n_features - 1):
             raise ValueError(f"n_features must be a power of two >= 16, got {self.n_features}")
+        if not 0 <= self.tail_chars <= self.max_chars:
+            raise ValueError(f"tail_chars must be within [0, max_chars], got {self.tail_chars}")
+
+    def clip(self, text: str) -> str:
+        """At most max_chars: the head and the last tail_chars, where a long prompt's ask usually is."""
+        if len(text) <= self.max_chars:
+            return text
+        return text[: self.max_chars - self.tail_chars] + text[len(text) - self.tail_chars :]
 
     def preprocess(self, text: str) -> str:
         """The text the n-grams are cut from, exactly as the training analyzer sees it."""
-        text = text[: self.max_chars]
+        text = self.clip(text)
         return _WHITE_SPACES.sub(" ", text.lower() if self.lowercase else text)
 
     def hashes(self, text: str) -> Int32Array:
@@ -168,6 +177,24 @@ class GramMemo(dict[str, tuple[int, float]]):
         return entry
 
 
+def squared_norm(index: npt.NDArray[np.int32], negative: npt.NDArray[np.bool_]) -> float:
+    """||x||^2 of the hashed count vector, with x[c] the sum of the signs of the n-grams in column c.
+
+    One sort of (column, sign) keys instead of np.unique's argsort: a third of the cost here.
+    """
+    keys = np.sort(index.astype(np.int64) * 2 + negative)
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    counts = np.diff(np.append(starts, len(keys)))
+    run_keys = keys[starts]
+    if not np.any(run_keys[1:] >> 1 == run_keys[:-1] >> 1):
+        return float(counts.dot(counts))
+    # a column holds n-grams of both signs: sum each column's signed counts first
+    signed = np.where(run_keys & 1, -counts, counts)
+    column_starts = np.flatnonzero(np.concatenate(([True], run_keys[1:] >> 1 != run_keys[:-1] >> 1)))
+    values = np.add.reduceat(signed, column_starts)
+    return float(values.dot(values))
+
+
 def _unsigned(column: int) -> int:
     return column if column >= 0 else ~column
 
@@ -223,6 +250,7 @@ class Classifier:
                 n_features=int(spec["n_features"]),
                 lowercase=bool(spec["lowercase"]),
                 max_chars=int(spec["max_chars"]),
+                tail_chars=int(spec["tail_chars"]),
             )
             coef = np.zeros(text.n_features, dtype=np.float64)
             coef[np.asarray(doc["text_coef"]["index"], dtype=np.int64)] = doc["text_coef"]["value"]
@@ -251,6 +279,7 @@ class Classifier:
                 "n_features": self.text.n_features,
                 "lowercase": self.text.lowercase,
                 "max_chars": self.text.max_chars,
+                "tail_chars": self.text.tail_chars,
                 "alternate_sign": True,
                 "norm": "l2",
             },
@@ -273,9 +302,10 @@ class Classifier:
         text = self.text.preprocess(text)
         if len(text) <= SHORT_TEXT_CHARS:
             return self._short_text_logit(self.text.ngrams(text))
-        columns, values = self.text_vector(text)
-        norm = math.sqrt(float(values.dot(values)))
-        return float(self.text_coef[columns].dot(values)) / norm if norm else 0.0
+        hashes = self.text.hashes(text)
+        index, signs = self.text.columns(hashes)
+        norm = math.sqrt(squared_norm(index, hashes < 0))
+        return float(self.text_coef[index].dot(signs)) / norm if norm else 0.0
 
     def text_vector(self, text: str) -> tuple[IntArray, FloatArray]:
         """The nonzero columns of sklearn's hashed count vector of a preprocessed text, and their values."""

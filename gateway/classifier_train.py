@@ -65,8 +65,8 @@ def vectorizer(text: CharNgrams) -> HashingVectorizer:
 
 
 def text_matrix(text: CharNgrams, texts: Sequence[str]) -> sp.csr_matrix:
-    """L2-normalized hashed n-gram counts of the first max_chars of each text."""
-    return sp.csr_matrix(vectorizer(text).transform([t[: text.max_chars] for t in texts]))
+    """L2-normalized hashed n-gram counts of each text, clipped as the scorer clips it."""
+    return sp.csr_matrix(vectorizer(text).transform([text.clip(t) for t in texts]))
 
 
 def numeric_matrix(features: Sequence[Features], names: Sequence[str]) -> FloatArray:

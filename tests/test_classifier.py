@@ -13,7 +13,14 @@ import pytest
 from sklearn.feature_extraction.text import HashingVectorizer
 from sklearn.utils import murmurhash3_32
 
-from gateway.classifier import Calibration, CharNgrams, Classifier, ModelFileError, murmurhash3_spans
+from gateway.classifier import (
+    Calibration,
+    CharNgrams,
+    Classifier,
+    ModelFileError,
+    murmurhash3_spans,
+    squared_norm,
+)
 from gateway.classifier_train import (
     Example,
     Fitted,
@@ -77,7 +84,7 @@ def test_murmur_matches_sklearn_for_every_tail_length(length: int) -> None:
 def test_char_ngram_hashes_match_sklearn_analyzer(text: str) -> None:
     ngrams = CharNgrams(3, 5, 2**18)
     analyzer = HashingVectorizer(analyzer="char", ngram_range=(3, 5)).build_analyzer()
-    expected = [murmurhash3_32(g) for g in analyzer(text[: ngrams.max_chars])]
+    expected = [murmurhash3_32(g) for g in analyzer(ngrams.clip(text))]
     assert ngrams.hashes(ngrams.preprocess(text)).tolist() == expected
 
 
@@ -259,3 +266,24 @@ def test_tuned_boost_never_lowers_apgr() -> None:
     plain = compare_routers(scores, examples)["classifier"][0].apgr
     assert compare_routers(tuned, examples)["classifier"][0].apgr >= plain
     assert boost > 0  # on this data longer prompts are the hard ones
+
+
+@pytest.mark.parametrize(
+    ("columns", "negative", "expected"),
+    [
+        ([5, 5, 7], [False, False, True], 4 + 1),  # repeats add up before squaring
+        ([5, 5, 5], [False, True, False], 1),  # opposite signs in one column cancel
+        ([3, 9, 3, 9, 9], [True, False, True, True, True], 4 + 1),
+        ([1], [False], 1),
+    ],
+)
+def test_squared_norm_groups_columns_and_signs(
+    columns: list[int], negative: list[bool], expected: float
+) -> None:
+    assert squared_norm(np.array(columns, dtype=np.int32), np.array(negative)) == expected
+
+
+def test_long_text_keeps_head_and_tail() -> None:
+    ngrams = CharNgrams(3, 5, 2**18, max_chars=100, tail_chars=30)
+    clipped = ngrams.clip("h" * 200 + "QUESTION" + "t" * 22)
+    assert len(clipped) == 100 and clipped.startswith("h" * 70) and clipped.endswith("QUESTION" + "t" * 22)

@@ -15,7 +15,6 @@ from gateway import classifier_cli
 from gateway.classifier import Calibration, Classifier
 from tests.classifier_fixtures import as_messages, synthetic_rows, write_csv
 
-
 SMALL = ("--n-features", "16384")  # small hashed space: fast fits on tiny data
 
 
@@ -67,8 +66,20 @@ def test_train_with_grouped_cv_prints_figures_and_records_them(
     for router in ("classifier", "random", "prompt length"):
         assert router in printed.out
     meta = json.loads(out.read_text())["meta"]
-    assert meta["cv"]["classifier"]["apgr"] > meta["cv"]["random"]["apgr"]
+    assert meta["cv"]["plain"]["classifier"]["apgr"] > meta["cv"]["plain"]["random"]["apgr"]
     assert meta["rows"] == 240 and meta["group_by"] == "category"
+    assert "length_boost" not in meta["cv"]  # only with --tune-length-boost
+
+
+def test_train_can_tune_the_length_boost(
+    workdir: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = workdir / "boosted-model.json"
+    argv = ["--group-by", "category", "--cv", "2", "--tune-length-boost", *SMALL]
+    assert run("classifier", "train", "--data", str(data), "--out", str(out), *argv) == 0
+    assert "length boost" in capsys.readouterr().out
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["cv"]["length_boost"]["classifier"]["apgr"] >= meta["cv"]["plain"]["classifier"]["apgr"]
 
 
 def test_score_appends_a_score_column(workdir: Path, data: Path, model: Path) -> None:
