@@ -90,17 +90,8 @@ def murmurhash3_spans(data: bytes, starts: IntArray, lengths: IntArray) -> Int32
     return h.view(np.int32)
 
 
-def murmurhash3_run(words: npt.NDArray[np.uint32], count: int, length: int) -> Int32Array:
-    """MurmurHash3 of the `count` keys of `length` bytes starting at bytes 0, 1, 2, ... (words as above)."""
-    h = np.zeros(count, dtype=np.uint32)
-    n_blocks, tail_length = divmod(length, 4)
-    for block in range(n_blocks):
-        k = _rotl(words[4 * block : 4 * block + count] * _C1, 15) * _C2
-        h = _rotl(h ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
-    if tail_length:
-        tail = words[4 * n_blocks : 4 * n_blocks + count] & _TAIL_MASKS[tail_length]
-        h ^= _rotl(tail * _C1, 15) * _C2
-    h ^= np.uint32(length)
+def fmix32(h: npt.NDArray[np.uint32]) -> Int32Array:
+    """MurmurHash3's finalizer (in place), viewed as the signed hash sklearn returns."""
     h ^= h >> np.uint32(16)
     h *= np.uint32(0x85EBCA6B)
     h ^= h >> np.uint32(13)
@@ -154,14 +145,28 @@ class CharNgrams:
         return murmurhash3_spans(data, starts, ends - starts)
 
     def _ascii_hashes(self, data: bytes) -> Int32Array:
-        """One byte per character: each n-gram size is a run of equal-length keys at consecutive offsets,
-        so blocks are slices of one unaligned view instead of gathers."""
+        """One byte per character: the keys of each n-gram size start at bytes 0, 1, 2, ... so blocks are
+        slices of one unaligned view, and the block mixes are shared by all sizes that contain them."""
         words = np.ndarray((len(data) + 1,), dtype="<u4", buffer=data + b"\0\0\0\0", strides=(1,))
-        runs = [
-            murmurhash3_run(words, len(data) - n + 1, n)
-            for n in range(self.ngram_min, min(self.ngram_max, len(data)) + 1)
-        ]
-        return np.concatenate(runs) if runs else np.zeros(0, dtype=np.int32)
+        sizes = range(self.ngram_min, min(self.ngram_max, len(data)) + 1)
+        if not sizes:
+            return np.zeros(0, dtype=np.int32)
+        # mixed[b] = state after b blocks, for every start that has room for the longest size needing b
+        mixed = [np.zeros(len(data), dtype=np.uint32)]
+        for block in range(sizes[-1] // 4):
+            count = len(data) - 4 * (block + 1) + 1
+            k = _rotl(words[4 * block : 4 * block + count] * _C1, 15) * _C2
+            mixed.append(_rotl(mixed[-1][:count] ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64))
+        runs = []
+        for n in sizes:
+            count = len(data) - n + 1
+            n_blocks, tail_length = divmod(n, 4)
+            h = mixed[n_blocks][:count]
+            if tail_length:
+                tail = words[4 * n_blocks : 4 * n_blocks + count] & _TAIL_MASKS[tail_length]
+                h = h ^ (_rotl(tail * _C1, 15) * _C2)
+            runs.append(h ^ np.uint32(n))
+        return fmix32(np.concatenate(runs))
 
     def columns(self, hashes: Int32Array) -> tuple[npt.NDArray[np.int32], FloatArray]:
         """Column index and sign of each hash, as sklearn's FeatureHasher maps them.

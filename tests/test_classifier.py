@@ -81,9 +81,10 @@ def test_murmur_matches_sklearn_for_every_tail_length(length: int) -> None:
 
 
 @pytest.mark.parametrize("text", [t for t in TRICKY_TEXTS if "\ud800" not in t])
-def test_char_ngram_hashes_match_sklearn_analyzer(text: str) -> None:
-    ngrams = CharNgrams(3, 5, 2**18)
-    analyzer = HashingVectorizer(analyzer="char", ngram_range=(3, 5)).build_analyzer()
+@pytest.mark.parametrize("sizes", [(3, 5), (1, 9), (5, 5), (2, 4)])
+def test_char_ngram_hashes_match_sklearn_analyzer(text: str, sizes: tuple[int, int]) -> None:
+    ngrams = CharNgrams(sizes[0], sizes[1], 2**18)
+    analyzer = HashingVectorizer(analyzer="char", ngram_range=sizes).build_analyzer()
     expected = [murmurhash3_32(g) for g in analyzer(ngrams.clip(text))]
     assert ngrams.hashes(ngrams.preprocess(text)).tolist() == expected
 
