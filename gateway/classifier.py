@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import operator
@@ -179,10 +180,18 @@ class CharNgrams:
 
     def ngrams(self, text: str) -> list[str]:
         """The n-gram strings themselves, in sklearn's order (short texts and explanations)."""
-        grams: list[str] = []
-        for n in range(self.ngram_min, self.ngram_max + 1):
-            grams.extend(map(text.__getitem__, map(slice, range(len(text) - n + 1), range(n, len(text) + 1))))
-        return grams
+        return list(map(text.__getitem__, self.slices(len(text))))
+
+    def slices(self, n_chars: int) -> list[slice]:
+        """The n-gram slices of a text of n_chars characters, memoized for short lengths."""
+        if n_chars <= SHORT_TEXT_CHARS:
+            return _slices(self.ngram_min, self.ngram_max, n_chars)
+        return _slices.__wrapped__(self.ngram_min, self.ngram_max, n_chars)
+
+
+@functools.lru_cache(maxsize=4 * SHORT_TEXT_CHARS)
+def _slices(ngram_min: int, ngram_max: int, n_chars: int) -> list[slice]:
+    return [slice(i, i + n) for n in range(ngram_min, ngram_max + 1) for i in range(n_chars - n + 1)]
 
 
 def sigmoid(z: float) -> float:
@@ -194,7 +203,7 @@ def sigmoid(z: float) -> float:
 
 
 class GramMemo(dict[str, tuple[int, int, float]]):
-    """Memo of n-gram -> (column, sign, signed coefficient), for short texts: numpy calls cost more there."""
+    """Memo of n-gram -> (column, column or ~column by sign, signed coefficient), for short texts."""
 
     def __init__(self, text: CharNgrams, coef: FloatArray) -> None:
         super().__init__()
@@ -204,14 +213,16 @@ class GramMemo(dict[str, tuple[int, int, float]]):
     def __missing__(self, gram: str) -> tuple[int, int, float]:
         h = murmurhash3_32(gram.encode("utf-8", "surrogatepass"))
         column = abs(h) & self.mask
-        sign = 1 if h >= 0 else -1
-        entry = (column, sign, sign * float(self.coef[column]))
+        weight = float(self.coef[column])
+        # (column, column or ~column by sign, signed coefficient)
+        entry = (column, column, weight) if h >= 0 else (column, ~column, -weight)
         if len(self) < GRAM_MEMO_ENTRIES:  # bounded: past it, misses are hashed each time
             self[gram] = entry
         return entry
 
 
 _COLUMN = operator.itemgetter(0)
+_SIGNED_COLUMN = operator.itemgetter(1)
 _SIGNED_WEIGHT = operator.itemgetter(2)
 
 
@@ -350,16 +361,16 @@ class Classifier:
         return columns.astype(np.int64), values
 
     def _short_text_logit(self, grams: list[str]) -> float:
-        """text_logit for a few n-grams; map/itemgetter keep the per-n-gram work in C."""
-        counts = Counter(grams)
-        entries = list(map(self._gram_memo.__getitem__, counts))
-        n = list(counts.values())
-        dot = sum(map(operator.mul, n, map(_SIGNED_WEIGHT, entries)))
-        if len(set(map(_COLUMN, entries))) == len(entries):  # no two n-grams share a column
-            norm2 = sum(map(operator.mul, n, n))
+        """text_logit for a few n-grams; map/itemgetter/Counter keep the per-n-gram work in C."""
+        entries = list(map(self._gram_memo.__getitem__, grams))
+        dot = sum(map(_SIGNED_WEIGHT, entries))
+        counts = Counter(map(_SIGNED_COLUMN, entries))  # repeats of an n-gram add up before squaring
+        if len(counts) == len(set(map(_COLUMN, entries))):  # no column holds n-grams of both signs
+            norm2 = sum(map(operator.mul, counts.values(), counts.values()))
         else:
             values: dict[int, int] = {}
-            for count, (column, sign, _) in zip(n, entries, strict=True):
+            for code, count in counts.items():
+                column, sign = (code, 1) if code >= 0 else (~code, -1)
                 values[column] = values.get(column, 0) + sign * count
             norm2 = sum(v * v for v in values.values())
         return dot / math.sqrt(norm2) if norm2 else 0.0

@@ -288,3 +288,20 @@ def test_long_text_keeps_head_and_tail() -> None:
     ngrams = CharNgrams(3, 5, 2**18, max_chars=100, tail_chars=30)
     clipped = ngrams.clip("h" * 200 + "QUESTION" + "t" * 22)
     assert len(clipped) == 100 and clipped.startswith("h" * 70) and clipped.endswith("QUESTION" + "t" * 22)
+
+
+def test_crowded_columns_still_equal_sklearn() -> None:
+    """16 columns: n-grams of both signs share columns, on the short-text and the numpy paths alike."""
+    rows = synthetic_rows(120, seed=3)
+    examples = [
+        Example(
+            request(r["prompt"]), float(r["q_strong"]), float(r["q_weak"]), r["category"], len(r["prompt"])
+        )
+        for r in rows
+    ]
+    crowded = fit(examples, text=CharNgrams(3, 5, 16))
+    rng = random.Random(5)
+    features = [request(random_text(rng)) for _ in range(60)] + [e.features for e in examples[:20]]
+    ours = np.array([crowded.model.score(f) for f in features])
+    theirs = crowded.estimator.predict_proba(design_matrix(crowded.model, features))[:, 1]
+    assert np.abs(ours - theirs).max() < 1e-9
