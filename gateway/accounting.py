@@ -89,14 +89,13 @@ class Accounting:
         limits = find_tenant(policy.tenants, tenant)
         rules = policy.sessions
         sid = session_id(request.headers, body) if _session_rules(rules) else None
-        costs = _costs(policy, features, body_bytes)
+        costs = costs_of(policy, features, body_bytes)
         snapshot, session = TenantSnapshot(tenant, 0.0, {}), None
         if sid is not None or _has_soft(limits):
             # hard limits alone need no read: reserve checks them atomically
             seen = await self.budgets.observe(tenant, sid, rules)
             snapshot, session = seen.snapshot, seen.session
-        cap = _max_cost(request.headers)
-        verdict = admission(snapshot, limits, costs, session=session, sessions=rules, max_cost_usd=cap)
+        verdict = judge(policy, costs, request.headers, snapshot, session)
         return Admitted(tenant, limits, sid, costs, verdict, session)
 
     async def follow(
@@ -143,6 +142,19 @@ class Accounting:
         await self.budgets.settle(held, price, tokens_in, tokens_out, deployment=answered)
 
 
+def judge(
+    policy: Policy,
+    costs: Mapping[str, Cost],
+    headers: Mapping[str, str],
+    snapshot: TenantSnapshot,
+    session: SessionState | None = None,
+) -> Admission:
+    """The verdict for a tenant in `snapshot` (pure: `policy explain` calls it with assumed figures)."""
+    limits = find_tenant(policy.tenants, snapshot.tenant)
+    cap = _max_cost(headers)
+    return admission(snapshot, limits, costs, session=session, sessions=policy.sessions, max_cost_usd=cap)
+
+
 def _session_rules(rules: SessionPolicy) -> bool:
     return rules.pin or rules.tight_loop_steps_per_min is not None or rules.cost_cap_usd is not None
 
@@ -153,7 +165,7 @@ def _has_soft(limits: TenantPolicy | None) -> bool:
     return any(b.soft_usd is not None or b.soft_tokens is not None for b in limits.budgets)
 
 
-def _costs(policy: Policy, features: Features, body_bytes: int) -> dict[str, Cost]:
+def costs_of(policy: Policy, features: Features, body_bytes: int) -> dict[str, Cost]:
     """Each deployment's worst case for this request: an upper bound on its prompt, max_tokens out."""
     if features.prompt_tokens_exact:
         prompt = features.prompt_tokens + TEMPLATE_TOKENS_PER_MESSAGE * (features.message_count + 1)

@@ -66,6 +66,10 @@ def _add_policy(sub: Any) -> None:
     explain.add_argument("--endpoint", choices=["chat", "completions", "embeddings"], default="chat")
     explain.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
     explain.add_argument("--tenant")
+    explain.add_argument("--spent-usd", action="append", default=[], metavar="WINDOW=USD",
+                         help="assume the tenant already spent this much (minute, hour, day, month)")
+    explain.add_argument("--session", action="append", default=[], metavar="FIELD=VALUE",
+                         help="assume an agent session: steps_per_min=N, cost_usd=USD, pinned=DEPLOYMENT")
     explain.add_argument("--load", action="append", default=[], metavar="DEPLOYMENT:FIELD=VALUE",
                          help="assumed load, e.g. fast:requests_waiting=20 or hq:healthy=0")
     explain.add_argument("--json", action="store_true", help="print JSON")
@@ -95,7 +99,8 @@ def explain_command(args: argparse.Namespace) -> int:
     from gateway import explain
 
     try:
-        report = explain.offline(args.policy, args.request, args.endpoint, args.header, args.tenant, args.load)
+        report = explain.offline(args.policy, args.request, args.endpoint, args.header, args.tenant,
+                                 args.load, args.spent_usd, args.session)
     except policy_module.PolicyError as exc:
         print("\n".join(exc.problems), file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from gateway import openai
 from gateway import policy as policy_module
 from gateway.features import extract
 from gateway.routing import Context, DeploymentLoad, decide, needs_complexity
+from gateway.tenancy import Admission, SessionState, TenantSnapshot, Window, WindowUsage, bucket
 
 
 class ExplainInputError(ValueError):
@@ -20,7 +22,7 @@ class ExplainInputError(ValueError):
 
 def offline(
     policy_path: str, request_path: str, endpoint: str, headers: Sequence[str], tenant: str | None,
-    loads: Sequence[str],
+    loads: Sequence[str], spent: Sequence[str] = (), session: Sequence[str] = (),
 ) -> dict[str, Any]:
     policy = policy_module.load(policy_path)
     try:
@@ -37,8 +39,10 @@ def offline(
         classifier = Classifier.default()
         complexity = classifier.score(features)
         top = classifier.explain(features)
-    ctx = Context(headers=_headers(headers), tenant=tenant, complexity=complexity,
-                  load=_loads(policy.deployments, loads))
+    given = _headers(headers)
+    verdict, state = _admission(policy, features, len(raw), given, tenant, spent, session)
+    ctx = Context(headers=given, tenant=tenant, complexity=complexity,
+                  load=_loads(policy.deployments, loads), admission=verdict, session=state)
     decision = decide(policy, features, ctx, explain=True)
     from gateway.admin import explanation
 
@@ -55,6 +59,45 @@ def _headers(items: Sequence[str]) -> dict[str, str]:
             raise ExplainInputError(f"--header {item!r}: expected NAME:VALUE")
         out[name.strip().lower()] = value.strip()
     return out
+
+
+def _admission(
+    policy: policy_module.Policy, features: Any, body_bytes: int, headers: dict[str, str], tenant: str | None,
+    spent: Sequence[str], session: Sequence[str],
+) -> tuple[Admission | None, SessionState | None]:
+    """The budget verdict with assumed spend (`--spent-usd day=45`) and session (`--session pinned=hq`)."""
+    from gateway import accounting
+
+    if not (accounting.steered(policy, headers) or spent or session):
+        return None, None
+    now_s = time.time()
+    windows = {}
+    for item in spent:
+        window, _, usd = item.partition("=")
+        try:
+            windows[Window(window)] = WindowUsage(Window(window), spend_usd=float(usd),
+                                                  ends_at_s=bucket(Window(window), now_s)[1])
+        except ValueError as exc:
+            raise ExplainInputError(f"--spent-usd {item!r}: expected WINDOW=USD, WINDOW one of "
+                                    f"{', '.join(Window)}") from exc
+    snapshot = TenantSnapshot(tenant or accounting.ANONYMOUS, now_s, windows)
+    state = _session(session) if session else None
+    costs = accounting.costs_of(policy, features, body_bytes)
+    return accounting.judge(policy, costs, headers, snapshot, state), state
+
+
+def _session(items: Sequence[str]) -> SessionState:
+    values: dict[str, Any] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            values[name] = value if name == "pinned" else float(value)
+            if name not in ("pinned", "steps_per_min", "cost_usd"):
+                raise ValueError(name)
+        except ValueError as exc:
+            raise ExplainInputError(f"--session {item!r}: expected steps_per_min=N, cost_usd=USD or "
+                                    "pinned=DEPLOYMENT") from exc
+    return SessionState("explain", **values)
 
 
 def _loads(deployments: dict[str, Any], items: Sequence[str]) -> dict[str, DeploymentLoad]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ import pytest
 from gateway import keys
 from gateway import policy as policy_module
 from gateway.accounting import Accounting
+from gateway.cli import main
 from gateway.services import SERVICES
 from gateway.tenancy import Window
 from tests.conftest import ADMIN_TOKEN, Stack
@@ -219,3 +221,26 @@ sessions: {tight_loop_steps_per_min: 10, tight_loop_route_to: tiny}
         policy_module.parse(text, "p.yaml")
     problems = "\n".join(caught.value.problems)
     assert "p.yaml:10: tenants[0].above_soft.route_to: unknown deployment 'cheap'" in problems
+
+
+def test_policy_explain_shows_budget_and_session_steers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": "auto", "messages": HELLO, "tools": TOOLS}))
+    example = str(Path(__file__).parent.parent / "policies" / "tenants-example.yaml")
+    base = ["policy", "explain", "--policy", example, "--request", str(request), "--json"]
+
+    def explain(*extra: str) -> dict[str, Any]:
+        assert main([*base, *extra]) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    assert explain("--tenant", "acme")["deployment"] == "hq"
+    soft = explain("--tenant", "acme", "--spent-usd", "day=45")
+    assert soft["deployment"] == "fast" and "admission: soft limit usd_per_day crossed" in soft["reasons"]
+    assert soft["admission"]["prefer"] == "fast"
+    assert explain("--session", "steps_per_min=45")["deployment"] == "fast"
+    capped = explain("--header", "x-gateway-max-cost-usd:0.001")
+    assert capped["deployment"] == "fast" and capped["admission"]["allowed"] == ["fast"]
+    assert main([*base, "--tenant", "acme", "--spent-usd", "day=50"]) == 2
+    assert "usd_per_day" in capsys.readouterr().err
