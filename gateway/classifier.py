@@ -364,6 +364,9 @@ class Classifier:
         """text_logit for a few n-grams; map/itemgetter/Counter keep the per-n-gram work in C."""
         entries = list(map(self._gram_memo.__getitem__, grams))
         dot = sum(map(_SIGNED_WEIGHT, entries))
+        if len(set(map(_COLUMN, entries))) == len(entries):
+            # The usual short text: every n-gram in a column of its own, so each count is 1.
+            return dot / math.sqrt(len(entries)) if entries else 0.0
         counts = Counter(map(_SIGNED_COLUMN, entries))  # repeats of an n-gram add up before squaring
         if len(counts) == len(set(map(_COLUMN, entries))):  # no column holds n-grams of both signs
             norm2 = sum(map(operator.mul, counts.values(), counts.values()))
