@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway import rollout_spec
 from gateway.rollout_spec import RolloutSpec, ShadowSpec
@@ -112,6 +120,28 @@ class Range(Frozen):
 StrOrList = str | list[str]
 
 
+class ComplexityShare(Frozen):
+    """Send the top `hq_share` of traffic by classifier score: the threshold comes from a calibration file
+    (`agent-gateway classifier calibrate`), so ops state the share they can afford, not a raw score."""
+
+    hq_share: float = Field(gt=0, lt=1)
+    calibration: str | None = None  # relative to the policy file; default: the packaged calibration
+
+
+def _threshold_range(share: ComplexityShare, base_dir: Path | None) -> Range:
+    from gateway.classifier import Calibration, ModelFileError
+
+    try:
+        if share.calibration is None:
+            calibration = Calibration.default()
+        else:
+            path = Path(share.calibration)
+            calibration = Calibration.load(path if path.is_absolute() or base_dir is None else base_dir / path)
+    except (OSError, ModelFileError) as exc:
+        raise ValueError(f"calibration {share.calibration or '(packaged default)'}: {exc}") from exc
+    return Range(gte=calibration.threshold_for_share(share.hq_share))
+
+
 class When(Frozen):
     """Conditions over request features; all given ones must hold (an empty `when` always matches)."""
 
@@ -122,7 +152,7 @@ class When(Frozen):
     message_count: Range | None = None
     tool_result_turns: Range | None = None
     max_tokens: Range | None = None
-    complexity: Range | None = None
+    complexity: Range | ComplexityShare | None = None
     tools: bool | None = None
     stream: bool | None = None
     has_code: bool | None = None
@@ -134,6 +164,15 @@ class When(Frozen):
     def conditions(self) -> tuple[tuple[str, Any], ...]:
         """The given conditions only, computed once: the hot path must not walk every field per request."""
         return tuple((name, value) for name, value in self if value is not None)
+
+    @field_validator("complexity")
+    @classmethod
+    def _share_to_threshold(cls, value: Range | ComplexityShare | None, info: ValidationInfo) -> Range | None:
+        """Resolve a target HQ share into a score threshold once, at load time."""
+        if not isinstance(value, ComplexityShare):
+            return value
+        base_dir = (info.context or {}).get("base_dir")
+        return _threshold_range(value, base_dir)
 
     @field_validator("headers")
     @classmethod
@@ -327,7 +366,7 @@ def parse(text: str, path: str = "<policy>") -> Policy:
     if not isinstance(data, dict):
         raise PolicyError(path, [f"{path}: the policy must be a YAML mapping, got {type(data).__name__}"])
     try:
-        return Policy.model_validate(data)
+        return Policy.model_validate(data, context={"base_dir": Path(path).parent})
     except ValidationError as exc:
         raise PolicyError(path, [_locate(path, node, err) for err in exc.errors()]) from exc
 

@@ -109,3 +109,25 @@ def test_cli_explain_bad_request_file(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_version_flag() -> None:
     out = subprocess.run([sys.executable, "-m", "gateway", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("agent-gateway ")
+
+
+def test_target_hq_share_becomes_a_calibrated_threshold(tmp_path: Path) -> None:
+    from gateway.classifier import Calibration
+
+    loaded = policy.load(ROOT / "policies" / "complexity-share.yaml")
+    rule = next(r for r in loaded.rules if r.name == "top-30-percent-to-hq")
+    assert isinstance(rule.when.complexity, policy.Range)
+    assert rule.when.complexity.gte == pytest.approx(Calibration.default().threshold_for_share(0.3))
+    assert 0 < rule.when.complexity.gte < 1
+
+
+def test_missing_calibration_file_is_located(tmp_path: Path) -> None:
+    text = (ROOT / "policies" / "complexity-share.yaml").read_text().replace(
+        "{hq_share: 0.3}", "{hq_share: 0.3, calibration: nope.json}")
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(policy.PolicyError) as caught:
+        policy.load(path)
+    (problem,) = caught.value.problems
+    line = text.splitlines().index("    when: {complexity: {hq_share: 0.3, calibration: nope.json}}") + 1
+    assert problem.startswith(f"{path}:{line}: rules[1].when.complexity") and "nope.json" in problem
