@@ -125,6 +125,14 @@ def serve_command(args: argparse.Namespace) -> int:
     except policy_module.PolicyError as exc:
         print("agent-gateway serve: the policy is not valid:\n" + "\n".join(exc.problems), file=sys.stderr)
         return 2
+    if settings.classifier_model:
+        from gateway.classifier import Classifier, ModelFileError
+
+        try:
+            Classifier.load(settings.classifier_model)
+        except (OSError, ModelFileError) as exc:
+            print(f"agent-gateway serve: AGENT_GATEWAY_CLASSIFIER_MODEL: {exc}", file=sys.stderr)
+            return 2
     if settings.workers > 1:
         return _serve_workers(settings)
     run(settings)

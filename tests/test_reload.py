@@ -96,7 +96,7 @@ async def test_sighup_reloads_a_running_server(make_stack: Any, tmp_path: Path) 
 
             async def up() -> bool:
                 return await served_by() is not None
-            await _wait_for(up, 20)
+            await _wait_for(up, 60)
             assert await served_by() == "fast"
             stack.policy_path.write_text(stack.policy_path.read_text().replace("default: fast", "default: hq"))
             await asyncio.sleep(0.3)

@@ -72,3 +72,13 @@ def test_serve_without_policy_is_a_clear_error(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(bad)], capture_output=True,
                          text=True, env={**env, "AGENT_GATEWAY_PORT": "eighty"})
     assert out.returncode == 2 and "AGENT_GATEWAY_PORT='eighty' is not a valid int" in out.stderr
+
+
+def test_serve_with_a_bad_classifier_model_is_a_clear_error(tmp_path: Path) -> None:
+    policy = Path(__file__).parent.parent / "policies" / "default.yaml"
+    model = tmp_path / "model.pkl"
+    model.write_bytes(b"\x80\x04K\x01.")
+    env = {**os.environ, "AGENT_GATEWAY_CLASSIFIER_MODEL": str(model)}
+    out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(policy)],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2 and "model.pkl" in out.stderr and "Traceback" not in out.stderr
