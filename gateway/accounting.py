@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -13,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
 from gateway.budgets import Budgets, worst_case
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, RateLimited
 from gateway.features import Features
 from gateway.keys import KeyRing
 from gateway.openai import Usage
@@ -104,15 +105,15 @@ class Accounting:
         policy: Policy,
         decision: Decision,
         ex: Exchange,
-        forward: Callable[[], Awaitable[web.StreamResponse]],
+        forward: Callable[[Decision], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
         """Hold the worst case, forward, then settle the usage the deployment reported or release the hold."""
         if not policy.accounted:
-            return await forward()  # only a cost-cap header steered this request: nothing to account
-        held = await self._hold(admitted, policy, decision)
+            return await forward(decision)  # only a cost-cap header steered this request: nothing to account
+        held, decision = await self._hold(admitted, policy, decision)
         settled = False
         try:
-            response = await forward()
+            response = await forward(decision)
             settled = ex.usage is not None
             return response
         finally:
@@ -120,9 +121,28 @@ class Accounting:
             done = self._settle(held, policy, ex) if settled else self.budgets.release(held)
             await asyncio.shield(done)
 
-    async def _hold(self, admitted: Admitted, policy: Policy, decision: Decision) -> Reservation:
-        # failover may move the request: hold the largest worst case among the deployments it may try
-        cost = max((admitted.costs[name] for name in decision.attempts), key=lambda c: c.usd)
+    async def _hold(
+        self, admitted: Admitted, policy: Policy, decision: Decision
+    ) -> tuple[Reservation, Decision]:
+        """Hold the largest worst case among the deployments failover may try, else the chosen one's alone."""
+        widest = max((admitted.costs[name] for name in decision.attempts), key=lambda c: c.usd)
+        try:
+            return await self._reserve(admitted, policy, decision, widest), decision
+        except RateLimited as exc:
+            own = admitted.costs[decision.deployment]
+            if exc.code != "budget_exceeded" or own.usd >= widest.usd:
+                raise
+        # near a hard limit the chosen deployment may still fit where its failover would not
+        alone = dataclasses.replace(
+            decision,
+            attempts=(decision.deployment,),
+            reasons=(*decision.reasons, "budget: no failover (its worst case does not fit)"),
+        )
+        return await self._reserve(admitted, policy, alone, own), alone
+
+    async def _reserve(
+        self, admitted: Admitted, policy: Policy, decision: Decision, cost: Cost
+    ) -> Reservation:
         total_s = sum(policy.deployments[name].timeouts.total_s for name in decision.attempts)
         return await self.budgets.reserve(
             admitted.tenant,

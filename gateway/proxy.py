@@ -54,7 +54,7 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     ex.decided(features, decision, ctx.complexity)
     if accounting is not None and admitted is not None:
         forwarded = accounting.follow(admitted, policy, decision, ex,
-                                      lambda: _forward(request, svc, policy, decision, body, features))
+                                      lambda held: _forward(request, svc, policy, held, body, features))
     else:
         forwarded = _forward(request, svc, policy, decision, body, features)
     if trial is not None:

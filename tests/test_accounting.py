@@ -244,3 +244,24 @@ def test_policy_explain_shows_budget_and_session_steers(
     assert capped["deployment"] == "fast" and capped["admission"]["allowed"] == ["fast"]
     assert main([*base, "--tenant", "acme", "--spent-usd", "day=50"]) == 2
     assert "usd_per_day" in capsys.readouterr().err
+
+
+async def test_near_a_hard_limit_the_chosen_deployment_goes_without_failover(make_stack: Any) -> None:
+    # worst cases with max_tokens 8: fast about 21 µUSD, hq about 174; each fast call spends 17.5
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 0.0003}]}]
+    """)
+    served = 0
+    for _ in range(30):
+        status, body, headers = await _chat(stack, max_tokens=8)
+        if status != 200:
+            break
+        assert headers["x-gateway-deployment"] == "fast"
+        served += 1
+    assert status == 429 and "usd_per_day" in body["error"]["message"]
+    # holding fast+hq's failover worst case would have stopped at 8 calls; fast alone fits 16
+    assert served == 16
+    spend, reserved = await _day(stack)
+    assert reserved == 0 and spend == pytest.approx(served * 17.5e-6)
+    status, _, _ = await _chat(stack, max_tokens=1, model="hq")  # the chosen deployment must fit itself
+    assert status == 429
