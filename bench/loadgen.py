@@ -4,18 +4,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import random
 import json
 import statistics
 import time
 
 import aiohttp
 
+_TURN = itertools.count(random.randrange(1_000_000))
+
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 16}
+SUBJECTS = ("the capital of France", "a binary search tree", "photosynthesis", "the French revolution",
+            "a hash map", "compound interest", "the speed of light", "a sonnet about rain")
+DISTINCT_PROMPTS = 10_000
 
 
-async def one(session: aiohttp.ClientSession, url: str, payload: bytes) -> tuple[float, float, bool]:
+def payloads(stream: bool) -> list[bytes]:
+    """Distinct small chat requests, so no cache keyed by the prompt text flatters the figures."""
+    out = []
+    for i in range(DISTINCT_PROMPTS):
+        subject = SUBJECTS[i % len(SUBJECTS)]
+        body = dict(BODY, messages=[{"role": "user", "content": f"Request {i}: explain {subject} briefly."}])
+        if stream:
+            body["stream"] = True
+        out.append(json.dumps(body).encode())
+    return out
+
+
+async def one(session: aiohttp.ClientSession, url: str, payload: bytes | list[bytes]) -> tuple[float, float, bool]:
     """(latency_s, ttfb_s, ok) of one request, reading the whole body."""
+    if isinstance(payload, list):
+        payload = payload[next(_TURN) % len(payload)]
     start = time.perf_counter()
     async with session.post(url, data=payload, headers={"content-type": "application/json"}) as resp:
         first = None
@@ -26,7 +47,7 @@ async def one(session: aiohttp.ClientSession, url: str, payload: bytes) -> tuple
         return end - start, (first or end) - start, resp.status == 200
 
 
-async def closed(url: str, payload: bytes, concurrency: int, duration_s: float, max_requests: int) -> dict:
+async def closed(url: str, payload: list[bytes], concurrency: int, duration_s: float, max_requests: int) -> dict:
     latencies: list[float] = []
     ttfbs: list[float] = []
     errors = 0
@@ -46,7 +67,7 @@ async def closed(url: str, payload: bytes, concurrency: int, duration_s: float, 
     return _figures(latencies, ttfbs, errors, elapsed)
 
 
-async def open_loop(url: str, payload: bytes, rate: float, duration_s: float, max_in_flight: int) -> dict:
+async def open_loop(url: str, payload: list[bytes], rate: float, duration_s: float, max_in_flight: int) -> dict:
     """Requests start on a fixed schedule; latency counts from the scheduled start (no coordinated omission)."""
     latencies: list[float] = []
     ttfbs: list[float] = []
@@ -99,8 +120,7 @@ def main() -> None:
     parser.add_argument("--max-requests", type=int, default=100_000)
     parser.add_argument("--stream", action="store_true")
     args = parser.parse_args()
-    body = dict(BODY, stream=True) if args.stream else BODY
-    payload = json.dumps(body).encode()
+    payload = payloads(args.stream)
     import uvloop
 
     if args.rate:

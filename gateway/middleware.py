@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import logging
 import os
 import re
@@ -27,9 +28,16 @@ def error_response(err: GatewayError) -> web.Response:
     return web.json_response(err.envelope(), status=err.status, headers=err.headers)
 
 
+# Unique across processes and restarts without a syscall per request: random prefix, then a counter.
+_ID_PREFIX = os.urandom(6).hex()
+_ID_COUNTER = itertools.count(1)
+
+
 def _request_id(request: web.Request) -> str:
-    given = request.headers.get("x-request-id", "")
-    return given if _SAFE_REQUEST_ID.match(given) else os.urandom(12).hex()
+    given = request.headers.get("x-request-id")
+    if given is not None and _SAFE_REQUEST_ID.match(given):
+        return given
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
 @web.middleware

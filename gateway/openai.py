@@ -103,6 +103,24 @@ def usage_of(payload: Any) -> Usage | None:
     return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
 
 
+_DECODER = json.JSONDecoder()
+
+
+def usage_in_body(raw: bytes) -> Usage | None:
+    """The usage object of a JSON response, decoded alone: OpenAI servers put it last, and decoding a
+    long completion whole only to read three integers is wasted work on the hot path."""
+    at = raw.rfind(b'"usage"')
+    if at < 0:
+        return None
+    try:
+        text = raw[at:].decode("utf-8")
+        start = text.index("{")
+        usage, _ = _DECODER.raw_decode(text, start)
+    except ValueError:
+        return None
+    return usage_of({"usage": usage})
+
+
 def is_usage_event(event: bytes) -> bool:
     """The final usage-only chunk of a stream (choices empty, usage set)."""
     if b'"usage"' not in event:

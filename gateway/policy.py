@@ -335,6 +335,11 @@ class Policy(Frozen):
     def _candidates(self) -> dict[str, tuple[str, ...]]:
         return {}
 
+    @functools.cached_property
+    def reads_complexity(self) -> bool:
+        """Whether any rule reads the classifier score (so the hot path can skip scoring otherwise)."""
+        return any(rule.when.complexity is not None for rule in self.rules)
+
 
 class PolicyError(Exception):
     """A policy file that cannot be used; `problems` are one line each: file:line: field: message (value)."""

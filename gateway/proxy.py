@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -117,10 +116,7 @@ async def _relay_body(request: web.Request, svc: Services, reply: upstream.Reply
 
 
 def _usage_from_json(raw: bytes) -> openai.Usage | None:
-    try:
-        return openai.usage_of(json.loads(raw))
-    except ValueError:
-        return None
+    return openai.usage_in_body(raw)
 
 
 async def _relay_stream(

@@ -24,7 +24,9 @@ class DeploymentLoad:
     kv_cache_usage: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+# Context and Decision are built per request: not frozen (frozen dataclasses pay object.__setattr__ per
+# field), but treated as immutable.
+@dataclass(slots=True)
 class Context:
     """Everything besides the request body that a decision reads; gathered before decide() is called."""
 
@@ -37,7 +39,7 @@ class Context:
     session: SessionState | None = None  # the agent session as the store counted this step
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
     deployment: str
     rule: str
@@ -262,4 +264,4 @@ def _show(wanted: Any) -> str:
 
 def needs_complexity(policy: Policy) -> bool:
     """Whether any rule reads the classifier score (so the hot path can skip scoring otherwise)."""
-    return any(rule.when.complexity is not None for rule in policy.rules)
+    return policy.reads_complexity

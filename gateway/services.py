@@ -52,7 +52,7 @@ class Services:
     backends: Backends
     session: aiohttp.ClientSession
     metrics: t.Metrics
-    tracer: Tracer
+    tracer: Tracer | None  # None when no exporter consumes spans (AGENT_GATEWAY_TRACES=none)
     classifier: Classifier
     recent: Recent
     trials: Trials | None = None  # rollouts, shadows, request log (gateway/trials.py), set by its cleanup ctx
@@ -134,14 +134,15 @@ class Exchange:
     def failed_mid_stream(self, err: GatewayError) -> None:
         self.error = err
 
-    def finish(self, status: int, metrics: t.Metrics, tracer: Tracer) -> None:
+    def finish(self, status: int, metrics: t.Metrics, tracer: Tracer | None) -> None:
         """Record metrics and the span; called once by the middleware."""
         elapsed_s = time.perf_counter() - self.started
         ttft_s = None if self.first_byte_at is None else self.first_byte_at - self.started
         shown_status = "stream_error" if self.error is not None and status == 200 else str(status)
         metrics.observe_request(self.endpoint, self.deployment or "none", self.rule or "none", shown_status,
                                 elapsed_s, ttft_s)
-        self._record_span(tracer, status, ttft_s)
+        if tracer is not None:
+            self._record_span(tracer, status, ttft_s)
 
     def _record_span(self, tracer: Tracer, status: int, ttft_s: float | None) -> None:
         attrs = self.attributes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -10,7 +11,7 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.policy import Deployment
+from gateway.policy import Deployment, Timeouts
 
 # RFC 9110 hop-by-hop headers, plus what the gateway sets itself or must never pass on.
 _NOT_FORWARDED = frozenset(
@@ -80,8 +81,7 @@ async def send(
     A connection error, a timeout or a 5xx raises (the caller may fail over); any other status is the
     deployment's answer and is returned for the client to see.
     """
-    t = deployment.timeouts
-    timeout = aiohttp.ClientTimeout(total=t.total_s, sock_connect=t.connect_s, sock_read=t.read_s)
+    timeout = _client_timeout(deployment.timeouts)
     request_headers = {**headers, "content-type": "application/json"}
     try:
         response = await session.post(deployment.url + path, data=body, headers=request_headers, timeout=timeout)
@@ -91,6 +91,11 @@ async def send(
         detail = await _short_text(response)
         raise UpstreamError(f"Deployment {name!r} answered {response.status}{detail}", code="upstream_5xx")
     return Reply(response, name)
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(t: Timeouts) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=t.total_s, sock_connect=t.connect_s, sock_read=t.read_s)
 
 
 async def _short_text(response: aiohttp.ClientResponse) -> str:
