@@ -54,8 +54,10 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def gateway_policy(upstream: str, directory: str) -> str:
-    policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
+def gateway_policy(upstream: str, directory: str, source: Path, without_classifier: bool) -> str:
+    policy = yaml.safe_load(source.read_text())
+    if without_classifier:  # to measure what the classifier costs: the same policy minus score rules
+        policy["rules"] = [r for r in policy.get("rules", []) if "complexity" not in r.get("when", {})]
     for dep in policy["deployments"].values():
         dep["url"] = upstream
         dep["health"]["interval_s"] = 1
@@ -94,7 +96,9 @@ def measure(url: str, extra: list[str], duration_s: float, pid: int | None) -> d
     return figures
 
 
-def run(rounds: int, duration_s: float, workers: int) -> dict[str, dict[str, list[dict[str, float]]]]:
+def run(
+    rounds: int, duration_s: float, workers: int, policy: Path, without_classifier: bool, only: str | None
+) -> dict[str, dict[str, list[dict[str, float]]]]:
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -102,7 +106,8 @@ def run(rounds: int, duration_s: float, workers: int) -> dict[str, dict[str, lis
             upstream = f"http://127.0.0.1:{up_port}"
             procs.append(start([PY, "-m", "bench.fake_upstream", str(up_port)]))
             procs.append(start([PY, "-m", "bench.minimal_proxy", str(min_port), upstream]))
-            procs.append(start([PY, "-m", "gateway", "serve", "--policy", gateway_policy(upstream, tmp),
+            procs.append(start([PY, "-m", "gateway", "serve", "--policy",
+                                gateway_policy(upstream, tmp, policy, without_classifier),
                                 "--port", str(gw_port), "--workers", str(workers)],
                                env={"AGENT_GATEWAY_LOG_LEVEL": "WARNING"}))
             for port in (up_port, min_port, gw_port):
@@ -111,9 +116,10 @@ def run(rounds: int, duration_s: float, workers: int) -> dict[str, dict[str, lis
             urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions"
                     for name, port in zip(TARGETS, (up_port, min_port, gw_port), strict=True)}
             pids = {"direct": None, "minimal proxy": procs[1].pid, "gateway": procs[2].pid}
-            results: dict[str, dict[str, list[dict[str, float]]]] = {s: {t: [] for t in TARGETS} for s, _ in SCENARIOS}
+            scenarios = [(name, extra) for name, extra in SCENARIOS if only is None or only in name]
+            results: dict[str, dict[str, list[dict[str, float]]]] = {s: {t: [] for t in TARGETS} for s, _ in scenarios}
             for r in range(rounds):
-                for scenario, extra in SCENARIOS:
+                for scenario, extra in scenarios:
                     for target in TARGETS:  # interleaved, so drift hits all three alike
                         results[scenario][target].append(measure(urls[target], extra, duration_s, pids[target]))
                 print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
@@ -141,6 +147,8 @@ def report(results: dict[str, dict[str, list[dict[str, float]]]]) -> None:
                   f"{rps / direct_rps:9.2f} {rps / minimal_rps:9.2f} {p50 - direct_p50:8.2f} "
                   f"{median(samples, 'cpu_us_per_req'):10.0f} "
                   f"{sum(int(s['errors']) for s in samples):6d}")
+    if "non-stream c=32" not in results or "open loop 400 req/s" not in results:
+        return
     c32 = results["non-stream c=32"]
     ratio = median(c32["gateway"], "rps") / median(c32["minimal proxy"], "rps")
     open_ = results["open loop 400 req/s"]
@@ -155,8 +163,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration-s", type=float, default=3.0)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--policy", type=Path, default=ROOT / "policies" / "default.yaml",
+                        help="gateway policy (its deployment URLs are pointed at the fake upstream)")
+    parser.add_argument("--without-classifier", action="store_true",
+                        help="drop the policy's complexity rules, to measure what scoring costs")
+    parser.add_argument("--only", help="run only the scenarios whose name contains this, e.g. c=32")
     args = parser.parse_args()
-    report(run(args.rounds, args.duration_s, args.workers))
+    report(run(args.rounds, args.duration_s, args.workers, args.policy, args.without_classifier, args.only))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -57,6 +58,10 @@ def _services(settings: Settings):  # type: ignore[no-untyped-def]
                                  classifier, Recent(settings.explain_memory))
         metrics.policy_valid.set(1)
         backends.reconcile(policy_file.current)
+        # The classifier's tables, tiktoken's ranks and the policy are long-lived: keep them out of the
+        # cyclic collector, whose full passes over them would otherwise stall requests now and then.
+        gc.collect()
+        gc.freeze()
         watcher = asyncio.get_running_loop().create_task(policy_file.watch(settings.policy_poll_s))
         _on_sighup(policy_file)
         try:

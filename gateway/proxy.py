@@ -82,7 +82,7 @@ async def _forward(
     ex: Exchange = request[EXCHANGE]
     headers = upstream.forwardable(request.headers)
     headers["x-request-id"] = ex.request_id
-    last: GatewayError = UpstreamError("No deployment was tried")
+    last: GatewayError | None = None
     for name in decision.attempts:
         dep = policy.deployments[name]
         payload, client_wants_usage = openai.upstream_body(body, dep.served_model)
@@ -101,7 +101,7 @@ async def _forward(
             return await _relay_body(request, svc, reply)
         finally:
             svc.backends.in_flight[name] -= 1
-    raise last
+    raise last or UpstreamError("No deployment was tried")
 
 
 async def _relay_body(request: web.Request, svc: Services, reply: upstream.Reply) -> web.Response:
