@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from gateway.store import RedisStore
 from gateway.tenancy import Window
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.fake_vllm import FakeVLLM
+from tests.processes import stop
 from tests.redis_fixtures import RedisServer, free_port, private_redis  # noqa: F401
 
 pytestmark = pytest.mark.redis
@@ -111,15 +111,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., list[Gateway]]]:
         return out
 
     yield run
-    for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in started:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    stop(started)
 
 
 async def ready(gateways: list[Gateway], timeout_s: float = 60.0) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from gateway.rollout import bucket
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.fake_vllm import FakeVLLM
+from tests.processes import stop
 from tests.redis_fixtures import RedisServer, free_port, private_redis  # noqa: F401
 from tests.test_rollout_live import fake_server, three_deployments
 
@@ -86,15 +86,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[[Path, str], list[Replica]]]:
         return replicas
 
     yield run
-    for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in started:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    stop(started)
 
 
 async def _until(check: Callable[[], Any], timeout_s: float) -> float:
