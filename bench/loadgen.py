@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import random
 import json
+import random
 import statistics
 import time
 

@@ -98,7 +98,9 @@ def _check_admin(request: web.Request, token: str) -> None:
                         "(AGENT_GATEWAY_ADMIN_TOKEN, or the policy's auth.admin_token_env)")
     given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     if not hmac.compare_digest(given.encode(), token.encode()):
-        raise Unauthorized("A valid admin token is required (Authorization: Bearer <token>)", code="invalid_admin_token")
+        raise Unauthorized(
+            "A valid admin token is required (Authorization: Bearer <token>)", code="invalid_admin_token"
+        )
 
 
 def _from_http(exc: web.HTTPException) -> GatewayError:

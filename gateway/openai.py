@@ -26,7 +26,8 @@ def decode(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise BadRequest("The request body is not valid UTF-8") from exc
     except json.JSONDecodeError as exc:
-        raise BadRequest(f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise BadRequest(f"The request body is not valid JSON: {exc.msg} at {where}") from exc
     if not isinstance(body, dict):
         raise BadRequest(f"The request body must be a JSON object, got {type(body).__name__}")
     return body

@@ -10,7 +10,6 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway import __version__

@@ -47,7 +47,7 @@ class Reply:
     async def read(self) -> bytes:
         try:
             return await self._response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise _translate(exc, self.deployment) from exc
         finally:
             self._response.release()
@@ -57,7 +57,7 @@ class Reply:
         try:
             async for chunk in self._response.content.iter_any():
                 yield chunk
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise _translate(exc, self.deployment) from exc
 
     def close(self) -> None:
@@ -85,7 +85,7 @@ async def send(
     request_headers = {**headers, "content-type": "application/json"}
     try:
         response = await session.post(deployment.url + path, data=body, headers=request_headers, timeout=timeout)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise _translate(exc, name) from exc
     if response.status >= 500:
         detail = await _short_text(response)
@@ -101,7 +101,7 @@ def _client_timeout(t: Timeouts) -> aiohttp.ClientTimeout:
 async def _short_text(response: aiohttp.ClientResponse) -> str:
     try:
         text = (await asyncio.wait_for(response.content.read(300), 1.0)).decode("utf-8", "replace")
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         text = ""
     finally:
         response.close()
@@ -113,7 +113,7 @@ async def get(session: aiohttp.ClientSession, url: str, timeout_s: float) -> tup
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             return response.status, await response.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise _translate(exc, url) from exc
 
 

@@ -76,7 +76,9 @@ class Stack:
 
 
 @pytest.fixture
-async def fake_pair(aiohttp_server: Callable[..., Any]) -> AsyncIterator[tuple[FakeVLLM, TestServer, FakeVLLM, TestServer]]:
+async def fake_pair(
+    aiohttp_server: Callable[..., Any],
+) -> AsyncIterator[tuple[FakeVLLM, TestServer, FakeVLLM, TestServer]]:
     hq, fast = FakeVLLM("fake-hq"), FakeVLLM("fake-fast")
     hq_server = await aiohttp_server(hq.app())
     fast_server = await aiohttp_server(fast.app())

@@ -14,8 +14,9 @@ from tests.conftest import ADMIN_TOKEN, Stack
 from tests.fakes.fake_vllm import Fault
 
 HELLO = [{"role": "user", "content": "hello there"}]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}}
+TOOLS = [{"type": "function",
+          "function": {"name": "get_weather", "description": "weather", "parameters": WEATHER_PARAMETERS}}]
 
 
 async def test_chat_auto_goes_to_default_fast_and_headers_name_the_decision(stack: Stack) -> None:

@@ -52,7 +52,7 @@ async def test_edit_swaps_policy_and_bad_edit_keeps_the_old(stack: Stack) -> Non
     stack.policy_path.write_text(original.replace("default: fast", "default: nowhere"))
 
     async def reload_failed() -> bool:
-        status, body = await _get(stack, "/readyz")
+        _, body = await _get(stack, "/readyz")
         return bool(body["problems"])
     await _wait_for(reload_failed)
     status, body = await _get(stack, "/readyz")

@@ -94,7 +94,8 @@ class FakeVLLM:
                 {"id": "call_1", "type": "function", "function": {"name": tool, "arguments": '{"city": "Paris"}'}}]}
         return {
             "id": "cmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": self.served_model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if body.get("tools") else "stop"}],
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if body.get("tools") else "stop"}],
             "usage": {"prompt_tokens": 11, "completion_tokens": self.chunks, "total_tokens": 11 + self.chunks},
         }
 

@@ -1,0 +1,15 @@
+"""The tree stays clean under the project's ruff configuration (pyproject.toml)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_ruff_is_clean() -> None:
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "gateway", "serving", "bench", "tests"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
