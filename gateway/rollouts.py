@@ -27,7 +27,7 @@ from gateway.rollout import abort, start, step
 from gateway.rollout_assignment import Assignment, assign_session
 from gateway.rollout_samples import Cohort, Observations, PairOutcome, Sample, counter_fields, pair_field
 from gateway.rollout_spec import RolloutSpec, ShadowSpec
-from gateway.rollout_state import Arm, RolloutState, StaleGeneration
+from gateway.rollout_state import Arm, InvalidTransition, RolloutState, StaleGeneration
 from gateway.stats import breaches_slo
 from gateway.store import StoreError
 from gateway.store_rollouts import RolloutKeys, RolloutStore
@@ -248,7 +248,8 @@ class Rollouts:
         if guard is None or not breaches_slo(k, n, guard.slo, spec.interim_alpha):
             return
         reason = f"error_rate_slo: {k} errors in {n} requests breach the {guard.slo:g} SLO"
-        with contextlib.suppress(StaleGeneration):
+        # Another replica (or the leader's tick) may have aborted first: then there is nothing to do.
+        with contextlib.suppress(StaleGeneration, InvalidTransition):
             await self.operate(
                 route,
                 spec,
