@@ -41,7 +41,7 @@ def policy_yaml(hq_url: str, fast_url: str, extra: str = "", **overrides: str) -
             served_model: fake-hq
             price: {{input_per_mtok_usd: 3, output_per_mtok_usd: 15}}
             timeouts: {{connect_s: 1, read_s: {overrides.get("read_s", "5")}, total_s: 10}}
-            health: {{interval_s: 0.2, timeout_s: 0.5, eject_after_failures: 2, cooldown_s: 1}}
+            health: {{interval_s: 0.2, timeout_s: 2, eject_after_failures: 2, cooldown_s: 1}}
             load: {{scrape_interval_s: 0.1}}
           fast:
             url: {fast_url}
@@ -49,7 +49,7 @@ def policy_yaml(hq_url: str, fast_url: str, extra: str = "", **overrides: str) -
             endpoints: [chat, completions, embeddings]
             price: {{input_per_mtok_usd: 0.5, output_per_mtok_usd: 1.5}}
             timeouts: {{connect_s: 1, read_s: {overrides.get("read_s", "5")}, total_s: 10}}
-            health: {{interval_s: 0.2, timeout_s: 0.5, eject_after_failures: 2, cooldown_s: 1}}
+            health: {{interval_s: 0.2, timeout_s: 2, eject_after_failures: 2, cooldown_s: 1}}
             load: {{spill_when_waiting_gte: 8, spill_to: hq, scrape_interval_s: 0.1}}
         models:
           auto: {{route: rules}}
