@@ -65,7 +65,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"The request body is {request.content_length} bytes; the limit is {limit}")
     try:
-        raw = await request.content.read(limit + 1) if request.content_length is None else await request.read()
+        raw = await _read_chunked(request, limit) if request.content_length is None else await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes") from exc
     if len(raw) > limit:
@@ -73,6 +73,19 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if not raw:
         raise BadRequest("The request body is empty; send a JSON object")
     return raw
+
+
+async def _read_chunked(request: web.Request, limit: int) -> bytes:
+    """A body without Content-Length, read to its end but never past limit + 1 bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        part = await request.content.read(limit + 1 - size)
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
 
 
 async def _forward(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -104,3 +105,23 @@ async def test_all_deployments_down_is_a_clean_502_or_503(make_stack: Any, fake_
             await client.chat.completions.create(model="auto", messages=HELLO)
     assert caught.value.status_code in (502, 503)
     assert "Traceback" not in caught.value.message and "127.0.0.1" not in caught.value.message
+
+
+async def _chunks(payload: bytes, size: int) -> Any:
+    for start in range(0, len(payload), size):
+        yield payload[start:start + size]
+        await asyncio.sleep(0)
+
+
+async def test_chunked_body_is_read_whole_and_bounded(make_stack: Any) -> None:
+    stack: Stack = await make_stack(settings={"max_body_bytes": 10_000})
+    whole = json.dumps({"model": "fast", "messages": [{"role": "user", "content": "y" * 3_000}]}).encode()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/chat/completions", data=_chunks(whole, 500),
+                             headers={"content-type": "application/json"}) as resp:
+            assert resp.status == 200, await resp.text()
+        too_big = json.dumps({"model": "fast", "messages": [{"role": "user", "content": "y" * 20_000}]}).encode()
+        async with http.post(stack.base_url + "/chat/completions", data=_chunks(too_big, 500),
+                             headers={"content-type": "application/json"}) as resp:
+            assert resp.status == 413
+    assert stack.fast.received[-1]["messages"][0]["content"] == "y" * 3_000
