@@ -20,7 +20,7 @@ from gateway.store import RedisStore
 from gateway.tenancy import Window
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.fake_vllm import FakeVLLM
-from tests.processes import stop
+from tests.processes import spawn_gateway, stop
 from tests.redis_fixtures import RedisServer, free_port, private_redis  # noqa: F401
 
 pytestmark = pytest.mark.redis
@@ -94,18 +94,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., list[Gateway]]]:
         for _ in range(n):
             port = free_port()
             log = tmp_path / f"gateway-{port}.log"
-            cmd = [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--policy",
-                str(policy_path),
-                "--port",
-                str(port),
-            ]
             with log.open("wb") as sink:
-                proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=sink)
+                proc = spawn_gateway(policy_path, port, env, log=sink)
             started.append(proc)
             out.append(Gateway(port, proc, log))
         return out

@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from tests.conftest import ADMIN_TOKEN, Stack
+from tests.processes import free_port, spawn_gateway
 
 HELLO = [{"role": "user", "content": "hi"}]
 
@@ -72,18 +70,11 @@ async def test_edit_swaps_policy_and_bad_edit_keeps_the_old(stack: Stack) -> Non
     assert body["problems"] == [] and status == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_sighup_reloads_a_running_server(make_stack: Any, tmp_path: Path) -> None:
     stack: Stack = await make_stack()  # only for its fake deployments and policy file
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "AGENT_GATEWAY_POLICY_POLL_S": "3600", "AGENT_GATEWAY_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--policy", str(stack.policy_path),
-                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = spawn_gateway(stack.policy_path, port, env)
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     try:
         async with aiohttp.ClientSession() as http:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -17,13 +16,12 @@ import pytest
 from gateway.rollout import bucket
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.fake_vllm import FakeVLLM
-from tests.processes import stop
+from tests.processes import spawn_gateway, stop
 from tests.redis_fixtures import RedisServer, free_port, private_redis  # noqa: F401
 from tests.test_rollout_live import fake_server, three_deployments
 
 pytestmark = pytest.mark.redis
 
-ROOT = Path(__file__).resolve().parent.parent
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 ROLLOUT_ID = "hq-v2-replicas"
 ROLLOUT = f"""
@@ -78,9 +76,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[[Path, str], list[Replica]]]:
         replicas = []
         for i in range(3):
             port = free_port()
-            log = (tmp_path / f"replica{i}.log").open("wb")
-            proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--policy", str(policy),
-                                     "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=log)
+            with (tmp_path / f"replica{i}.log").open("wb") as log:
+                proc = spawn_gateway(policy, port, env, log=log)
             started.append(proc)
             replicas.append(Replica(port, proc))
         return replicas

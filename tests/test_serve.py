@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +14,9 @@ from typing import Any
 import aiohttp
 
 from tests.conftest import Stack
+from tests.processes import free_port, spawn_gateway
 
 HELLO = [{"role": "user", "content": "hi"}]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _children(pid: int) -> list[int]:
@@ -32,11 +26,9 @@ def _children(pid: int) -> list[int]:
 
 async def test_workers_share_the_port_and_stop_together(make_stack: Any) -> None:
     stack: Stack = await make_stack()
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--policy", str(stack.policy_path),
-                             "--port", str(port), "--workers", "2"],
-                            env={**os.environ, "AGENT_GATEWAY_LOG_LEVEL": "WARNING"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    port = free_port()
+    proc = spawn_gateway(stack.policy_path, port, {**os.environ, "AGENT_GATEWAY_LOG_LEVEL": "WARNING"},
+                         "--workers", "2")
     try:
         deadline = time.monotonic() + 30
         async with aiohttp.ClientSession() as http:
