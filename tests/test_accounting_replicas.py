@@ -6,7 +6,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from gateway import keys
 from gateway.store import RedisStore
 from gateway.tenancy import Window
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, policy_yaml
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.processes import spawn_gateway, stop
 from tests.redis_fixtures import RedisServer, free_port, private_redis  # noqa: F401
@@ -37,29 +36,13 @@ CALL_USD = {"hq": (11 * 3 + 8 * 15) / 1e6, "fast": (11 * 0.5 + 8 * 1.5) / 1e6}
 
 
 def policy(hq_url: str, fast_url: str, extra: str) -> str:
-    return textwrap.dedent(f"""
-        version: 1
-        deployments:
-          hq:
-            url: {hq_url}
-            served_model: fake-hq
-            price: {{input_per_mtok_usd: 3, output_per_mtok_usd: 15}}
-            timeouts: {{connect_s: 1, read_s: 5, total_s: 10}}
-            health: {{interval_s: 0.5, timeout_s: 0.5}}
-          fast:
-            url: {fast_url}
-            served_model: fake-fast
-            price: {{input_per_mtok_usd: 0.5, output_per_mtok_usd: 1.5}}
-            timeouts: {{connect_s: 1, read_s: 5, total_s: 10}}
-            health: {{interval_s: 0.5, timeout_s: 0.5}}
-        models: {{auto: {{route: rules}}, hq: {{pin: hq}}, fast: {{pin: fast}}}}
+    """The shared test policy with only the tools rule, so every plain call routes to fast."""
+    return policy_yaml(hq_url, fast_url, extra, rules="""
         rules:
           - name: tools-to-hq
-            when: {{tools: true}}
+            when: {tools: true}
             use: hq
-        default: fast
-        fallback: [fast, hq]
-    """) + textwrap.dedent(extra)
+    """)
 
 
 class Gateway:
