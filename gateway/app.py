@@ -49,11 +49,11 @@ def _services(settings: Settings):  # type: ignore[no-untyped-def]
         metrics = make_metrics()
         provider = make_tracer_provider(settings.traces)
         load_encoding()  # tiktoken's table takes ~0.4 s to build: not on the first request's event-loop turn
-        session = upstream.make_session()
-        backends = Backends(session, on_change=lambda name, tracked: _export_load(metrics, name, tracked, backends))
+        client = upstream.make_client()
+        backends = Backends(client, on_change=lambda name, tracked: _export_load(metrics, name, tracked, backends))
         policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
         classifier = Classifier.load(settings.classifier_model) if settings.classifier_model else Classifier.default()
-        app[SERVICES] = Services(settings, policy_file, backends, session, metrics,
+        app[SERVICES] = Services(settings, policy_file, backends, client, metrics,
                                  provider.get_tracer("agent-gateway") if settings.traces != "none" else None,
                                  classifier, Recent(settings.explain_memory))
         metrics.policy_valid.set(1)
@@ -71,7 +71,7 @@ def _services(settings: Settings):  # type: ignore[no-untyped-def]
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             await backends.close()
-            await session.close()
+            await client.close()
             provider.shutdown()
     return ctx
 

@@ -9,10 +9,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import aiohttp
-
 from gateway import upstream
 from gateway.errors import GatewayError
+from gateway.http_client import Pool
 from gateway.policy import Deployment, Policy
 from gateway.routing import DeploymentLoad
 
@@ -59,8 +58,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 class Backends:
     """Keeps a current DeploymentLoad per deployment and counts in-flight requests."""
 
-    def __init__(self, session: aiohttp.ClientSession, on_change: Callable[[str, Tracked], None] | None = None):
-        self._session = session
+    def __init__(self, client: Pool, on_change: Callable[[str, Tracked], None] | None = None):
+        self._client = client
         self._tracked: dict[str, Tracked] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._on_change = on_change
@@ -148,7 +147,7 @@ class Backends:
     async def _probe(self, name: str, tracked: Tracked) -> None:
         dep = tracked.deployment
         try:
-            status, _ = await upstream.get(self._session, dep.url + dep.health.path, dep.health.timeout_s)
+            status, _ = await upstream.get(self._client, dep.url + dep.health.path, dep.health.timeout_s)
             ok = status == 200
         except GatewayError:
             ok = False
@@ -161,7 +160,7 @@ class Backends:
     async def _scrape(self, name: str, tracked: Tracked) -> None:
         dep = tracked.deployment
         try:
-            status, raw = await upstream.get(self._session, dep.url + dep.load.metrics_path, dep.health.timeout_s)
+            status, raw = await upstream.get(self._client, dep.url + dep.load.metrics_path, dep.health.timeout_s)
         except GatewayError:
             return
         if status != 200:

@@ -102,7 +102,7 @@ async def _forward(
         svc.backends.in_flight[name] = svc.backends.in_flight.get(name, 0) + 1
         try:
             try:
-                reply = await upstream.send(svc.session, name, dep, openai.PATHS[features.endpoint], payload, headers)
+                reply = await upstream.send(svc.client, name, dep, openai.PATHS[features.endpoint], payload, headers)
             except (UpstreamError, UpstreamTimeout) as exc:
                 svc.backends.record_failure(name)
                 svc.metrics.failovers.labels(name, exc.code or exc.error_type).inc()

@@ -7,7 +7,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from aiohttp import web
 from opentelemetry.trace import Status, StatusCode, Tracer
 
@@ -16,6 +15,7 @@ from gateway.backends import Backends
 from gateway.classifier import Classifier
 from gateway.errors import GatewayError
 from gateway.features import Features
+from gateway.http_client import Pool
 from gateway.openai import OPERATION, Usage
 from gateway.policy import Policy
 from gateway.policy_file import PolicyFile
@@ -50,7 +50,7 @@ class Services:
     settings: Settings
     policy: PolicyFile
     backends: Backends
-    session: aiohttp.ClientSession
+    client: Pool  # the one pool of connections to deployments
     metrics: t.Metrics
     tracer: Tracer | None  # None when no exporter consumes spans (AGENT_GATEWAY_TRACES=none)
     classifier: Classifier

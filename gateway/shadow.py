@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway import openai, upstream
 from gateway.comparison import Capture, compare
 from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.http_client import Pool
 from gateway.policy import Deployment, Timeouts
 from gateway.rollout_samples import PairOutcome
 from gateway.store import StoreError
@@ -103,12 +103,12 @@ class Shadows:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: Pool,
         store: RolloutStore,
         registry: CollectorRegistry,
         on_outcome: Callable[[str, PairOutcome], None] | None = None,
     ) -> None:
-        self._session, self._store, self._on_outcome = session, store, on_outcome
+        self._client, self._store, self._on_outcome = client, store, on_outcome
         self._targets: dict[str, Target] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.dropped = Counter(
@@ -196,7 +196,7 @@ class Shadows:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(limits.timeout_s):
-                reply = await upstream.send(self._session, name, bounded, path, payload, headers)
+                reply = await upstream.send(self._client, name, bounded, path, payload, headers)
                 if body.get("stream") and reply.status == 200:
                     return await _read_stream(reply, started)
                 raw = await reply.read()

@@ -357,7 +357,7 @@ def lifecycle(settings: Settings) -> Callable[[web.Application], AsyncIterator[N
         svc = app[SERVICES]
         registry = svc.metrics.registry
         rollouts = Rollouts(open_store(settings, svc.policy.current), lambda: svc.policy.current, registry)
-        shadows = Shadows(svc.session, rollouts.store, registry, on_outcome=rollouts.record_outcome)
+        shadows = Shadows(svc.client, rollouts.store, registry, on_outcome=rollouts.record_outcome)
         request_log = None
         if settings.request_log:
             request_log = RequestLog(settings.request_log, prompts=bool(settings.request_log_prompts))

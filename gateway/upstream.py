@@ -1,17 +1,13 @@
-"""The only user of aiohttp's client: sends requests to deployments and maps its errors to GatewayErrors."""
+"""Sends requests to deployments over the pooled client (gateway/http_client.py); maps its errors to GatewayErrors."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import aiohttp
-from multidict import CIMultiDictProxy
-
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.policy import Deployment, Timeouts
+from gateway.http_client import ClientError, ConnectError, Disconnected, Pool, Response
+from gateway.policy import Deployment
 
 # RFC 9110 hop-by-hop headers, plus what the gateway sets itself or must never pass on.
 _NOT_FORWARDED = frozenset(
@@ -24,40 +20,37 @@ _NOT_FORWARDED = frozenset(
 
 
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
-    """Client headers that may go upstream: no hop-by-hop headers, no credentials."""
-    return {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
+    """Client headers that may go upstream (names lower-cased): no hop-by-hop headers, no credentials."""
+    lowered = ((k.lower(), v) for k, v in headers.items())
+    return {k: v for k, v in lowered if k not in _NOT_FORWARDED}
 
 
-def make_session(limit: int = 1024) -> aiohttp.ClientSession:
-    """The process's one pooled client session (owned by create_app's cleanup context)."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-    # No session-wide timeout: each request carries its deployment's timeouts.
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+def make_client(limit: int = 1024) -> Pool:
+    """The process's one pool of connections to deployments (owned by create_app's cleanup context)."""
+    return Pool(limit=limit)
 
 
 class Reply:
     """An open response from a deployment, after its headers arrived."""
 
-    def __init__(self, response: aiohttp.ClientResponse, deployment: str) -> None:
+    def __init__(self, response: Response, deployment: str) -> None:
         self._response = response
         self.deployment = deployment
         self.status = response.status
-        self.headers: CIMultiDictProxy[str] = response.headers
+        self.headers: Mapping[str, str] = response.headers
 
     async def read(self) -> bytes:
         try:
             return await self._response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ClientError) as exc:
             raise _translate(exc, self.deployment) from exc
-        finally:
-            self._response.release()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; a broken or stalled stream raises a GatewayError."""
         try:
-            async for chunk in self._response.content.iter_any():
+            async for chunk in self._response.iter_chunks():
                 yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ClientError) as exc:
             raise _translate(exc, self.deployment) from exc
 
     def close(self) -> None:
@@ -69,7 +62,7 @@ class Reply:
 
 
 async def send(
-    session: aiohttp.ClientSession,
+    client: Pool,
     name: str,
     deployment: Deployment,
     path: str,
@@ -81,48 +74,35 @@ async def send(
     A connection error, a timeout or a 5xx raises (the caller may fail over); any other status is the
     deployment's answer and is returned for the client to see.
     """
-    timeout = _client_timeout(deployment.timeouts)
+    t = deployment.timeouts
     request_headers = {**headers, "content-type": "application/json"}
     try:
-        response = await session.post(deployment.url + path, data=body, headers=request_headers, timeout=timeout)
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        response = await client.request("POST", deployment.url + path, body, request_headers,
+                                        connect_s=t.connect_s, read_s=t.read_s, total_s=t.total_s)
+    except (TimeoutError, ClientError) as exc:
         raise _translate(exc, name) from exc
     if response.status >= 500:
-        detail = await _short_text(response)
+        text = (await response.read_prefix(300, timeout_s=1.0)).decode("utf-8", "replace").strip()
+        detail = f": {text[:200]}" if text else ""
         raise UpstreamError(f"Deployment {name!r} answered {response.status}{detail}", code="upstream_5xx")
     return Reply(response, name)
 
 
-@functools.lru_cache(maxsize=64)
-def _client_timeout(t: Timeouts) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=t.total_s, sock_connect=t.connect_s, sock_read=t.read_s)
-
-
-async def _short_text(response: aiohttp.ClientResponse) -> str:
-    try:
-        text = (await asyncio.wait_for(response.content.read(300), 1.0)).decode("utf-8", "replace")
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        text = ""
-    finally:
-        response.close()
-    return f": {text.strip()[:200]}" if text.strip() else ""
-
-
-async def get(session: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[int, bytes]:
+async def get(client: Pool, url: str, timeout_s: float) -> tuple[int, bytes]:
     """A small GET (health checks, /metrics scrapes); errors raise UpstreamError/UpstreamTimeout."""
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-            return response.status, await response.read()
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        response = await client.request("GET", url, connect_s=timeout_s, read_s=timeout_s, total_s=timeout_s)
+        return response.status, await response.read()
+    except (TimeoutError, ClientError) as exc:
         raise _translate(exc, url) from exc
 
 
 def _translate(exc: BaseException, name: str) -> UpstreamError | UpstreamTimeout:
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"Deployment {name!r} did not answer in time")
-    if isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):
+    if isinstance(exc, ConnectError):
         return UpstreamError(f"Cannot connect to deployment {name!r}", code="upstream_unreachable")
-    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+    if isinstance(exc, Disconnected):
         return UpstreamError(f"Deployment {name!r} closed the connection mid-response", code="upstream_disconnected")
     return UpstreamError(f"Deployment {name!r} failed: {type(exc).__name__}")
 

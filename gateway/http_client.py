@@ -1,0 +1,431 @@
+"""A lean HTTP/1.1 client for the deployments: pooled keep-alive connections, responses parsed by httptools.
+
+Why not aiohttp's client: per request it builds a ClientRequest, a payload object, header multidicts,
+trace hooks and several timers. On the 2-core machine this gateway is measured on, that cost more CPU
+than all of the routing decision. Deployments speak plain HTTP/1.1 (JSON bodies and SSE) to the gateway,
+so this is the whole client it needs: one request per connection at a time, Content-Length or chunked
+responses, a read timeout between chunks, an overall deadline, and back-pressure on slow consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import math
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from typing import NamedTuple, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+# Pause reading a streamed body once this much is buffered and not yet consumed.
+_HIGH_WATER_BYTES = 1 << 20
+# uvicorn (vLLM's server) closes idle keep-alive connections after 5 s; never hand out one that old.
+DEFAULT_IDLE_S = 4.0
+
+
+class ClientError(Exception):
+    """Base of every failure this client raises besides timeouts."""
+
+
+class ConnectError(ClientError):
+    """The deployment could not be reached (refused, unresolvable, TLS failure)."""
+
+
+class Disconnected(ClientError):
+    """The connection closed, or the deployment sent bytes that are not HTTP, before the response ended."""
+
+
+class ResponseTimeout(TimeoutError):
+    """No byte arrived within the read timeout, or the request ran past its overall deadline."""
+
+
+class Origin(NamedTuple):
+    scheme: str
+    host: str
+    port: int
+
+
+class _Target(NamedTuple):
+    origin: Origin
+    path: str  # path and query, as sent on the request line
+    host_header: str
+
+
+@functools.lru_cache(maxsize=512)
+def _target(url: str) -> _Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConnectError(f"Not an http(s) URL: {url}")
+    default_port = 443 if parts.scheme == "https" else 80
+    port = parts.port or default_port
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host_header = parts.hostname if port == default_port else f"{parts.hostname}:{port}"
+    return _Target(Origin(parts.scheme, parts.hostname, port), path, host_header)
+
+
+def _request_head(method: str, target: _Target, body: bytes, headers: Mapping[str, str]) -> bytes:
+    lines = [f"{method} {target.path} HTTP/1.1\r\nhost: {target.host_header}\r\n"]
+    if body or method not in ("GET", "HEAD"):
+        lines.append(f"content-length: {len(body)}\r\n")
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            continue  # never let a header value split the request
+        lines.append(f"{name}: {value}\r\n")
+    lines.append("\r\n")
+    # aiohttp's server decodes header bytes as UTF-8 with surrogateescape: this sends the client's bytes back.
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
+class Response:
+    """One response as it arrives. Status and headers are set when `Pool.request` returns it."""
+
+    def __init__(self, connection: _Connection, read_s: float | None, deadline: float) -> None:
+        self._connection = connection
+        self._loop = connection.loop
+        self._read_s = read_s
+        self._deadline = deadline
+        self._parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}  # lower-case names; repeated headers joined with ", "
+        self.keep_alive = False
+        self.headers_done = False
+        self.complete = False
+        self.got_bytes = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._released = False
+        self._streaming = False  # back-pressure applies only while a consumer iterates the chunks
+
+    # -- the parser's callbacks (httptools calls these while fed) ---------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.keep_alive = self._parser.should_keep_alive()
+        if self.status >= 200:  # an interim 1xx response is followed by the real one
+            self.headers_done = True
+            self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._streaming and self._buffered > _HIGH_WATER_BYTES:
+            self._connection.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if not self.headers_done:  # the end of a 1xx response: wait for the real one
+            self.headers.clear()
+            return
+        self.complete = True
+        self._wake()
+
+    # -- fed by the connection ------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(Disconnected(f"The deployment sent an invalid HTTP response: {exc}"))
+            self._connection.abort()
+
+    def connection_lost(self) -> None:
+        if self.complete:
+            return
+        if self.headers_done and "content-length" not in self.headers and "chunked" not in self.headers.get(
+            "transfer-encoding", ""
+        ):
+            self.complete = True  # a body delimited by the connection's close
+            self._wake()
+            return
+        self.fail(Disconnected("The deployment closed the connection before the response ended"))
+
+    def fail(self, error: BaseException) -> None:
+        if self._error is None and not self.complete:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- what callers use -----------------------------------------------------------------------------
+
+    async def wait_headers(self) -> None:
+        while not self.headers_done:
+            await self._wait()
+
+    async def read(self) -> bytes:
+        """The whole body; the connection goes back to the pool."""
+        try:
+            while not self.complete:
+                await self._wait()
+        except BaseException:
+            self.close()
+            raise
+        body = b"".join(self._chunks)
+        self._chunks.clear()
+        self.release()
+        return body
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive. The caller releases or closes the response when done."""
+        self._streaming = True
+        while True:
+            while self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                yield chunk
+            if self.complete:
+                return
+            self._connection.resume_reading()
+            await self._wait()
+
+    async def read_prefix(self, size: int, timeout_s: float) -> bytes:
+        """Up to about `size` bytes of the body, waiting at most timeout_s; then the connection is dropped."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self._buffered < size and not self.complete:
+                    await self._wait()
+        except (TimeoutError, ClientError):
+            pass
+        finally:
+            self.close()
+        return b"".join(self._chunks)[:size]
+
+    async def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._waiter = self._loop.create_future()
+        now = self._loop.time()
+        at = self._deadline if self._read_s is None else min(self._deadline, now + self._read_s)
+        timer = self._loop.call_at(at, self._timed_out) if at != math.inf else None
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        if self._error is not None:
+            raise self._error
+
+    def _timed_out(self) -> None:
+        self.fail(ResponseTimeout("The deployment did not answer in time"))
+        self._connection.abort()
+
+    def release(self) -> None:
+        """Done with the response: a finished keep-alive connection is reused, any other is closed."""
+        if self._released:
+            return
+        self._released = True
+        if self.complete and self.keep_alive and self._error is None:
+            self._connection.reuse()
+        else:
+            self._connection.abort()
+
+    def close(self) -> None:
+        """Drop the connection now (the deployment sees the close and stops generating)."""
+        if not self._released:
+            self._released = True
+            self._connection.abort()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive TCP connection to an origin, carrying one request at a time."""
+
+    def __init__(self, pool: Pool, origin: Origin, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.response: Response | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._reading_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:  # bytes nobody asked for: the connection is not usable any more
+            self.abort()
+            return
+        self.response.feed(data)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.response is not None:
+            self.response.connection_lost()
+        self.pool.forget(self)
+
+    def send(self, response: Response, head: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        self.response = response
+        self.transport.writelines((head, body) if body else (head,))
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None and not self.closed:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.closed:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def reuse(self) -> None:
+        self.response = None
+        self.resume_reading()
+        self.pool.put_back(self)
+
+    def abort(self) -> None:
+        self.response = None
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+            self.pool.forget(self)
+
+
+class Pool:
+    """The process's one pool of connections to deployments, at most `limit` open per origin."""
+
+    def __init__(self, limit: int = 1024, idle_s: float = DEFAULT_IDLE_S) -> None:
+        self._limit = limit
+        self._idle_s = idle_s
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._open: dict[Origin, set[_Connection]] = {}
+        self._waiters: dict[Origin, collections.deque[asyncio.Future[_Connection | None]]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        *,
+        connect_s: float | None = None,
+        read_s: float | None = None,
+        total_s: float | None = None,
+    ) -> Response:
+        """Send a request and return once the response's status and headers are in."""
+        loop = asyncio.get_running_loop()
+        target = _target(url)
+        head = _request_head(method, target, body, headers or {})
+        deadline = loop.time() + total_s if total_s else math.inf
+        for first_try in (True, False):
+            connection, reused = await self._acquire(target.origin, loop, connect_s, deadline)
+            response = Response(connection, read_s, deadline)
+            connection.send(response, head, body)
+            try:
+                await response.wait_headers()
+            except Disconnected:
+                # A kept-alive connection the deployment closed just as we reused it: nothing was
+                # processed, so try once more on a fresh one.
+                if first_try and reused and not response.got_bytes:
+                    continue
+                response.close()
+                raise
+            except BaseException:
+                response.close()
+                raise
+            return response
+        raise AssertionError("unreachable")
+
+    async def _acquire(
+        self, origin: Origin, loop: asyncio.AbstractEventLoop, connect_s: float | None, deadline: float
+    ) -> tuple[_Connection, bool]:
+        if self._closed:
+            raise ConnectError("The client is closed")
+        idle = self._idle.get(origin)
+        now = loop.time()
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < self._idle_s:
+                return connection, True
+            connection.abort()
+        opened = self._open.setdefault(origin, set())
+        if len(opened) >= self._limit:
+            waiter: asyncio.Future[_Connection | None] = loop.create_future()
+            self._waiters.setdefault(origin, collections.deque()).append(waiter)
+            handed = await waiter  # a released connection, or None when a slot freed up
+            if handed is not None:
+                return handed, True
+        return await self._connect(origin, loop, connect_s, deadline), False
+
+    async def _connect(
+        self, origin: Origin, loop: asyncio.AbstractEventLoop, connect_s: float | None, deadline: float
+    ) -> _Connection:
+        connection = _Connection(self, origin, loop)
+        self._open.setdefault(origin, set()).add(connection)
+        budget = min(connect_s or math.inf, deadline - loop.time())
+        tls = self._ssl_context() if origin.scheme == "https" else None
+        try:
+            async with asyncio.timeout(None if budget == math.inf else budget):
+                await loop.create_connection(lambda: connection, origin.host, origin.port, ssl=tls)
+        except TimeoutError as exc:
+            self.forget(connection)
+            raise ResponseTimeout(f"Connecting to {origin.host}:{origin.port} timed out") from exc
+        except (OSError, ssl.SSLError) as exc:
+            self.forget(connection)
+            raise ConnectError(f"Cannot connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from exc
+        except BaseException:
+            self.forget(connection)
+            raise
+        return connection
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    def put_back(self, connection: _Connection) -> None:
+        waiters = self._waiters.get(connection.origin)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(connection)
+                return
+        if self._closed:
+            connection.abort()
+            return
+        connection.idle_since = connection.loop.time()
+        self._idle.setdefault(connection.origin, []).append(connection)
+
+    def forget(self, connection: _Connection) -> None:
+        """A connection closed: drop it and let one waiter open a new one in its place."""
+        opened = self._open.get(connection.origin)
+        if opened is None or connection not in opened:
+            return
+        opened.discard(connection)
+        idle = self._idle.get(connection.origin)
+        if idle and connection in idle:
+            idle.remove(connection)
+        waiters = self._waiters.get(connection.origin)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def close(self) -> None:
+        self._closed = True
+        for opened in list(self._open.values()):
+            for connection in list(opened):
+                connection.abort()
+        await asyncio.sleep(0)  # let the transports run their connection_lost callbacks
