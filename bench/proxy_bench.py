@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -96,34 +97,41 @@ def measure(url: str, extra: list[str], duration_s: float, pid: int | None) -> d
     return figures
 
 
+Results = dict[str, dict[str, list[dict[str, float]]]]
+
+
 def run(
-    rounds: int, duration_s: float, workers: int, policy: Path, without_classifier: bool, only: str | None
-) -> dict[str, dict[str, list[dict[str, float]]]]:
+    rounds: int, duration_s: float, workers: int, policy: Path, without_classifier: bool, only: str | None,
+    traces: bool,
+) -> tuple[Results, int]:
+    """Figures per scenario and target, and how many spans the gateway exported meanwhile."""
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            up_port, min_port, gw_port = free_port(), free_port(), free_port()
+            up_port, min_port, gw_port, sink_port = free_port(), free_port(), free_port(), free_port()
             upstream = f"http://127.0.0.1:{up_port}"
             procs.append(start([PY, "-m", "bench.fake_upstream", str(up_port)]))
+            procs.append(start([PY, "-m", "bench.trace_sink", str(sink_port)]))
             procs.append(start([PY, "-m", "bench.minimal_proxy", str(min_port), upstream]))
             procs.append(start([PY, "-m", "gateway", "serve", "--policy",
                                 gateway_policy(upstream, tmp, policy, without_classifier),
                                 "--port", str(gw_port), "--workers", str(workers)],
-                               env={"AGENT_GATEWAY_LOG_LEVEL": "WARNING"}))
-            for port in (up_port, min_port, gw_port):
+                               env={"AGENT_GATEWAY_LOG_LEVEL": "WARNING", **_telemetry_env(traces, sink_port)}))
+            for port in (up_port, min_port, gw_port, sink_port):
                 wait_ready(port)
             time.sleep(1.0)  # first health probes
             urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions"
                     for name, port in zip(TARGETS, (up_port, min_port, gw_port), strict=True)}
-            pids = {"direct": None, "minimal proxy": procs[1].pid, "gateway": procs[2].pid}
+            pids = {"direct": None, "minimal proxy": procs[2].pid, "gateway": procs[3].pid}
             scenarios = [(name, extra) for name, extra in SCENARIOS if only is None or only in name]
-            results: dict[str, dict[str, list[dict[str, float]]]] = {s: {t: [] for t in TARGETS} for s, _ in scenarios}
+            results: Results = {s: {t: [] for t in TARGETS} for s, _ in scenarios}
             for r in range(rounds):
                 for scenario, extra in scenarios:
                     for target in TARGETS:  # interleaved, so drift hits all three alike
                         results[scenario][target].append(measure(urls[target], extra, duration_s, pids[target]))
                 print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
-            return results
+            time.sleep(_EXPORT_WAIT_S if traces else 0)
+            return results, _spans_received(sink_port)
         finally:
             for proc in procs:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -131,11 +139,28 @@ def run(
                 proc.wait(timeout=10)
 
 
+# The batch span processor exports every few seconds: wait for its last batch before counting.
+_EXPORT_WAIT_S = 6.0
+
+
+def _telemetry_env(traces: bool, sink_port: int) -> dict[str, str]:
+    """Spans exported over OTLP/HTTP to the benchmark's sink, as a production gateway would to a collector."""
+    if not traces:
+        return {"AGENT_GATEWAY_TRACES": "none"}
+    return {"AGENT_GATEWAY_TRACES": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink_port}/v1/traces"}
+
+
+def _spans_received(sink_port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sink_port}/count", timeout=5) as reply:
+        return int(json.load(reply)["spans"])
+
+
 def median(samples: list[dict[str, float]], key: str) -> float:
     return statistics.median(s[key] for s in samples)
 
 
-def report(results: dict[str, dict[str, list[dict[str, float]]]]) -> None:
+def report(results: Results, spans: int) -> None:
     print(f"{'scenario':24} {'target':14} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x direct':>9} "
           f"{'x minimal':>9} {'+p50 ms':>8} {'cpu us/req':>10} {'errors':>6}")
     for scenario, by_target in results.items():
@@ -147,6 +172,8 @@ def report(results: dict[str, dict[str, list[dict[str, float]]]]) -> None:
                   f"{rps / direct_rps:9.2f} {rps / minimal_rps:9.2f} {p50 - direct_p50:8.2f} "
                   f"{median(samples, 'cpu_us_per_req'):10.0f} "
                   f"{sum(int(s['errors']) for s in samples):6d}")
+    gateway_requests = sum(int(s["requests"]) for by_target in results.values() for s in by_target["gateway"])
+    print(f"\nspans the gateway exported over OTLP: {spans} for {gateway_requests} requests")
     if "non-stream c=32" not in results or "open loop 400 req/s" not in results:
         return
     c32 = results["non-stream c=32"]
@@ -167,9 +194,12 @@ def main() -> None:
                         help="gateway policy (its deployment URLs are pointed at the fake upstream)")
     parser.add_argument("--without-classifier", action="store_true",
                         help="drop the policy's complexity rules, to measure what scoring costs")
+    parser.add_argument("--no-traces", action="store_true",
+                        help="run the gateway without exporting spans (metrics only)")
     parser.add_argument("--only", help="run only the scenarios whose name contains this, e.g. c=32")
     args = parser.parse_args()
-    report(run(args.rounds, args.duration_s, args.workers, args.policy, args.without_classifier, args.only))
+    report(*run(args.rounds, args.duration_s, args.workers, args.policy, args.without_classifier, args.only,
+                not args.no_traces))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from gateway.policy import Policy, PolicyError
 from gateway.policy_file import PolicyFile
 from gateway.services import SERVICES, Recent, Services
 from gateway.settings import Settings
-from gateway.telemetry import Metrics, make_metrics, make_tracer_provider
+from gateway.spans import make_spans
+from gateway.telemetry import Metrics, make_metrics
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +48,14 @@ def create_app(settings: Settings) -> web.Application:
 def _services(settings: Settings):  # type: ignore[no-untyped-def]
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         metrics = make_metrics()
-        provider = make_tracer_provider(settings.traces)
+        spans = make_spans(settings.traces)
         load_encoding()  # tiktoken's table takes ~0.4 s to build: not on the first request's event-loop turn
         client = upstream.make_client()
         backends = Backends(client, on_change=lambda name, tracked: _export_load(metrics, name, tracked, backends))
         policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
         classifier = Classifier.load(settings.classifier_model) if settings.classifier_model else Classifier.default()
         app[SERVICES] = Services(settings, policy_file, backends, client, metrics,
-                                 provider.get_tracer("agent-gateway") if settings.traces != "none" else None,
+                                 spans,
                                  classifier, Recent(settings.explain_memory))
         metrics.policy_valid.set(1)
         backends.reconcile(policy_file.current)
@@ -72,7 +73,8 @@ def _services(settings: Settings):  # type: ignore[no-untyped-def]
                 await watcher
             await backends.close()
             await client.close()
-            provider.shutdown()
+            if spans is not None:
+                await asyncio.to_thread(spans.shutdown)  # exports what is still queued, off the loop
     return ctx
 
 

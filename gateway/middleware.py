@@ -76,7 +76,7 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
         return error_response(GatewayError(f"Internal error; quote request id {request_id}"))
     finally:
         if ex is not None:
-            ex.finish(status, svc.metrics, svc.tracer)
+            ex.finish(status, svc.metrics, svc.spans)
 
 
 async def _tenant(request: web.Request, svc: Services) -> str:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from opentelemetry.trace import Status, StatusCode, Tracer
 
 from gateway import telemetry as t
 from gateway.backends import Backends
@@ -21,6 +20,7 @@ from gateway.policy import Policy
 from gateway.policy_file import PolicyFile
 from gateway.routing import Context, Decision, needs_complexity
 from gateway.settings import Settings
+from gateway.spans import Spans
 
 if TYPE_CHECKING:
     from gateway.accounting import Accounting
@@ -52,7 +52,7 @@ class Services:
     backends: Backends
     client: Pool  # the one pool of connections to deployments
     metrics: t.Metrics
-    tracer: Tracer | None  # None when no exporter consumes spans (AGENT_GATEWAY_TRACES=none)
+    spans: Spans | None  # None when no exporter consumes spans (AGENT_GATEWAY_TRACES=none)
     classifier: Classifier
     recent: Recent
     trials: Trials | None = None  # rollouts, shadows, request log (gateway/trials.py), set by its cleanup ctx
@@ -89,8 +89,7 @@ class Services:
 class Exchange:
     """One client request as the gateway saw it: timings, decision, outcome; ends as one span and metrics.
 
-    The span is created once at the end with every attribute (start time back-dated): the OpenTelemetry
-    SDK costs several microseconds per set_attribute call, and this is the hot path.
+    The span is recorded once at the end with every attribute (start time back-dated); see gateway/spans.py.
     """
 
     __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "request_id", "rule",
@@ -134,17 +133,17 @@ class Exchange:
     def failed_mid_stream(self, err: GatewayError) -> None:
         self.error = err
 
-    def finish(self, status: int, metrics: t.Metrics, tracer: Tracer | None) -> None:
+    def finish(self, status: int, metrics: t.Metrics, spans: Spans | None) -> None:
         """Record metrics and the span; called once by the middleware."""
         elapsed_s = time.perf_counter() - self.started
         ttft_s = None if self.first_byte_at is None else self.first_byte_at - self.started
         shown_status = "stream_error" if self.error is not None and status == 200 else str(status)
         metrics.observe_request(self.endpoint, self.deployment or "none", self.rule or "none", shown_status,
                                 elapsed_s, ttft_s)
-        if tracer is not None:
-            self._record_span(tracer, status, ttft_s)
+        if spans is not None:
+            self._record_span(spans, status, ttft_s)
 
-    def _record_span(self, tracer: Tracer, status: int, ttft_s: float | None) -> None:
+    def _record_span(self, spans: Spans, status: int, ttft_s: float | None) -> None:
         attrs = self.attributes
         attrs["http.response.status_code"] = status
         attrs[t.DEPLOYMENT] = self.deployment or ""
@@ -155,10 +154,9 @@ class Exchange:
             attrs[t.GEN_AI_OUTPUT_TOKENS] = self.usage.completion_tokens
         if ttft_s is not None:
             attrs[t.TTFT_MS] = ttft_s * 1000
-        span = tracer.start_span("gateway " + self.endpoint, start_time=self.started_ns, attributes=attrs)
-        if status >= 500 or self.error is not None:
-            span.set_status(Status(StatusCode.ERROR, self.error.message if self.error else str(status)))
-        span.end()
+        failed = status >= 500 or self.error is not None
+        error = (self.error.message if self.error else str(status)) if failed else None
+        spans.record("gateway " + self.endpoint, self.started_ns, attrs, error)
 
 
 SERVICES = web.AppKey("services", Services)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 PREFIX = "AGENT_GATEWAY_"
+TRACE_EXPORTERS = ("none", "console", "otlp", "otlp-protobuf")
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class Settings:
     policy: str = ""  # path of the policy YAML
     max_body_bytes: int = 16 * 1024 * 1024
     admin_token: str = ""  # empty: the admin API is disabled
-    traces: str = "none"  # none | console | otlp (OTEL_EXPORTER_OTLP_* configure the endpoint)
+    traces: str = "none"  # none | console | otlp (JSON) | otlp-protobuf; OTEL_EXPORTER_OTLP_* set the endpoint
     policy_poll_s: float = 1.0
     classifier_model: str = ""  # empty: the packaged default model
     explain_memory: int = 2048  # recent requests whose decision trail /admin/requests/{id}/explain can show
@@ -35,6 +36,8 @@ class Settings:
             if raw is not None:
                 values[f.name] = _convert(f.name, raw, type(getattr(cls(), f.name)))
         settings = cls(**values)
+        if settings.traces not in TRACE_EXPORTERS:
+            raise ValueError(f"{PREFIX}TRACES={settings.traces!r} is not one of {', '.join(TRACE_EXPORTERS)}")
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -1,18 +1,12 @@
-"""OpenTelemetry tracing and Prometheus metrics: names, the tracer setup, and the per-request recorder."""
+"""Span attribute names (GenAI semantic conventions) and the Prometheus metrics. Spans: gateway/spans.py."""
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
-from gateway import __version__
 
 log = logging.getLogger(__name__)
 
@@ -35,29 +29,6 @@ COMPLEXITY = "gateway.complexity"
 REQUEST_ID = "gateway.request_id"
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-
-
-def make_tracer_provider(exporter_name: str) -> TracerProvider:
-    """`none` records spans without exporting; `console` prints them; `otlp` uses OTEL_EXPORTER_OTLP_* env."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "agent-gateway",
-                                                        "service.version": __version__}))
-    exporter = _exporter(exporter_name)
-    if exporter is not None:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-    return provider
-
-
-def _exporter(name: str) -> SpanExporter | None:
-    if name == "console":
-        return ConsoleSpanExporter()
-    if name == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            log.warning("traces=otlp but opentelemetry-exporter-otlp is not installed; not exporting spans")
-            return None
-        return OTLPSpanExporter(endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
-    return None
 
 
 @dataclass(frozen=True)

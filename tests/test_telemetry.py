@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
 import aiohttp
-from opentelemetry.sdk.trace import TracerProvider
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from gateway.services import SERVICES
+from gateway.settings import Settings
+from gateway.spans import OtlpJsonExporter, Spans
 from tests.conftest import Stack
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -15,9 +28,7 @@ HELLO = [{"role": "user", "content": "hi"}]
 
 def _capture(stack: Stack) -> InMemorySpanExporter:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    stack.gateway.app[SERVICES].tracer = provider.get_tracer("test")
+    stack.gateway.app[SERVICES].spans = Spans(SimpleSpanProcessor(exporter))
     return exporter
 
 
@@ -46,8 +57,6 @@ async def test_span_carries_decision_models_tokens_and_ttft(stack: Stack) -> Non
 async def test_failed_request_span_is_an_error_and_secrets_stay_out(stack: Stack) -> None:
     exporter = _capture(stack)
     stack.fast.healthy = stack.hq.healthy = False
-    import asyncio
-
     await asyncio.sleep(0.5)
     async with aiohttp.ClientSession() as http:
         async with http.post(stack.base_url + "/chat/completions", json={"model": "auto", "messages": HELLO},
@@ -73,3 +82,95 @@ async def test_prometheus_series(stack: Stack) -> None:
     assert 'gateway_tokens_total{deployment="hq",direction="input"} 11.0' in text
     assert 'gateway_deployment_healthy{deployment="fast"} 1.0' in text
     assert 'gateway_deployment_kv_cache_usage_ratio{deployment="fast"} 0.1' in text
+
+
+@pytest.fixture
+async def collector() -> AsyncIterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
+    """An OTLP/HTTP endpoint on a real aiohttp server that keeps each batch it is sent."""
+    batches: list[tuple[dict[str, str], bytes]] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        batches.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield f"http://127.0.0.1:{server.port}/v1/traces", batches
+    await server.close()
+
+
+async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: ignore[no-untyped-def]
+    make_stack: Any, collector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint, batches = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=k%3Dv")
+    stack: Stack = await make_stack(settings={"traces": "otlp"})
+    async with stack.client() as client:
+        for _ in range(3):
+            await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5)
+    await asyncio.to_thread(stack.gateway.app[SERVICES].spans.shutdown)  # flushes the queued batch
+    await asyncio.sleep(0)
+    assert batches, "no batch reached the collector"
+    headers, body = batches[0]
+    assert headers["content-type"] == "application/json" and headers["x-collector-key"] == "k=v"
+    # The collector's own schema: the JSON must parse as an ExportTraceServiceRequest.
+    request = json_format.Parse(body, ExportTraceServiceRequest())
+    spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    assert len(spans) == 3 and len({span.trace_id for span in spans}) == 3
+    span = spans[0]
+    attrs = {kv.key: kv.value for kv in span.attributes}
+    assert span.name == "gateway chat" and span.kind == span.SPAN_KIND_SERVER
+    # OTLP's JSON encoding departs from protobuf's here: ids are hex, not base64.
+    raw_span = json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert len(bytes.fromhex(raw_span["traceId"])) == 16 and len(bytes.fromhex(raw_span["spanId"])) == 8
+    assert span.end_time_unix_nano > span.start_time_unix_nano
+    assert attrs["gateway.deployment"].string_value == "fast"
+    assert attrs["gen_ai.request.max_tokens"].int_value == 5
+    assert attrs["http.response.status_code"].int_value == 200
+    assert any("default" in v.string_value for v in attrs["gateway.reasons"].array_value.values)
+    resource = {kv.key: kv.value.string_value for kv in request.resource_spans[0].resource.attributes}
+    assert resource["service.name"] == "agent-gateway"
+
+
+def test_an_unreachable_collector_fails_the_export_without_naming_its_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    from tests.processes import free_port
+
+    exporter = OtlpJsonExporter(f"http://127.0.0.1:{free_port()}/v1/traces", {"authorization": "Bearer sk-otel"}, 2)
+    spans = Spans(SimpleSpanProcessor(exporter))
+    spans.record("gateway chat", 1, {"k": "v"})
+    assert "could not export 1 spans" in caplog.text
+    assert "sk-otel" not in caplog.text
+
+
+def test_a_sampler_from_the_environment_is_honoured() -> None:
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter), sampler=TraceIdRatioBased(0.25))
+    for _ in range(2000):
+        spans.record("gateway chat", 1, {})
+    assert 350 < len(exporter.get_finished_spans()) < 650
+
+
+def test_an_unknown_trace_exporter_is_a_clear_settings_error() -> None:
+    with pytest.raises(ValueError, match="AGENT_GATEWAY_TRACES='jaeger' is not one of none, console, otlp"):
+        Settings.from_env({"AGENT_GATEWAY_TRACES": "jaeger"})
+
+
+def test_span_json_has_the_error_status_and_typed_values() -> None:
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter))
+    attributes = {"s": 'x "quoted"\n', "i": 3, "f": 0.5, "b": True, "a": ("p", "q"), "nan": float("nan")}
+    spans.record("gateway chat", 5, attributes, error="boom")
+    from gateway.spans import otlp_json
+
+    encoded = json.loads(otlp_json(exporter.get_finished_spans()))
+    request = json_format.ParseDict(encoded, ExportTraceServiceRequest())
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    assert span.status.code == span.status.STATUS_CODE_ERROR and span.status.message == "boom"
+    values = {kv.key: kv.value for kv in span.attributes}
+    assert (values["s"].string_value, values["i"].int_value, values["f"].double_value, values["b"].bool_value) == (
+        'x "quoted"\n', 3, 0.5, True)
+    assert math.isnan(values["nan"].double_value)
+    assert [v.string_value for v in values["a"].array_value.values] == ["p", "q"]
