@@ -45,6 +45,9 @@ def create_app(settings: Settings) -> web.Application:
     return app
 
 
+GC_YOUNG_THRESHOLD = 10_000  # allocations between young-generation collections (CPython's default: 700)
+
+
 def _services(settings: Settings):  # type: ignore[no-untyped-def]
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         metrics = make_metrics()
@@ -63,6 +66,10 @@ def _services(settings: Settings):  # type: ignore[no-untyped-def]
         # cyclic collector, whose full passes over them would otherwise stall requests now and then.
         gc.collect()
         gc.freeze()
+        # Each young-generation pass walks every live object of the requests in flight (~0.7 ms at
+        # concurrency 32 here) and the default threshold runs one every ~35 requests: ~25 µs per request.
+        # At 10,000 a pass runs every ~500 requests and takes a few ms (it also frees more garbage).
+        gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
         watcher = asyncio.get_running_loop().create_task(policy_file.watch(settings.policy_poll_s))
         _on_sighup(policy_file)
         try:
