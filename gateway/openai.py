@@ -80,6 +80,10 @@ def _json_type(py: str) -> str:
     return " or ".join(names.get(part, part) for part in py.split(" or "))
 
 
+# json.dumps with separators builds a new encoder per call; one shared encoder skips that on the hot path.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def upstream_body(body: dict[str, Any], served_model: str) -> tuple[bytes, bool]:
     """The body for a deployment: only `model` rewritten, and usage always requested on streams.
 
@@ -94,7 +98,7 @@ def upstream_body(body: dict[str, Any], served_model: str) -> tuple[bytes, bool]
         client_wants_usage = bool(options.get("include_usage"))
         if not client_wants_usage:
             out["stream_options"] = {**options, "include_usage": True}
-    return json.dumps(out, separators=(",", ":")).encode(), client_wants_usage
+    return _COMPACT.encode(out).encode(), client_wants_usage
 
 
 def usage_of(payload: Any) -> Usage | None:
