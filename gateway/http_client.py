@@ -182,10 +182,14 @@ class Response:
         """Body bytes as they arrive. The caller releases or closes the response when done."""
         self._streaming = True
         while True:
-            while self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
+            if self._chunks:
+                # All that arrived since the last turn in one piece: a chunked body's many small chunks
+                # from one socket read become one write to the client, not one each.
+                chunk = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+                self._chunks.clear()
+                self._buffered = 0
                 yield chunk
+                continue
             if self.complete:
                 return
             self._connection.resume_reading()
