@@ -51,15 +51,14 @@ GC_YOUNG_THRESHOLD = 10_000  # allocations between young-generation collections 
 def _services(settings: Settings):  # type: ignore[no-untyped-def]
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         metrics = make_metrics()
-        spans = make_spans(settings.traces)
         load_encoding()  # tiktoken's table takes ~0.4 s to build: not on the first request's event-loop turn
         client = upstream.make_client()
+        spans = make_spans(settings.traces, client)
         backends = Backends(client, on_change=lambda name, tracked: _export_load(metrics, name, tracked, backends))
         policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
         classifier = Classifier.load(settings.classifier_model) if settings.classifier_model else Classifier.default()
-        app[SERVICES] = Services(settings, policy_file, backends, client, metrics,
-                                 spans,
-                                 classifier, Recent(settings.explain_memory))
+        app[SERVICES] = Services(settings, policy_file, backends, client, metrics, spans, classifier,
+                                 Recent(settings.explain_memory))
         metrics.policy_valid.set(1)
         backends.reconcile(policy_file.current)
         # The classifier's tables, tiktoken's ranks and the policy are long-lived: keep them out of the
@@ -71,6 +70,8 @@ def _services(settings: Settings):  # type: ignore[no-untyped-def]
         # At 10,000 a pass runs every ~500 requests and takes a few ms (it also frees more garbage).
         gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
         watcher = asyncio.get_running_loop().create_task(policy_file.watch(settings.policy_poll_s))
+        if spans is not None:
+            spans.start()
         _on_sighup(policy_file)
         try:
             yield
@@ -79,9 +80,9 @@ def _services(settings: Settings):  # type: ignore[no-untyped-def]
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             await backends.close()
-            await client.close()
             if spans is not None:
-                await asyncio.to_thread(spans.shutdown)  # exports what is still queued, off the loop
+                await spans.close()  # exports what is still queued, over the pool: before it closes
+            await client.close()
     return ctx
 
 

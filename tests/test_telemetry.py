@@ -18,9 +18,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
+from gateway.http_client import Pool
+from gateway.otlp_json import otlp_json
 from gateway.services import SERVICES
 from gateway.settings import Settings
-from gateway.spans import OtlpJsonExporter, Spans
+from gateway.spans import LoopExport, Spans
 from tests.conftest import Stack
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -111,7 +113,9 @@ async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: 
     async with stack.client() as client:
         for _ in range(3):
             await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5)
-    await asyncio.to_thread(stack.gateway.app[SERVICES].spans.shutdown)  # flushes the queued batch
+    spans = stack.gateway.app[SERVICES].spans
+    assert isinstance(spans.processor, LoopExport)
+    await spans.processor.flush()  # the batch is not full yet: send it now rather than after the delay
     await asyncio.sleep(0)
     assert batches, "no batch reached the collector"
     headers, body = batches[0]
@@ -135,14 +139,33 @@ async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: 
     assert resource["service.name"] == "agent-gateway"
 
 
-def test_an_unreachable_collector_fails_the_export_without_naming_its_secrets(caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_unreachable_collector_drops_the_batch_without_naming_its_secrets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from tests.processes import free_port
 
-    exporter = OtlpJsonExporter(f"http://127.0.0.1:{free_port()}/v1/traces", {"authorization": "Bearer sk-otel"}, 2)
-    spans = Spans(SimpleSpanProcessor(exporter))
+    pool = Pool()
+    export = LoopExport(pool, f"http://127.0.0.1:{free_port()}/v1/traces", {"authorization": "Bearer sk-otel"})
+    spans = Spans(export)
     spans.record("gateway chat", 1, {"k": "v"})
+    await export.flush()
+    await pool.close()
     assert "could not export 1 spans" in caplog.text
     assert "sk-otel" not in caplog.text
+    assert export.exported == 0
+
+
+async def test_a_full_queue_drops_new_spans_and_counts_them(collector) -> None:  # type: ignore[no-untyped-def]
+    endpoint, batches = collector
+    pool = Pool()
+    export = LoopExport(pool, endpoint, max_queue=10, batch_size=4, slice_size=3)
+    spans = Spans(export)
+    for _ in range(15):
+        spans.record("gateway chat", 1, {"k": "v"})
+    await export.flush()
+    await pool.close()
+    assert (export.dropped, export.exported) == (5, 10)
+    assert [len(json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"]) for _, body in batches] == [4, 4, 2]
 
 
 def test_a_sampler_from_the_environment_is_honoured() -> None:
@@ -163,8 +186,6 @@ def test_span_json_has_the_error_status_and_typed_values() -> None:
     spans = Spans(SimpleSpanProcessor(exporter))
     attributes = {"s": 'x "quoted"\n', "i": 3, "f": 0.5, "b": True, "a": ("p", "q"), "nan": float("nan")}
     spans.record("gateway chat", 5, attributes, error="boom")
-    from gateway.spans import otlp_json
-
     encoded = json.loads(otlp_json(exporter.get_finished_spans()))
     request = json_format.ParseDict(encoded, ExportTraceServiceRequest())
     span = request.resource_spans[0].scope_spans[0].spans[0]

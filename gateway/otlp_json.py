@@ -1,0 +1,84 @@
+"""OTLP's JSON encoding of finished spans, written as text (ExportTraceServiceRequest, OTLP/HTTP)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii as _json_str  # C-accelerated; valid JSON text
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import StatusCode
+
+
+def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:
+    """An ExportTraceServiceRequest in OTLP's JSON encoding, spans grouped by resource and scope."""
+    groups: dict[tuple[int, int], tuple[ReadableSpan, list[str]]] = {}
+    for span in spans:
+        key = (id(span.resource), id(span.instrumentation_scope))
+        groups.setdefault(key, (span, []))[1].append(span_json(span))
+    return request_json([resource_spans_json(first, encoded) for first, encoded in groups.values()])
+
+
+def request_json(resource_spans: Sequence[str]) -> bytes:
+    return f'{{"resourceSpans":[{",".join(resource_spans)}]}}'.encode()
+
+
+def resource_spans_json(first: ReadableSpan, encoded_spans: Sequence[str]) -> str:
+    """One ResourceSpans holding already-encoded spans that share `first`'s resource and scope."""
+    scope = first.instrumentation_scope
+    scope_json = json.dumps({"name": scope.name, "version": scope.version or ""} if scope else {"name": ""})
+    return (f'{{"resource":{{"attributes":{_attributes_json(first.resource.attributes)}}},'
+            f'"scopeSpans":[{{"scope":{scope_json},"spans":[{",".join(encoded_spans)}]}}]}}')
+
+
+def span_json(span: ReadableSpan) -> str:
+    """One span, as text built from cached fragments rather than dicts and json.dumps: a request span's
+    attributes mostly repeat (operation, models, rule, reasons, deployment)."""
+    context = span.context
+    trace_id, span_id = (context.trace_id, context.span_id) if context else (0, 0)
+    # The API's SpanKind starts at INTERNAL=0; OTLP's at UNSPECIFIED=0. Ids are hex in OTLP's JSON.
+    out = (f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}","name":{_json_str(span.name)},'
+           f'"kind":{span.kind.value + 1},"startTimeUnixNano":"{span.start_time or 0}",'
+           f'"endTimeUnixNano":"{span.end_time or 0}","attributes":{_attributes_json(span.attributes or {})}')
+    if span.parent is not None:
+        out += f',"parentSpanId":"{span.parent.span_id:016x}"'
+    if span.status.status_code is StatusCode.ERROR:
+        out += f',"status":{{"code":2,"message":{_json_str(span.status.description or "")}}}'
+    return out + "}"
+
+
+def _attributes_json(attributes: Mapping[str, Any]) -> str:
+    return "[" + ",".join(_attribute_json(key, value) for key, value in attributes.items()) + "]"
+
+
+_FRAGMENTS: dict[tuple[str, Any], str] = {}
+_FRAGMENTS_MAX = 4096  # request ids and timings never repeat: start over rather than grow without bound
+
+
+def _attribute_json(key: str, value: Any) -> str:
+    cache_key = (key, tuple(value) if isinstance(value, list) else value)
+    fragment = _FRAGMENTS.get(cache_key)
+    if fragment is None:
+        fragment = f'{{"key":{_json_str(key)},"value":{_value_json(value)}}}'
+        if len(_FRAGMENTS) >= _FRAGMENTS_MAX:
+            _FRAGMENTS.clear()
+        _FRAGMENTS[cache_key] = fragment
+    return fragment
+
+
+def _value_json(value: Any) -> str:
+    if isinstance(value, bool):
+        return '{"boolValue":true}' if value else '{"boolValue":false}'
+    if isinstance(value, int):
+        return f'{{"intValue":"{value}"}}'  # int64 is a string in protobuf's JSON mapping
+    if isinstance(value, float):
+        number = repr(value) if math.isfinite(value) else _NON_FINITE[repr(value)]
+        return f'{{"doubleValue":{number}}}'
+    if isinstance(value, list | tuple):
+        return f'{{"arrayValue":{{"values":[{",".join(_value_json(v) for v in value)}]}}}}'
+    return f'{{"stringValue":{_json_str(str(value))}}}'
+
+
+_NON_FINITE = {"nan": '"NaN"', "inf": '"Infinity"', "-inf": '"-Infinity"'}
