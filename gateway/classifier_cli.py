@@ -17,17 +17,16 @@ import numpy as np
 
 from gateway.classifier import Calibration, Classifier, ModelFileError
 from gateway.classifier_train import (
-    DEFAULT_C,
-    DEFAULT_NUMERIC_WEIGHT,
-    DEFAULT_TEXT,
+    DEFAULT_OPTIONS,
     Example,
-    apply_length_boost,
+    TrainingOptions,
     compare_routers,
     cross_validate,
     fit,
     plot,
     report,
     tune_length_boost,
+    with_length_boost,
 )
 from gateway.features import Features, extract
 
@@ -61,14 +60,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     train.add_argument("--out", required=True, help="where to write the JSON model")
     train.add_argument("--group-by", help="column to group by for the cross-validation run before fitting")
     train.add_argument("--cv", type=int, default=5, help="folds for that run (with --group-by; 0 skips it)")
-    train.add_argument("--c", type=float, default=DEFAULT_C, help="inverse L2 regularization strength")
     train.add_argument(
         "--tune-length-boost",
         action="store_true",
         help="after the cross-validation, tune one extra weight on prompt length for ranking (APGR)",
     )
     train.add_argument("--plot", help="write the cross-validation curve to this PNG")
-    _add_shape_arguments(train)
+    _add_training_arguments(train)
     train.set_defaults(func=run_train)
 
     score = commands.add_parser("score", help="append a score column (higher: HQ more needed)")
@@ -82,8 +80,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument("--model", help="JSON model to evaluate (default: the packaged one)")
     evaluate.add_argument("--cv", type=int, help="cross-validate K folds instead of using a model")
     evaluate.add_argument("--group-by", help="column whose values are held out together in --cv")
-    evaluate.add_argument("--c", type=float, default=DEFAULT_C, help="regularization for --cv training")
-    _add_shape_arguments(evaluate)
+    _add_training_arguments(evaluate)
     evaluate.add_argument("--plot", help="write the quality-vs-HQ-share curve to this PNG")
     evaluate.set_defaults(func=run_eval)
 
@@ -95,24 +92,55 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     calibrate.set_defaults(func=run_calibrate)
 
 
-def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    default = DEFAULT_OPTIONS
+    parser.add_argument("--c", type=float, default=default.c, help="inverse L2 regularization strength")
     parser.add_argument(
-        "--n-features", type=int, default=DEFAULT_TEXT.n_features, help="hashed n-gram columns (2**18)"
+        "--ngram",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=(default.text.ngram_min, default.text.ngram_max),
+        help="character n-gram sizes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--min-df",
+        type=int,
+        default=default.min_df,
+        help="prompts an n-gram must appear in to enter the vocabulary (default: %(default)s)",
     )
     parser.add_argument(
         "--numeric-weight",
         type=float,
-        default=DEFAULT_NUMERIC_WEIGHT,
+        default=default.numeric_weight,
         help="weaker L2 penalty on the structured inputs (prompt length, tools...) by this factor",
+    )
+    parser.add_argument(
+        "--fast-wins-weight",
+        type=float,
+        default=default.fast_wins_weight,
+        help="weight of rows where the fast deployment answered better (default: %(default)s)",
     )
 
 
-def _training(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of fit/cross_validate chosen on the command line."""
-    if args.n_features < 16:
-        raise DataError(f"--n-features must be at least 16, got {args.n_features}")
-    text = replace(DEFAULT_TEXT, n_features=args.n_features)
-    return {"c": args.c, "numeric_weight": args.numeric_weight, "text": text}
+def _training(args: argparse.Namespace) -> TrainingOptions:
+    """The training options chosen on the command line."""
+    if args.min_df < 1:
+        raise DataError(f"--min-df must be at least 1, got {args.min_df}")
+    if args.fast_wins_weight < 0:
+        raise DataError(f"--fast-wins-weight must be at least 0, got {args.fast_wins_weight}")
+    try:
+        text = replace(DEFAULT_OPTIONS.text, ngram_min=args.ngram[0], ngram_max=args.ngram[1])
+    except ValueError as exc:
+        raise DataError(f"--ngram: {exc}") from exc
+    return replace(
+        DEFAULT_OPTIONS,
+        text=text,
+        min_df=args.min_df,
+        c=args.c,
+        numeric_weight=args.numeric_weight,
+        fast_wins_weight=args.fast_wins_weight,
+    )
 
 
 def _guarded(run: Any) -> Any:
@@ -231,7 +259,7 @@ def run_train(args: argparse.Namespace) -> int:
     cv_meta: dict[str, Any] = {}
     boost = 0.0
     if args.group_by and args.cv:
-        scores = cross_validate(examples, args.cv, progress, **_training(args))
+        scores = cross_validate(examples, args.cv, progress, _training(args))
         print(f"{args.cv}-fold cross-validation, whole {args.group_by!r} groups held out:")
         cv_meta = {"plain": _print_figures(examples, scores, None)}
         if args.tune_length_boost:
@@ -239,9 +267,9 @@ def run_train(args: argparse.Namespace) -> int:
             print(f"with the length boost {boost} tuned on these out-of-fold scores:")
             cv_meta["length_boost"] = {"boost": boost, **_print_figures(examples, tuned, args.plot)}
     progress("fitting the final model on all rows")
-    model = fit(examples, **_training(args)).model
+    model = fit(examples, _training(args)).model
     if boost:
-        apply_length_boost(model, examples, boost)
+        model = with_length_boost(model, examples, boost)
     model.meta.update({"data": Path(args.data).name, "cv": cv_meta, "group_by": args.group_by})
     model.save(args.out)
     progress(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.1f} MB)")
@@ -275,7 +303,7 @@ def run_eval(args: argparse.Namespace) -> int:
         raise DataError(f"--cv must be at least 2, got {args.cv}")
     examples = read_examples(args.data, args.group_by)
     if args.cv:
-        scores = cross_validate(examples, args.cv, progress, **_training(args))
+        scores = cross_validate(examples, args.cv, progress, _training(args))
     else:
         model = load_model(args.model)
         scores = np.array([model.score(e.features) for e in examples])

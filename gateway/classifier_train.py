@@ -10,25 +10,46 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
-from sklearn.feature_extraction.text import HashingVectorizer
+from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
+from sklearn.preprocessing import normalize
 
-from gateway.classifier import NUMERIC_FEATURES, CharNgrams, Classifier, FloatArray, NumericInput
+from gateway.classifier import NUMERIC_FEATURES, Classifier, FloatArray, NumericInput
 from gateway.features import Features
+from gateway.ngrams import CharNgrams
 
-DEFAULT_TEXT = CharNgrams(ngram_min=3, ngram_max=5, n_features=2**18)
-DEFAULT_C = 0.3
-DEFAULT_NUMERIC_WEIGHT = 1.0
 # The whole-prompt total is left out: on single-turn data it equals last_user_tokens, and sharing weight
 # with it would push every agent turn with a long system prompt to HQ. The parts are learned separately.
 DEFAULT_NUMERIC = tuple(name for name in NUMERIC_FEATURES if name != "prompt_tokens")
+DEFAULT_TEXT = CharNgrams(ngram_min=4, ngram_max=4)
+MIN_STD = 1e-9  # a structured input that varies less than this in training is a constant there
 LENGTH_INPUT = "last_user_tokens"
 LENGTH_BOOSTS = tuple(round(0.1 * i, 1) for i in range(0, 16))
 CURVE_POINTS = 10  # RouteLLM: thresholds at the score's deciles
 RANDOM_SEEDS = 10
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingOptions:
+    """How a model is fitted (the `classifier train|eval` flags); recorded in the artifact's meta."""
+
+    text: CharNgrams = DEFAULT_TEXT
+    # An n-gram enters the vocabulary when this many training prompts contain it: one-off n-grams
+    # (numbers, names) would only memorize their prompt's label.
+    min_df: int = 2
+    c: float = 0.3  # inverse L2 strength
+    # > 1 shrinks the structured inputs' scale, which weakens their L2 penalty against the n-grams.
+    numeric_weight: float = 1.0
+    # Rows where the fast deployment answered better weigh this much in the log loss: sending those to HQ
+    # loses quality as well as money, so telling them apart from the true positives matters most.
+    fast_wins_weight: float = 3.0
+    numeric: tuple[str, ...] = DEFAULT_NUMERIC
+
+
+DEFAULT_OPTIONS = TrainingOptions()
 
 
 def _quiet(_: str) -> None:
@@ -51,22 +72,28 @@ def labels(examples: Sequence[Example]) -> npt.NDArray[np.int64]:
     return np.array([int(e.q_strong > e.q_weak) for e in examples], dtype=np.int64)
 
 
-def vectorizer(text: CharNgrams) -> HashingVectorizer:
-    """The scikit-learn twin of CharNgrams."""
-    return HashingVectorizer(
+def vectorizer(text: CharNgrams, vocabulary: Sequence[str] | None = None, min_df: int = 1) -> CountVectorizer:
+    """The scikit-learn twin of CharNgrams: n-gram counts over a fixed vocabulary, or one to learn."""
+    return CountVectorizer(
         analyzer="char",
         ngram_range=(text.ngram_min, text.ngram_max),
-        n_features=text.n_features,
         lowercase=text.lowercase,
-        alternate_sign=True,
-        norm="l2",
+        vocabulary=vocabulary,
+        min_df=min_df,
         dtype=np.float64,
     )
 
 
-def text_matrix(text: CharNgrams, texts: Sequence[str]) -> sp.csr_matrix:
-    """L2-normalized hashed n-gram counts of each text, clipped as the scorer clips it."""
-    return sp.csr_matrix(vectorizer(text).transform([text.clip(t) for t in texts]))
+def learn_vocabulary(text: CharNgrams, texts: Sequence[str], min_df: int) -> list[str]:
+    """The n-grams found in at least min_df of the (clipped) texts, sorted for a stable artifact."""
+    counts = vectorizer(text, min_df=min_df).fit([text.clip(t) for t in texts])
+    return sorted(counts.vocabulary_)
+
+
+def text_matrix(text: CharNgrams, vocabulary: Sequence[str], texts: Sequence[str]) -> sp.csr_matrix:
+    """L2-normalized vocabulary n-gram counts of each text, clipped as the scorer clips it."""
+    counts = vectorizer(text, vocabulary).transform([text.clip(t) for t in texts])
+    return sp.csr_matrix(normalize(counts, norm="l2"))
 
 
 def numeric_matrix(features: Sequence[Features], names: Sequence[str]) -> FloatArray:
@@ -81,7 +108,8 @@ def design_matrix(model: Classifier, features: Sequence[Features]) -> sp.csr_mat
     means = np.array([n.mean for n in model.numeric])
     scales = np.array([n.scale for n in model.numeric])
     texts = [f.last_user_text for f in features]
-    return sp.hstack([text_matrix(model.text, texts), sp.csr_matrix((raw - means) / scales)]).tocsr()
+    text_block = text_matrix(model.text, list(model.text_weights), texts)
+    return sp.hstack([text_block, sp.csr_matrix((raw - means) / scales)]).tocsr()
 
 
 @dataclass(slots=True)
@@ -93,62 +121,56 @@ class Fitted:
     design: sp.csr_matrix = field(repr=False)
 
 
-def fit(
-    examples: Sequence[Example],
-    *,
-    text: CharNgrams = DEFAULT_TEXT,
-    numeric: Sequence[str] = DEFAULT_NUMERIC,
-    c: float = DEFAULT_C,
-    numeric_weight: float = DEFAULT_NUMERIC_WEIGHT,
-) -> Fitted:
-    """Logistic regression on hashed char n-grams plus standardized structured inputs.
-
-    numeric_weight > 1 shrinks the structured inputs' scale, which weakens their L2 penalty: thousands of
-    n-gram columns otherwise crowd out prompt length, the input that transfers best to unseen topics.
-    """
+def fit(examples: Sequence[Example], options: TrainingOptions = DEFAULT_OPTIONS) -> Fitted:
+    """Logistic regression on char n-gram counts (a vocabulary learned from these rows) plus standardized
+    structured inputs."""
     features = [e.features for e in examples]
-    raw = numeric_matrix(features, numeric)
-    means = raw.mean(axis=0)
-    stds = raw.std(axis=0)
-    scales = np.where(stds > 1e-9, stds, 1.0) / numeric_weight
-    skeleton = Classifier(
-        text,
-        np.zeros(text.n_features),
-        [NumericInput(n, float(m), float(s), 0.0) for n, m, s in zip(numeric, means, scales, strict=True)],
-        0.0,
-    )
-    design = design_matrix(skeleton, features)
     y = labels(examples)
     if len(set(y.tolist())) < 2:
         raise ValueError("training needs both outcomes: some rows with q_strong > q_weak and some without")
-    estimator = LogisticRegression(C=c, max_iter=3000).fit(design, y)
-    coef = estimator.coef_[0]
-    model = Classifier(
-        text,
-        coef[: text.n_features].astype(np.float64),
-        [
-            NumericInput(n.name, n.mean, n.scale, float(w))
-            for n, w in zip(skeleton.numeric, coef[text.n_features :], strict=True)
-        ],
-        float(estimator.intercept_[0]),
-        {
-            "target": "q_strong > q_weak",
-            "rows": len(examples),
-            "positives": int(y.sum()),
-            "C": c,
-            "numeric_weight": numeric_weight,
-        },
-    )
+    vocabulary = learn_vocabulary(options.text, [f.last_user_text for f in features], options.min_df)
+    raw = numeric_matrix(features, options.numeric)
+    skeleton = Classifier(options.text, dict.fromkeys(vocabulary, 0.0), standardized(raw, options), 0.0)
+    design = design_matrix(skeleton, features)
+    fast_wins = np.array([e.q_weak > e.q_strong for e in examples])
+    estimator = LogisticRegression(C=options.c, max_iter=3000)
+    estimator.fit(design, y, sample_weight=np.where(fast_wins, options.fast_wins_weight, 1.0))
+    coef = estimator.coef_[0].tolist()
+    # an input that never varied in training has nothing to say: its weight is the solver's rounding
+    # residue, and a zero weight spares the scorer its lookup
+    varied = raw.std(axis=0) > MIN_STD
+    numeric = [
+        NumericInput(n.name, n.mean, n.scale, w if varies else 0.0)
+        for n, w, varies in zip(skeleton.numeric, coef[len(vocabulary) :], varied.tolist(), strict=True)
+    ]
+    meta = {
+        "target": "q_strong > q_weak",
+        "rows": len(examples),
+        "positives": int(y.sum()),
+        "fast_wins": int(fast_wins.sum()),
+        "C": options.c,
+        "numeric_weight": options.numeric_weight,
+        "fast_wins_weight": options.fast_wins_weight,
+        "min_df": options.min_df,
+        "vocabulary": len(vocabulary),
+    }
+    weights = dict(zip(vocabulary, coef[: len(vocabulary)], strict=True))
+    model = Classifier(options.text, weights, numeric, float(estimator.intercept_[0]), meta)
     return Fitted(model, estimator, design)
 
 
+def standardized(raw: FloatArray, options: TrainingOptions) -> list[NumericInput]:
+    """Each structured input with its training mean and scale (and no weight yet)."""
+    stds = raw.std(axis=0)
+    scales = np.where(stds > MIN_STD, stds, 1.0) / options.numeric_weight
+    return [
+        NumericInput(name, float(mean), float(scale), 0.0)
+        for name, mean, scale in zip(options.numeric, raw.mean(axis=0), scales, strict=True)
+    ]
+
+
 def cross_validate(
-    examples: Sequence[Example],
-    folds: int,
-    progress: Progress = _quiet,
-    c: float = DEFAULT_C,
-    numeric_weight: float = DEFAULT_NUMERIC_WEIGHT,
-    text: CharNgrams = DEFAULT_TEXT,
+    examples: Sequence[Example], folds: int, progress: Progress = _quiet, options: TrainingOptions = DEFAULT_OPTIONS
 ) -> FloatArray:
     """Out-of-fold scores, whole groups held out together (GroupKFold), scored by our own scorer."""
     groups = [e.group or f"row{i}" for i, e in enumerate(examples)]
@@ -156,7 +178,7 @@ def cross_validate(
     splitter = GroupKFold(n_splits=folds)
     for k, (train, test) in enumerate(splitter.split(np.zeros(len(examples)), groups=groups), start=1):
         progress(f"fold {k}/{folds}: training on {len(train)} rows, scoring {len(test)}")
-        model = fit([examples[i] for i in train], text=text, c=c, numeric_weight=numeric_weight).model
+        model = fit([examples[i] for i in train], options).model
         scores[test] = [model.score(examples[i].features) for i in test]
     return scores
 
@@ -188,18 +210,18 @@ def tune_length_boost(scores: FloatArray, examples: Sequence[Example]) -> tuple[
     return best, boosted(scores, examples, best)
 
 
-def apply_length_boost(model: Classifier, examples: Sequence[Example], boost: float) -> None:
-    """Fold the boost into the model's coefficient for LENGTH_INPUT (same units as boosted())."""
+def with_length_boost(model: Classifier, examples: Sequence[Example], boost: float) -> Classifier:
+    """The model with the boost folded into its coefficient for LENGTH_INPUT (same units as boosted())."""
     lengths = np.log1p([max(e.features.last_user_tokens, 0) for e in examples])
     mean, std = float(lengths.mean()), float(lengths.std()) or 1.0
     numeric = list(model.numeric)
+    intercept = model.intercept
     for i, n in enumerate(numeric):
         if n.name == LENGTH_INPUT:
             # contribution = coef * (x - n.mean) / n.scale; the boost adds boost * (x - mean) / std
             numeric[i] = NumericInput(n.name, n.mean, n.scale, n.coef + boost * n.scale / std)
-            model.intercept += boost * (n.mean - mean) / std
-    model.numeric = tuple(numeric)
-    model.meta["length_boost"] = boost
+            intercept += boost * (n.mean - mean) / std
+    return Classifier(model.text, model.text_weights, numeric, intercept, {**model.meta, "length_boost": boost})
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,21 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.feature_extraction.text import HashingVectorizer
-from sklearn.utils import murmurhash3_32
+from sklearn.feature_extraction.text import CountVectorizer
 
-from gateway.classifier import (
-    Calibration,
-    CharNgrams,
-    Classifier,
-    ModelFileError,
-    murmurhash3_spans,
-    squared_norm,
-)
+from gateway.classifier import Calibration, Classifier, ModelFileError
 from gateway.classifier_train import (
     Example,
     Fitted,
-    apply_length_boost,
+    TrainingOptions,
     boosted,
     compare_routers,
     design_matrix,
@@ -32,8 +24,10 @@ from gateway.classifier_train import (
     routing_curve,
     summarize,
     tune_length_boost,
+    with_length_boost,
 )
 from gateway.features import Features, extract
+from gateway.ngrams import SHORT_TEXT_CHARS, CharNgrams, NgramWeights, PackedVocabulary
 from tests.classifier_fixtures import synthetic_rows
 
 TRICKY_TEXTS = [
@@ -58,47 +52,77 @@ def random_text(rng: random.Random) -> str:
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 300)))
 
 
-@pytest.fixture(scope="module")
-def fitted() -> Fitted:
-    rows = synthetic_rows(300)
-    examples = [
-        Example(
-            request(r["prompt"]), float(r["q_strong"]), float(r["q_weak"]), r["category"], len(r["prompt"])
-        )
+def examples_of(rows: list[dict[str, str]]) -> list[Example]:
+    return [
+        Example(request(r["prompt"]), float(r["q_strong"]), float(r["q_weak"]), r["category"], len(r["prompt"]))
         for r in rows
     ]
-    return fit(examples, text=CharNgrams(3, 5, 2**14), numeric_weight=3.0)
 
 
-@pytest.mark.parametrize("length", range(0, 14))
-def test_murmur_matches_sklearn_for_every_tail_length(length: int) -> None:
-    keys = [bytes(random.Random(length * 100 + i).randrange(256) for _ in range(length)) for i in range(20)]
-    data = b"".join(keys)
-    starts = np.cumsum([0] + [len(k) for k in keys[:-1]]).astype(np.int64)
-    lengths = np.array([len(k) for k in keys], dtype=np.int64)
-    ours = murmurhash3_spans(data, starts, lengths).tolist()
-    assert ours == [murmurhash3_32(k) for k in keys]
+@pytest.fixture(scope="module")
+def fitted() -> Fitted:
+    return fit(examples_of(synthetic_rows(300)), TrainingOptions(numeric_weight=3.0, min_df=1))
 
 
 @pytest.mark.parametrize("text", [t for t in TRICKY_TEXTS if "\ud800" not in t])
-@pytest.mark.parametrize("sizes", [(3, 5), (1, 9), (5, 5), (2, 4)])
-def test_char_ngram_hashes_match_sklearn_analyzer(text: str, sizes: tuple[int, int]) -> None:
-    ngrams = CharNgrams(sizes[0], sizes[1], 2**18)
-    analyzer = HashingVectorizer(analyzer="char", ngram_range=sizes).build_analyzer()
-    expected = [murmurhash3_32(g) for g in analyzer(ngrams.clip(text))]
-    assert ngrams.hashes(ngrams.preprocess(text)).tolist() == expected
+@pytest.mark.parametrize("sizes", [(4, 4), (3, 4), (1, 4), (2, 3)])
+def test_char_ngrams_match_sklearn_analyzer(text: str, sizes: tuple[int, int]) -> None:
+    ngrams = CharNgrams(*sizes)
+    analyzer = CountVectorizer(analyzer="char", ngram_range=sizes).build_analyzer()
+    assert list(ngrams.ngrams(ngrams.preprocess(text))) == analyzer(ngrams.clip(text))
 
 
 def test_scores_equal_sklearn_predict_proba(fitted: Fitted) -> None:
     rng = random.Random(7)
     texts = [r["prompt"] for r in synthetic_rows(200, seed=1)] + [random_text(rng) for _ in range(150)]
     texts += [t for t in TRICKY_TEXTS if "\ud800" not in t]
+    texts += [" ".join(texts[i : i + 12]) for i in range(0, 240, 12)]  # long enough for the numpy walk
     features = [request(t) for t in texts]
     model = Classifier.from_dict(json.loads(json.dumps(fitted.model.to_dict())))  # through the artifact
     ours = np.array([model.score(f) for f in features])
     theirs = fitted.estimator.predict_proba(design_matrix(fitted.model, features))[:, 1]
     assert np.abs(ours - theirs).max() < 1e-5
     assert ours.std() > 0.05  # the comparison is not between two constants
+    assert sum(len(model.text.preprocess(t)) > SHORT_TEXT_CHARS for t in texts) >= 20
+
+
+@pytest.mark.parametrize("sizes", [(4, 4), (3, 4), (1, 2)])
+def test_numpy_walk_equals_dict_walk(sizes: tuple[int, int]) -> None:
+    """The packed-key lookup for long texts and the dict lookup for short ones give the same logit."""
+    ngrams = CharNgrams(*sizes, max_chars=5_000, tail_chars=0)
+    rng = random.Random(sum(sizes))
+    corpus = [random_text(rng) for _ in range(200)]
+    vocabulary = sorted({g for t in corpus[:100] for g in ngrams.ngrams(ngrams.preprocess(t))})
+    block = NgramWeights(ngrams, {g: rng.gauss(0.0, 1.0) for g in vocabulary})
+    assert block._packed is not None
+    for raw in [*corpus[100:], "", "a", "\ud800 lone surrogate", "日本" * 300, " ".join(corpus)]:
+        text = ngrams.preprocess(raw)
+        assert block._packed.logit(text) == pytest.approx(block._short_logit(text), abs=1e-12)
+
+
+def test_repeats_add_up_and_unknown_ngrams_count_for_nothing() -> None:
+    block = NgramWeights(CharNgrams(4, 4), {"abab": 1.0, "baba": 0.5, "zzzz": 9.0})
+    # abab twice, baba once: (2 * 1.0 + 0.5) / sqrt(2**2 + 1**2); "bab!", "ab!?" are not in the vocabulary
+    assert block.logit("ababab!?") == pytest.approx(2.5 / math.sqrt(5))
+    assert block.logit("ABABAB") == pytest.approx(2.5 / math.sqrt(5))  # lowercased, as sklearn does
+    assert block.logit("nothing known here") == 0.0
+    long_text = "ababab!?" + " " * 2 + "x" * (SHORT_TEXT_CHARS + 10)  # the numpy walk, same figure
+    assert block.logit(long_text) == pytest.approx(2.5 / math.sqrt(5))
+
+
+def test_alphabet_too_large_for_packed_keys_falls_back_to_the_dict_walk() -> None:
+    ngrams = CharNgrams(2, 2)  # 16-bit character ids: at most 65,534 distinct characters
+    weights = {chr(0x20000 + i) * 2: 0.001 * (i % 100) for i in range(65_535)}
+    assert PackedVocabulary.build(ngrams, weights) is None
+    block = NgramWeights(ngrams, weights)
+    text = (chr(0x20000 + 7) * 2 + " ") * 200
+    assert block.logit(text) == pytest.approx(0.007, rel=1e-9)
+
+
+def test_inputs_constant_in_training_get_no_weight(fitted: Fitted) -> None:
+    weights = {n.name: n.coef for n in fitted.model.numeric}
+    assert weights["message_count"] == weights["history_tokens"] == weights["tools_count"] == 0.0  # one turn
+    assert weights["last_user_tokens"] != 0.0
 
 
 def test_model_learned_the_synthetic_signal(fitted: Fitted) -> None:
@@ -111,8 +135,8 @@ def test_artifact_round_trip_is_plain_sparse_json(fitted: Fitted, tmp_path: Path
     path = tmp_path / "model.json"
     fitted.model.save(path)
     doc = json.loads(path.read_text())
-    assert doc["format"] == "agent-gateway/classifier" and doc["version"] == 1
-    assert len(doc["text_coef"]["index"]) == len(doc["text_coef"]["value"]) < doc["text"]["n_features"]
+    assert doc["format"] == "agent-gateway/classifier" and doc["version"] == 2
+    assert list(doc["text_weights"]) == list(fitted.model.text_weights)  # the column order survives
     loaded = Classifier.load(path)
     for text in ["prove the lemma", "hello", ""]:
         assert loaded.score(request(text)) == pytest.approx(fitted.model.score(request(text)), abs=1e-6)
@@ -130,7 +154,8 @@ def test_pickle_file_is_rejected_without_unpickling(tmp_path: Path) -> None:
     [
         ('{"format": "something-else", "version": 1}', "format is 'something-else'"),
         ('{"format": "agent-gateway/classifier", "version": 99}', "version 99"),
-        ('{"format": "agent-gateway/classifier", "version": 1}', "not a valid classifier artifact"),
+        ('{"format": "agent-gateway/classifier", "version": 1}', "version 1 is not 2; retrain"),  # hashed n-grams
+        ('{"format": "agent-gateway/classifier", "version": 2}', "not a valid classifier artifact"),
         ('{"format": "agent-gateway/classifier", "vers', "not a JSON artifact"),
         ("[1, 2]", "format is 'list'"),
     ],
@@ -237,19 +262,13 @@ def test_compare_routers_prints_baselines() -> None:
 
 
 def test_length_boost_folds_into_the_model_exactly(fitted: Fitted) -> None:
-    rows = synthetic_rows(120, seed=9)
-    examples = [
-        Example(
-            request(r["prompt"]), float(r["q_strong"]), float(r["q_weak"]), r["category"], len(r["prompt"])
-        )
-        for r in rows
-    ]
+    examples = examples_of(synthetic_rows(120, seed=9))
     model = Classifier.from_dict(fitted.model.to_dict())
     before = np.array([model.score(e.features) for e in examples])
-    apply_length_boost(model, examples, 0.7)
-    after = np.array([model.score(e.features) for e in examples])
+    boosted_model = with_length_boost(model, examples, 0.7)
+    after = np.array([boosted_model.score(e.features) for e in examples])
     assert np.abs(after - boosted(before, examples, 0.7)).max() < 1e-9
-    assert model.meta["length_boost"] == 0.7
+    assert boosted_model.meta["length_boost"] == 0.7 and "length_boost" not in model.meta
     long_first = np.argsort([-e.features.last_user_tokens for e in examples])
     assert (after - before)[long_first[0]] > 0 > (after - before)[long_first[-1]]
 
@@ -269,39 +288,7 @@ def test_tuned_boost_never_lowers_apgr() -> None:
     assert boost > 0  # on this data longer prompts are the hard ones
 
 
-@pytest.mark.parametrize(
-    ("columns", "negative", "expected"),
-    [
-        ([5, 5, 7], [False, False, True], 4 + 1),  # repeats add up before squaring
-        ([5, 5, 5], [False, True, False], 1),  # opposite signs in one column cancel
-        ([3, 9, 3, 9, 9], [True, False, True, True, True], 4 + 1),
-        ([1], [False], 1),
-    ],
-)
-def test_squared_norm_groups_columns_and_signs(
-    columns: list[int], negative: list[bool], expected: float
-) -> None:
-    assert squared_norm(np.array(columns, dtype=np.int32), np.array(negative)) == expected
-
-
 def test_long_text_keeps_head_and_tail() -> None:
-    ngrams = CharNgrams(3, 5, 2**18, max_chars=100, tail_chars=30)
+    ngrams = CharNgrams(3, 4, max_chars=100, tail_chars=30)
     clipped = ngrams.clip("h" * 200 + "QUESTION" + "t" * 22)
     assert len(clipped) == 100 and clipped.startswith("h" * 70) and clipped.endswith("QUESTION" + "t" * 22)
-
-
-def test_crowded_columns_still_equal_sklearn() -> None:
-    """16 columns: n-grams of both signs share columns, on the short-text and the numpy paths alike."""
-    rows = synthetic_rows(120, seed=3)
-    examples = [
-        Example(
-            request(r["prompt"]), float(r["q_strong"]), float(r["q_weak"]), r["category"], len(r["prompt"])
-        )
-        for r in rows
-    ]
-    crowded = fit(examples, text=CharNgrams(3, 5, 16))
-    rng = random.Random(5)
-    features = [request(random_text(rng)) for _ in range(60)] + [e.features for e in examples[:20]]
-    ours = np.array([crowded.model.score(f) for f in features])
-    theirs = crowded.estimator.predict_proba(design_matrix(crowded.model, features))[:, 1]
-    assert np.abs(ours - theirs).max() < 1e-9

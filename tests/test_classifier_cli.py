@@ -15,7 +15,7 @@ from gateway import classifier_cli
 from gateway.classifier import Calibration, Classifier
 from tests.classifier_fixtures import as_messages, synthetic_rows, write_csv
 
-SMALL = ("--n-features", "16384")  # small hashed space: fast fits on tiny data
+SMALL = ("--min-df", "1")  # tiny data: every n-gram it has enters the vocabulary
 
 
 def run(*argv: str) -> int:
@@ -203,6 +203,24 @@ def test_missing_file_and_pickled_model_exit_2(
 def test_group_by_column_must_exist(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("classifier", "eval", "--data", str(data), "--cv", "2", "--group-by", "subject") == 2
     assert "'subject'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "fragment"), [(("--min-df", "0"), "--min-df"), (("--ngram", "5", "3"), "--ngram")]
+)
+def test_bad_text_options_exit_2(
+    data: Path, option: tuple[str, ...], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("classifier", "eval", "--data", str(data), "--cv", "2", *option) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_ngram_sizes_reach_the_model(workdir: Path, data: Path) -> None:
+    out = workdir / "trigram-model.json"
+    assert run("classifier", "train", "--data", str(data), "--out", str(out), "--ngram", "3", "3", *SMALL) == 0
+    model = Classifier.load(out)
+    assert (model.text.ngram_min, model.text.ngram_max) == (3, 3)
+    assert all(len(gram) == 3 for gram in model.text_weights)
 
 
 def test_target_share_out_of_range(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
