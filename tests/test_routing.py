@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway import policy as policy_module
+from gateway.classifier import Calibration
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import extract
 from gateway.routing import Context, DeploymentLoad, decide
@@ -39,7 +40,7 @@ TOOLS = [{"type": "function", "function": {"name": "f"}}]
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, {}, "hq",
          "json-schema-to-hq"),
         ({}, {"complexity": 0.9}, "hq", "hard-prompt-to-hq"),
-        ({}, {"complexity": 0.2}, "fast", "default"),
+        ({}, {"complexity": 0.05}, "fast", "default"),
         ({"model": "hq"}, {}, "hq", "pin:hq"),
         ({"model": "fast", "tools": TOOLS}, {}, "fast", "pin:fast"),
     ],
@@ -111,11 +112,12 @@ def test_embeddings_need_a_deployment_that_serves_them() -> None:
 
 def test_explain_lists_every_rule_checked() -> None:
     decision = decide(POLICY, _features(), _ctx(complexity=0.1), explain=True)
+    threshold = Calibration.default().threshold_for_share(0.2)  # the default policy's hq_share
     assert decision.reasons[:4] == (
         "rule tools-to-hq: no match (tools=False, wants True)",
         "rule long-context-to-hq: no match (prompt_tokens=1, wants gte 6000)",
         "rule json-schema-to-hq: no match (response_format=None, wants 'json_schema')",
-        "rule hard-prompt-to-hq: no match (complexity=0.1, wants gte 0.62)",
+        f"rule hard-prompt-to-hq: no match (complexity=0.1, wants gte {threshold})",
     )
 
 
