@@ -50,21 +50,44 @@ def span_json(span: ReadableSpan) -> str:
 
 
 def _attributes_json(attributes: Mapping[str, Any]) -> str:
-    return "[" + ",".join(_attribute_json(key, value) for key, value in attributes.items()) + "]"
+    parts = []
+    for item in attributes.items():
+        key, value = item
+        kind = value.__class__
+        if kind is int:  # numbers rarely repeat: written directly, the key's JSON from its cache
+            parts.append(f'{{"key":{_KEYS.get(key) or _key_json(key)},"value":{{"intValue":"{value}"}}}}')
+        elif kind is float and math.isfinite(value):
+            parts.append(f'{{"key":{_KEYS.get(key) or _key_json(key)},"value":{{"doubleValue":{value!r}}}}}')
+        else:
+            fragment = _FRAGMENTS.get(item) if kind in _CACHED_TYPES else None
+            parts.append(fragment or _attribute_json(item))
+    return "[" + ",".join(parts) + "]"
 
 
+_KEYS: dict[str, str] = {}
+
+
+def _key_json(key: str) -> str:
+    if len(_KEYS) >= _FRAGMENTS_MAX:
+        _KEYS.clear()
+    _KEYS[key] = encoded = _json_str(key)
+    return encoded
+
+
+# Fragments of string and string-tuple attributes, keyed by the (key, value) item itself. Numbers are
+# not: they rarely repeat, and 1, 1.0 and True are equal keys that must encode differently.
+_CACHED_TYPES = frozenset({str, tuple})
 _FRAGMENTS: dict[tuple[str, Any], str] = {}
-_FRAGMENTS_MAX = 4096  # request ids and timings never repeat: start over rather than grow without bound
+_FRAGMENTS_MAX = 4096  # request ids never repeat: start over rather than grow without bound
 
 
-def _attribute_json(key: str, value: Any) -> str:
-    cache_key = (key, tuple(value) if isinstance(value, list) else value)
-    fragment = _FRAGMENTS.get(cache_key)
-    if fragment is None:
-        fragment = f'{{"key":{_json_str(key)},"value":{_value_json(value)}}}'
+def _attribute_json(item: tuple[str, Any]) -> str:
+    key, value = item
+    fragment = f'{{"key":{_json_str(key)},"value":{_value_json(value)}}}'
+    if value.__class__ is str or (value.__class__ is tuple and all(v.__class__ is str for v in value)):
         if len(_FRAGMENTS) >= _FRAGMENTS_MAX:
             _FRAGMENTS.clear()
-        _FRAGMENTS[cache_key] = fragment
+        _FRAGMENTS[item] = fragment
     return fragment
 
 

@@ -195,3 +195,14 @@ def test_span_json_has_the_error_status_and_typed_values() -> None:
         'x "quoted"\n', 3, 0.5, True)
     assert math.isnan(values["nan"].double_value)
     assert [v.string_value for v in values["a"].array_value.values] == ["p", "q"]
+
+
+def test_equal_but_differently_typed_values_keep_their_own_encoding() -> None:
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter))
+    for value in (1, True, 1.0, "1", ("1",)):
+        spans.record("gateway chat", 5, {"x": value})
+    encoded = json.loads(otlp_json(exporter.get_finished_spans()))
+    values = [span["attributes"][0]["value"] for span in encoded["resourceSpans"][0]["scopeSpans"][0]["spans"]]
+    assert values == [{"intValue": "1"}, {"boolValue": True}, {"doubleValue": 1.0}, {"stringValue": "1"},
+                      {"arrayValue": {"values": [{"stringValue": "1"}]}}]
