@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _json_str  # C-accelerated; valid JSON text
 from typing import Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanKind, StatusCode
 
 
 def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:
@@ -18,34 +20,43 @@ def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:
     for span in spans:
         key = (id(span.resource), id(span.instrumentation_scope))
         groups.setdefault(key, (span, []))[1].append(span_json(span))
-    return request_json([resource_spans_json(first, encoded) for first, encoded in groups.values()])
+    return request_json([resource_spans_json(first.resource, first.instrumentation_scope, encoded)
+                         for first, encoded in groups.values()])
 
 
 def request_json(resource_spans: Sequence[str]) -> bytes:
     return f'{{"resourceSpans":[{",".join(resource_spans)}]}}'.encode()
 
 
-def resource_spans_json(first: ReadableSpan, encoded_spans: Sequence[str]) -> str:
-    """One ResourceSpans holding already-encoded spans that share `first`'s resource and scope."""
-    scope = first.instrumentation_scope
+def resource_spans_json(resource: Resource, scope: InstrumentationScope | None, encoded_spans: Sequence[str]) -> str:
+    """One ResourceSpans holding already-encoded spans of that resource and scope."""
     scope_json = json.dumps({"name": scope.name, "version": scope.version or ""} if scope else {"name": ""})
-    return (f'{{"resource":{{"attributes":{_attributes_json(first.resource.attributes)}}},'
+    return (f'{{"resource":{{"attributes":{_attributes_json(resource.attributes)}}},'
             f'"scopeSpans":[{{"scope":{scope_json},"spans":[{",".join(encoded_spans)}]}}]}}')
 
 
 def span_json(span: ReadableSpan) -> str:
+    context = span.context
+    return span_text(
+        context.trace_id if context else 0, context.span_id if context else 0, span.name, span.kind,
+        span.start_time or 0, span.end_time or 0, span.attributes or {},
+        span.parent.span_id if span.parent is not None else None,
+        (span.status.description or "") if span.status.status_code is StatusCode.ERROR else None,
+    )
+
+
+def span_text(trace_id: int, span_id: int, name: str, kind: SpanKind, start_ns: int, end_ns: int,
+              attributes: Mapping[str, Any], parent_span_id: int | None = None, error: str | None = None) -> str:
     """One span, as text built from cached fragments rather than dicts and json.dumps: a request span's
     attributes mostly repeat (operation, models, rule, reasons, deployment)."""
-    context = span.context
-    trace_id, span_id = (context.trace_id, context.span_id) if context else (0, 0)
     # The API's SpanKind starts at INTERNAL=0; OTLP's at UNSPECIFIED=0. Ids are hex in OTLP's JSON.
-    out = (f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}","name":{_json_str(span.name)},'
-           f'"kind":{span.kind.value + 1},"startTimeUnixNano":"{span.start_time or 0}",'
-           f'"endTimeUnixNano":"{span.end_time or 0}","attributes":{_attributes_json(span.attributes or {})}')
-    if span.parent is not None:
-        out += f',"parentSpanId":"{span.parent.span_id:016x}"'
-    if span.status.status_code is StatusCode.ERROR:
-        out += f',"status":{{"code":2,"message":{_json_str(span.status.description or "")}}}'
+    out = (f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}","name":{_json_str(name)},'
+           f'"kind":{kind.value + 1},"startTimeUnixNano":"{start_ns}","endTimeUnixNano":"{end_ns}",'
+           f'"attributes":{_attributes_json(attributes)}')
+    if parent_span_id is not None:
+        out += f',"parentSpanId":"{parent_span_id:016x}"'
+    if error is not None:
+        out += f',"status":{{"code":2,"message":{_json_str(error)}}}'
     return out + "}"
 
 

@@ -158,7 +158,7 @@ async def test_an_unreachable_collector_drops_the_batch_without_naming_its_secre
 async def test_a_full_queue_drops_new_spans_and_counts_them(collector) -> None:  # type: ignore[no-untyped-def]
     endpoint, batches = collector
     pool = Pool()
-    export = LoopExport(pool, endpoint, max_queue=10, batch_size=4, slice_size=3)
+    export = LoopExport(pool, endpoint, max_queue=10, batch_size=4)
     spans = Spans(export)
     for _ in range(15):
         spans.record("gateway chat", 1, {"k": "v"})
