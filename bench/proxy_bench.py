@@ -32,6 +32,7 @@ SCENARIOS = [
     ("open loop 400 req/s", ["--rate", "400"]),
 ]
 TARGETS = ("direct", "minimal proxy", "gateway")
+NO_SCORE = "gw w/o score"  # with --without-classifier: the same gateway and policy minus its score rules
 
 
 def free_port() -> int:
@@ -55,14 +56,14 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def gateway_policy(upstream: str, directory: str, source: Path, without_classifier: bool) -> str:
+def gateway_policy(upstream: str, directory: str, source: Path, without_classifier: bool, name: str) -> str:
     policy = yaml.safe_load(source.read_text())
     if without_classifier:  # to measure what the classifier costs: the same policy minus score rules
         policy["rules"] = [r for r in policy.get("rules", []) if "complexity" not in r.get("when", {})]
     for dep in policy["deployments"].values():
         dep["url"] = upstream
         dep["health"]["interval_s"] = 1
-    path = Path(directory) / "bench-policy.yaml"
+    path = Path(directory) / f"bench-policy-{name.replace(' ', '-').replace('/', '')}.yaml"
     path.write_text(yaml.safe_dump(policy))
     return str(path)
 
@@ -104,30 +105,35 @@ def run(
     rounds: int, duration_s: float, workers: int, policy: Path, without_classifier: bool, only: str | None,
     traces: bool,
 ) -> tuple[Results, int]:
-    """Figures per scenario and target, and how many spans the gateway exported meanwhile."""
+    """Figures per scenario and target, and how many spans the gateways exported meanwhile."""
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            up_port, min_port, gw_port, sink_port = free_port(), free_port(), free_port(), free_port()
+            up_port, min_port, sink_port = free_port(), free_port(), free_port()
             upstream = f"http://127.0.0.1:{up_port}"
             procs.append(start([PY, "-m", "bench.fake_upstream", str(up_port)]))
             procs.append(start([PY, "-m", "bench.trace_sink", str(sink_port)]))
+            ports: dict[str, int] = {"direct": up_port, "minimal proxy": min_port}
+            pids: dict[str, int | None] = {"direct": None}
             procs.append(start([PY, "-m", "bench.minimal_proxy", str(min_port), upstream]))
-            procs.append(start([PY, "-m", "gateway", "serve", "--policy",
-                                gateway_policy(upstream, tmp, policy, without_classifier),
-                                "--port", str(gw_port), "--workers", str(workers)],
-                               env={"AGENT_GATEWAY_LOG_LEVEL": "WARNING", **_telemetry_env(traces, sink_port)}))
-            for port in (up_port, min_port, gw_port, sink_port):
+            pids["minimal proxy"] = procs[-1].pid
+            gateways = {"gateway": False, **({NO_SCORE: True} if without_classifier else {})}
+            for name, drop_score_rules in gateways.items():
+                ports[name] = free_port()
+                procs.append(start([PY, "-m", "gateway", "serve", "--policy",
+                                    gateway_policy(upstream, tmp, policy, drop_score_rules, name),
+                                    "--port", str(ports[name]), "--workers", str(workers)],
+                                   env={"AGENT_GATEWAY_LOG_LEVEL": "WARNING", **_telemetry_env(traces, sink_port)}))
+                pids[name] = procs[-1].pid
+            for port in (*ports.values(), sink_port):
                 wait_ready(port)
             time.sleep(1.0)  # first health probes
-            urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions"
-                    for name, port in zip(TARGETS, (up_port, min_port, gw_port), strict=True)}
-            pids = {"direct": None, "minimal proxy": procs[2].pid, "gateway": procs[3].pid}
+            urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions" for name, port in ports.items()}
             scenarios = [(name, extra) for name, extra in SCENARIOS if only is None or only in name]
-            results: Results = {s: {t: [] for t in TARGETS} for s, _ in scenarios}
+            results: Results = {s: {t: [] for t in ports} for s, _ in scenarios}
             for r in range(rounds):
                 for scenario, extra in scenarios:
-                    for target in TARGETS:  # interleaved, so drift hits all three alike
+                    for target in ports:  # interleaved, so drift hits every target alike
                         results[scenario][target].append(measure(urls[target], extra, duration_s, pids[target]))
                 print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
             time.sleep(_EXPORT_WAIT_S if traces else 0)
@@ -172,8 +178,15 @@ def report(results: Results, spans: int) -> None:
                   f"{rps / direct_rps:9.2f} {rps / minimal_rps:9.2f} {p50 - direct_p50:8.2f} "
                   f"{median(samples, 'cpu_us_per_req'):10.0f} "
                   f"{sum(int(s['errors']) for s in samples):6d}")
-    gateway_requests = sum(int(s["requests"]) for by_target in results.values() for s in by_target["gateway"])
-    print(f"\nspans the gateway exported over OTLP: {spans} for {gateway_requests} requests")
+    gateway_requests = sum(int(s["requests"]) for by_target in results.values()
+                           for target, samples in by_target.items() if target.startswith("g") for s in samples)
+    print(f"\nspans the gateways exported over OTLP: {spans} for {gateway_requests} requests")
+    for scenario, by_target in results.items():
+        if NO_SCORE in by_target:
+            with_score, without = median(by_target["gateway"], "cpu_us_per_req"), median(by_target[NO_SCORE],
+                                                                                         "cpu_us_per_req")
+            print(f"{scenario}: the classifier's share of the gateway's CPU per request: "
+                  f"{(with_score - without) / with_score:.1%} ({with_score:.0f} vs {without:.0f} µs; target <= 10%)")
     if "non-stream c=32" not in results or "open loop 400 req/s" not in results:
         return
     c32 = results["non-stream c=32"]
@@ -193,7 +206,8 @@ def main() -> None:
     parser.add_argument("--policy", type=Path, default=ROOT / "policies" / "default.yaml",
                         help="gateway policy (its deployment URLs are pointed at the fake upstream)")
     parser.add_argument("--without-classifier", action="store_true",
-                        help="drop the policy's complexity rules, to measure what scoring costs")
+                        help="also run the gateway with the policy's score rules dropped (interleaved), "
+                             "and print the classifier's share of the CPU per request")
     parser.add_argument("--no-traces", action="store_true",
                         help="run the gateway without exporting spans (metrics only)")
     parser.add_argument("--only", help="run only the scenarios whose name contains this, e.g. c=32")
