@@ -399,12 +399,8 @@ class Pool:
         return self._ssl
 
     def put_back(self, connection: _Connection) -> None:
-        waiters = self._waiters.get(connection.origin)
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(connection)
-                return
+        if self._hand_to_waiter(connection.origin, connection):
+            return
         if self._closed:
             connection.abort()
             return
@@ -420,12 +416,17 @@ class Pool:
         idle = self._idle.get(connection.origin)
         if idle and connection in idle:
             idle.remove(connection)
-        waiters = self._waiters.get(connection.origin)
+        self._hand_to_waiter(connection.origin, None)
+
+    def _hand_to_waiter(self, origin: Origin, handed: _Connection | None) -> bool:
+        """Give the first request still waiting at the limit a connection, or (None) a free slot."""
+        waiters = self._waiters.get(origin)
         while waiters:
             waiter = waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
-                return
+                waiter.set_result(handed)
+                return True
+        return False
 
     async def close(self) -> None:
         self._closed = True

@@ -41,6 +41,20 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
 
+def replying(data: bytes, *, then_close: bool) -> Handler:
+    """A raw handler that reads one request, writes `data`, then closes or keeps the connection a while."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(data)
+        await writer.drain()
+        if then_close:
+            writer.close()
+        else:
+            await asyncio.sleep(1)
+
+    return handle
+
+
 @pytest.fixture
 async def pool() -> AsyncIterator[Pool]:
     client = Pool()
@@ -138,24 +152,13 @@ async def test_a_closed_port_is_a_connect_error(pool: Pool) -> None:
 
 
 async def test_bytes_that_are_not_http_are_a_disconnect(pool: Pool) -> None:
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(1)
-
-    async with raw_server(garbage) as base:
+    async with raw_server(replying(b"SSH-2.0-OpenSSH\r\n\r\n", then_close=False)) as base:
         with pytest.raises(Disconnected):
             await pool.request("POST", f"{base}/x", b"{}", read_s=2)
 
 
 async def test_a_connection_closed_mid_body_is_a_disconnect(pool: Pool) -> None:
-    async def truncated(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
-        await writer.drain()
-        writer.close()
-
+    truncated = replying(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part", then_close=True)
     async with raw_server(truncated) as base:
         response = await pool.request("POST", f"{base}/x", b"{}", read_s=2)
         with pytest.raises(Disconnected):
@@ -163,25 +166,14 @@ async def test_a_connection_closed_mid_body_is_a_disconnect(pool: Pool) -> None:
 
 
 async def test_a_body_delimited_by_close_is_read_whole(pool: Pool) -> None:
-    async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
-        await writer.drain()
-        writer.close()
-
+    close_delimited = replying(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it", then_close=True)
     async with raw_server(close_delimited) as base:
         response = await pool.request("POST", f"{base}/x", b"{}", read_s=2)
         assert await response.read() == b"all of it"
 
 
 async def test_an_interim_100_response_is_skipped(pool: Pool) -> None:
-    async def interim(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + OK)
-        await writer.drain()
-        await asyncio.sleep(0.5)
-
-    async with raw_server(interim) as base:
+    async with raw_server(replying(b"HTTP/1.1 100 Continue\r\n\r\n" + OK, then_close=False)) as base:
         response = await pool.request("POST", f"{base}/x", b"{}", read_s=2)
         assert (response.status, await response.read()) == (200, b"{}")
 
