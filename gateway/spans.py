@@ -27,7 +27,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 DEFAULT_OTLP_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _OK = Status(StatusCode.UNSET)
+_SAMPLE = Decision.RECORD_AND_SAMPLE
 
 
 class Spans:
@@ -55,7 +56,7 @@ class Spans:
 
     def record(self, name: str, start_ns: int, attributes: Mapping[str, Any], error: str | None = None) -> None:
         trace_id = self._ids.getrandbits(128) or 1  # zero is the invalid id
-        if self._sampler is not None and not self._sampler.should_sample(None, trace_id, name).decision.is_sampled():
+        if self._sampler is not None and self._sampler.should_sample(None, trace_id, name).decision != _SAMPLE:
             return
         span_id = self._ids.getrandbits(64) or 1
         if isinstance(self.processor, LoopExport):
