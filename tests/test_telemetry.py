@@ -116,6 +116,9 @@ async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: 
     spans = stack.gateway.app[SERVICES].spans
     assert isinstance(spans.processor, LoopExport)
     await spans.processor.flush()  # the batch is not full yet: send it now rather than after the delay
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
+        exposition = await resp.text()
+    assert "gateway_spans_exported 3.0" in exposition and "gateway_spans_dropped 0.0" in exposition
     await asyncio.sleep(0)
     assert batches, "no batch reached the collector"
     headers, body = batches[0]
