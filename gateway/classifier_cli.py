@@ -11,24 +11,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from gateway.classifier import Calibration, Classifier, ModelFileError
-from gateway.classifier_train import (
-    DEFAULT_OPTIONS,
-    Example,
-    TrainingOptions,
-    compare_routers,
-    cross_validate,
-    fit,
-    plot,
-    report,
-    tune_length_boost,
-    with_length_boost,
-)
+from gateway.classifier_options import DEFAULT_OPTIONS, TrainingOptions
 from gateway.features import Features, extract
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from gateway.classifier_train import Example
 
 PROGRESS_EVERY_ROWS = 2_000
 
@@ -226,14 +220,23 @@ def _number(path: str, line: int, cells: dict[str, str], column: str) -> float:
     return number
 
 
+def _training_code() -> ModuleType:
+    """scikit-learn and scipy load only for the commands that train or evaluate: every command, `serve`
+    included, builds this module's parser, and importing them costs about 1 s and 70 MB per process."""
+    from gateway import classifier_train
+
+    return classifier_train
+
+
 def read_examples(path: str, group_by: str | None = None) -> list[Example]:
     """Labelled rows as training examples (features extracted as the gateway would)."""
+    example = _training_code().Example
     examples = []
     for row in read_rows(path, labelled=True):
         if group_by is not None and group_by not in row.cells:
             raise DataError(f"{path}: no column {group_by!r} to group by; found {list(row.cells)}")
         examples.append(
-            Example(
+            example(
                 features=extract(row.body, "chat"),
                 q_strong=row.q_strong,
                 q_weak=row.q_weak,
@@ -258,18 +261,19 @@ def run_train(args: argparse.Namespace) -> int:
     progress(f"{len(examples)} rows read from {args.data}")
     cv_meta: dict[str, Any] = {}
     boost = 0.0
+    train = _training_code()
     if args.group_by and args.cv:
-        scores = cross_validate(examples, args.cv, progress, _training(args))
+        scores = train.cross_validate(examples, args.cv, progress, _training(args))
         print(f"{args.cv}-fold cross-validation, whole {args.group_by!r} groups held out:")
         cv_meta = {"plain": _print_figures(examples, scores, None)}
         if args.tune_length_boost:
-            boost, tuned = tune_length_boost(scores, examples)
+            boost, tuned = train.tune_length_boost(scores, examples)
             print(f"with the length boost {boost} tuned on these out-of-fold scores:")
             cv_meta["length_boost"] = {"boost": boost, **_print_figures(examples, tuned, args.plot)}
     progress("fitting the final model on all rows")
-    model = fit(examples, _training(args)).model
+    model = train.fit(examples, _training(args)).model
     if boost:
-        model = with_length_boost(model, examples, boost)
+        model = train.with_length_boost(model, examples, boost)
     model.meta.update({"data": Path(args.data).name, "cv": cv_meta, "group_by": args.group_by})
     model.save(args.out)
     progress(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.1f} MB)")
@@ -303,7 +307,7 @@ def run_eval(args: argparse.Namespace) -> int:
         raise DataError(f"--cv must be at least 2, got {args.cv}")
     examples = read_examples(args.data, args.group_by)
     if args.cv:
-        scores = cross_validate(examples, args.cv, progress, _training(args))
+        scores = _training_code().cross_validate(examples, args.cv, progress, _training(args))
     else:
         model = load_model(args.model)
         scores = np.array([model.score(e.features) for e in examples])
@@ -312,13 +316,14 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _print_figures(examples: list[Example], scores: Any, plot_path: str | None) -> dict[str, Any]:
-    results = compare_routers(np.asarray(scores, dtype=np.float64), examples)
+    train = _training_code()
+    results = train.compare_routers(np.asarray(scores, dtype=np.float64), examples)
     strong = float(np.mean([e.q_strong for e in examples]))
     weak = float(np.mean([e.q_weak for e in examples]))
-    for line in report(results, strong, weak):
+    for line in train.report(results, strong, weak):
         print(line)
     if plot_path:
-        plot(results, strong, weak, plot_path)
+        train.plot(results, strong, weak, plot_path)
         progress(f"wrote {plot_path}")
     return {name: {"apgr": s.apgr, "cpt50": s.cpt50, "cpt80": s.cpt80} for name, (s, _) in results.items()}
 

@@ -13,10 +13,10 @@ import pytest
 from sklearn.feature_extraction.text import CountVectorizer
 
 from gateway.classifier import Calibration, Classifier, ModelFileError
+from gateway.classifier_options import TrainingOptions
 from gateway.classifier_train import (
     Example,
     Fitted,
-    TrainingOptions,
     boosted,
     compare_routers,
     design_matrix,

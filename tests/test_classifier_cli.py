@@ -7,6 +7,8 @@ import csv
 import gzip
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,3 +228,11 @@ def test_ngram_sizes_reach_the_model(workdir: Path, data: Path) -> None:
 def test_target_share_out_of_range(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("classifier", "calibrate", "--data", str(data), "--target-hq-share", "1.5") == 2
     assert "--target-hq-share" in capsys.readouterr().err
+
+
+def test_building_the_cli_does_not_load_scikit_learn() -> None:
+    """`serve` builds the same parser as the classifier commands; the training stack stays unloaded."""
+    code = ("import sys, gateway.cli as c; c.build_parser(); "
+            "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
