@@ -64,14 +64,10 @@ def _attributes_json(attributes: Mapping[str, Any]) -> str:
     parts = []
     for item in attributes.items():
         key, value = item
-        kind = value.__class__
-        if kind is int:  # numbers rarely repeat: written directly, the key's JSON from its cache
-            parts.append(f'{{"key":{_KEYS.get(key) or _key_json(key)},"value":{{"intValue":"{value}"}}}}')
-        elif kind is float and math.isfinite(value):
-            parts.append(f'{{"key":{_KEYS.get(key) or _key_json(key)},"value":{{"doubleValue":{value!r}}}}}')
-        else:
-            fragment = _FRAGMENTS.get(item) if kind in _CACHED_TYPES else None
-            parts.append(fragment or _attribute_json(item))
+        if value.__class__ in _CACHED_TYPES:
+            parts.append(_FRAGMENTS.get(item) or _attribute_json(item))
+        else:  # numbers rarely repeat: encoded each time, only the key's JSON comes from a cache
+            parts.append(f'{{"key":{_KEYS.get(key) or _key_json(key)},"value":{_value_json(value)}}}')
     return "[" + ",".join(parts) + "]"
 
 

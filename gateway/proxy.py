@@ -118,18 +118,15 @@ async def _forward(
 
 
 async def _relay_body(request: web.Request, svc: Services, reply: upstream.Reply) -> web.Response:
+    ex: Exchange = request[EXCHANGE]
     ex_headers = upstream.reply_headers(reply)
     raw = await reply.read()
-    if request[EXCHANGE].tap is not None:
-        request[EXCHANGE].tap.append(raw)
+    if ex.tap is not None:
+        ex.tap.append(raw)
     if reply.status == 200:
         svc.backends.record_success(reply.deployment)
-        svc.settle(request[EXCHANGE], _usage_from_json(raw))
+        svc.settle(ex, openai.usage_in_body(raw))
     return web.Response(body=raw, status=reply.status, headers=ex_headers)
-
-
-def _usage_from_json(raw: bytes) -> openai.Usage | None:
-    return openai.usage_in_body(raw)
 
 
 async def _relay_stream(
