@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic_core
+
 from gateway.errors import BadRequest, GatewayError
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
@@ -20,17 +22,31 @@ class Usage:
 
 
 def decode(raw: bytes) -> dict[str, Any]:
-    """Parse a request body; anything but a JSON object is a 400 that says what was wrong."""
+    """Parse a request body; anything but a JSON object is a 400 that says what was wrong.
+
+    pydantic's Rust parser takes about a quarter of json.loads' time on a small chat body; whatever it
+    refuses gets a second parse by json, whose verdict stands: its error messages, and its leniency
+    (a lone surrogate escape is valid JSON text to it).
+    """
     try:
-        body = json.loads(raw)
+        body = pydantic_core.from_json(raw)
+    except ValueError:
+        body = _decode_strictly(raw)
+    if not isinstance(body, dict):
+        raise BadRequest(f"The request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _decode_strictly(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
     except UnicodeDecodeError as exc:
         raise BadRequest("The request body is not valid UTF-8") from exc
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}"
         raise BadRequest(f"The request body is not valid JSON: {exc.msg} at {where}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest(f"The request body must be a JSON object, got {type(body).__name__}")
-    return body
+    except RecursionError as exc:
+        raise BadRequest("The request body nests arrays or objects too deeply") from exc
 
 
 def check(body: dict[str, Any], endpoint: str) -> None:
@@ -84,6 +100,15 @@ def _json_type(py: str) -> str:
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
+def encode(value: Any) -> bytes:
+    """Compact JSON: pydantic's Rust encoder (about 4x json's speed), or json for what it cannot write
+    (a lone surrogate in a string, which json.loads accepts). NaN and Infinity stay as json writes them."""
+    try:
+        return pydantic_core.to_json(value, inf_nan_mode="constants")
+    except pydantic_core.PydanticSerializationError:
+        return _COMPACT.encode(value).encode()
+
+
 def upstream_body(body: dict[str, Any], served_model: str) -> tuple[bytes, bool]:
     """The body for a deployment: only `model` rewritten, and usage always requested on streams.
 
@@ -98,7 +123,7 @@ def upstream_body(body: dict[str, Any], served_model: str) -> tuple[bytes, bool]
         client_wants_usage = bool(options.get("include_usage"))
         if not client_wants_usage:
             out["stream_options"] = {**options, "include_usage": True}
-    return _COMPACT.encode(out).encode(), client_wants_usage
+    return encode(out), client_wants_usage
 
 
 def usage_of(payload: Any) -> Usage | None:

@@ -29,6 +29,7 @@ async def _post(stack: Stack, body: bytes | str, path: str = "/chat/completions"
     [
         ("{not json", 400, "not valid JSON"),
         ("[1, 2]", 400, "must be a JSON object"),
+        ("[" * 100_000, 400, "nests arrays or objects too deeply"),
         ("", 400, "empty"),
         (b'{"model": "\xff"}', 400, "UTF-8"),
         (json.dumps({"messages": HELLO}), 400, "Missing required parameter: 'model'"),

@@ -66,6 +66,22 @@ async def test_body_reaches_deployment_unchanged_except_model(stack: Stack) -> N
     assert headers["x-custom"] == "kept"
 
 
+async def test_json_edge_values_reach_deployment_as_json_writes_them(stack: Stack) -> None:
+    """The fast codec refuses a lone surrogate escape; json's leniency and encoding still hold for it,
+    and for NaN, big integers and repeated keys (the last one wins)."""
+    raw = ('{"model": "auto", "messages": [{"role": "user", "content": "half \\ud83d"}], "temperature": 0.5,'
+           ' "seed": 123456789012345678901234567890, "x": NaN, "top_k": 1, "top_k": 2}')
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/chat/completions", data=raw.encode(),
+                             headers={"content-type": "application/json"}) as resp:
+            assert resp.status == 200, await resp.text()
+    sent = stack.fast.received[-1]
+    assert sent["messages"][0]["content"] == "half \ud83d"
+    assert sent["seed"] == 123456789012345678901234567890 and sent["top_k"] == 2
+    assert sent["x"] != sent["x"]  # NaN
+    assert sent["temperature"] == 0.5 and sent["model"] == "fake-fast"
+
+
 async def test_streaming_relays_chunks_and_hides_usage_the_client_did_not_ask_for(stack: Stack) -> None:
     async with stack.client() as client:
         stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
