@@ -171,6 +171,26 @@ async def test_a_full_queue_drops_new_spans_and_counts_them(collector) -> None: 
     assert [len(json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"]) for _, body in batches] == [4, 4, 2]
 
 
+async def test_a_batch_cancelled_while_encoding_keeps_its_spans(collector) -> None:  # type: ignore[no-untyped-def]
+    endpoint, batches = collector
+    pool = Pool()
+    export = LoopExport(pool, endpoint, batch_size=200)
+    spans = Spans(export)
+    for i in range(200):
+        spans.record("gateway chat", 1, {"n": i})
+    encoding = asyncio.ensure_future(export.flush())
+    await asyncio.sleep(0)  # the first slice is encoded, then the encoder yields
+    assert len(export._queue) < 200
+    encoding.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await encoding
+    assert len(export._queue) == 200 and isinstance(export._queue[0], str)
+    await export.flush()
+    await pool.close()
+    sent = json.loads(batches[0][1])["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert [span["attributes"][0]["value"]["intValue"] for span in sent] == [str(i) for i in range(200)]
+
+
 def test_a_sampler_from_the_environment_is_honoured() -> None:
     exporter = InMemorySpanExporter()
     spans = Spans(SimpleSpanProcessor(exporter), sampler=TraceIdRatioBased(0.25))
