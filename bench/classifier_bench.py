@@ -5,16 +5,18 @@
 Prints p50/p99 (µs) of `extract` and `score` for a small chat and a 2,000-token prompt (token counts
 cold, i.e. with the exact-count memo cleared, and warm, as a repeated system prompt would be), the
 same scored by scikit-learn's transform + predict_proba for comparison, `score` over 10,000 distinct
-short prompts (so that nothing keyed by the prompt can help), and `extract` on a 200k-token prompt to
-show that its cost is bounded.
+short prompts (so that nothing keyed by the prompt can help), `extract` on a 200k-token prompt to
+show that its cost is bounded, and the text logit's three paths (C extension, dict walk, numpy) side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import statistics
 import time
+import timeit
 from collections.abc import Callable
 from typing import Any
 
@@ -146,6 +148,23 @@ def each_once_us(run: Callable[[Any], Any], items: list[Any]) -> tuple[float, fl
     return statistics.median(samples), samples[int(len(samples) * 0.99)], mean
 
 
+def text_logit_paths(model: Classifier, iterations: int) -> None:
+    """Mean µs per text logit (best of 5 batches: below a µs, timing each call would mostly time the clock)."""
+    block = model.text_block
+    paths = {
+        "C extension": block._table.logit if block._table is not None else None,
+        "dict walk": block._short_logit,
+        "numpy": block._packed.logit if block._packed is not None else None,
+    }
+    print(f"-- text logit by path, mean µs per preprocessed prompt (C extension built: {block._table is not None})")
+    for chars in (40, 250, 1_000):
+        text = block.text.preprocess(prose(400)[:chars])
+        for name, run in paths.items():
+            if run is not None:
+                best = min(timeit.repeat(functools.partial(run, text), number=iterations, repeat=5))
+                print(f"  {len(text):>5} chars, {name:<33}{best / iterations * 1e6:>10.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="JSON model (default: the packaged one)")
@@ -205,6 +224,7 @@ def main() -> None:
             percentiles_us(lambda: model.score(extract(huge, "chat")), max(n // 20, 20), cold),
         )
     )
+    text_logit_paths(model, n)
 
 
 if __name__ == "__main__":
