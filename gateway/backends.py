@@ -167,7 +167,7 @@ class Backends:
             return
         figures = parse_metrics(raw.decode("utf-8", "replace"))
         fields = {VLLM_GAUGES[k]: v for k, v in figures.items() if k in VLLM_GAUGES}
-        tracked.load = replace(tracked.load, **fields)
+        tracked.load = replace(tracked.load, **fields)  # type: ignore[arg-type]  # every field named is a float
         drafted = figures.get(SPEC_DRAFTED)
         if drafted:
             tracked.spec_acceptance = figures.get(SPEC_ACCEPTED, 0.0) / drafted

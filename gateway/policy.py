@@ -413,9 +413,9 @@ def _child(node: yaml.Node | None, part: Any) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if key.value == str(part):
-                return value
+                return value  # type: ignore[no-any-return]  # PyYAML's node values are untyped
     if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-        return node.value[part]
+        return node.value[part]  # type: ignore[no-any-return]
     return None
 
 

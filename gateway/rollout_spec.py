@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from typing import Annotated, Literal, cast
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -84,7 +84,7 @@ class ShadowStep(_Model):
 
 
 Step = SetWeightStep | PauseStep | AnalysisStep | ShadowStep
-_STEP_KINDS = {
+_STEP_KINDS: dict[str, type[Step]] = {
     "set_weight": SetWeightStep,
     "pause": PauseStep,
     "analysis": AnalysisStep,
@@ -179,7 +179,7 @@ class RolloutSpec(_Model):
 def _step(index: int, item: dict[str, object]) -> Step:
     kind = next(iter(item))
     try:
-        return cast(Step, _STEP_KINDS[kind](**item))
+        return _STEP_KINDS[kind](**item)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])

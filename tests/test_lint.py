@@ -1,4 +1,4 @@
-"""The tree stays clean under the project's ruff configuration (pyproject.toml)."""
+"""The tree stays clean under the project's ruff and mypy configurations (pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -12,4 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_ruff_is_clean() -> None:
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "gateway", "serving", "bench", "tests"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_strict_is_clean() -> None:
+    """The package type-checks under mypy --strict with pydantic's plugin (settings in pyproject.toml)."""
+    out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
