@@ -129,7 +129,7 @@ def run(
                 wait_ready(port)
             time.sleep(1.0)  # first health probes
             urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions" for name, port in ports.items()}
-            scenarios = [(name, extra) for name, extra in SCENARIOS if only is None or only in name]
+            scenarios = [(name, extra) for name, extra in SCENARIOS if only is None or f" {only} " in f" {name} "]
             results: Results = {s: {t: [] for t in ports} for s, _ in scenarios}
             for r in range(rounds):
                 for scenario, extra in scenarios:
@@ -210,7 +210,7 @@ def main() -> None:
                              "and print the classifier's share of the CPU per request")
     parser.add_argument("--no-traces", action="store_true",
                         help="run the gateway without exporting spans (metrics only)")
-    parser.add_argument("--only", help="run only the scenarios whose name contains this, e.g. c=32")
+    parser.add_argument("--only", help="run only the scenarios whose name has these words, e.g. c=32 or 'open loop'")
     args = parser.parse_args()
     report(*run(args.rounds, args.duration_s, args.workers, args.policy, args.without_classifier, args.only,
                 not args.no_traces))
