@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.errors import Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
-from gateway.services import EXCHANGE, REQUEST_ID, SERVICES, TENANT, Exchange, Services
+from gateway.services import EXCHANGE, REQUEST_ID, SERVICES, SPAN_NAMES, TENANT, Exchange, Services
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,8 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
     endpoint = _ENDPOINTS.get(request.path)
     ex = None
     if endpoint is not None:
-        ex = Exchange(request_id, endpoint)
+        trace = svc.spans.begin(SPAN_NAMES[endpoint], request.headers.get("traceparent")) if svc.spans else None
+        ex = Exchange(request_id, endpoint, trace)
         request[EXCHANGE] = ex
     status = 500
     try:

@@ -95,6 +95,8 @@ async def _forward(
     ex: Exchange = request[EXCHANGE]
     headers = upstream.forwardable(request.headers)
     headers["x-request-id"] = ex.request_id
+    if ex.trace is not None:  # the deployment's spans become children of this request's span
+        headers["traceparent"] = ex.trace.traceparent()
     last: GatewayError | None = None
     for name in decision.attempts:
         dep = policy.deployments[name]

@@ -20,7 +20,7 @@ from gateway.policy import Policy
 from gateway.policy_file import PolicyFile
 from gateway.routing import Context, Decision, needs_complexity
 from gateway.settings import Settings
-from gateway.spans import Spans
+from gateway.spans import Spans, TraceContext
 
 if TYPE_CHECKING:
     from gateway.accounting import Accounting
@@ -86,6 +86,9 @@ class Services:
         self.metrics.count_tokens(ex.deployment, usage.prompt_tokens, usage.completion_tokens)
 
 
+SPAN_NAMES = {endpoint: f"gateway {endpoint}" for endpoint in OPERATION}
+
+
 class Exchange:
     """One client request as the gateway saw it: timings, decision, outcome; ends as one span and metrics.
 
@@ -93,9 +96,9 @@ class Exchange:
     """
 
     __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "request_id", "rule",
-                 "served_model", "started", "started_ns", "tap", "usage")
+                 "served_model", "started", "started_ns", "tap", "trace", "usage")
 
-    def __init__(self, request_id: str, endpoint: str) -> None:
+    def __init__(self, request_id: str, endpoint: str, trace: TraceContext | None = None) -> None:
         self.request_id = request_id
         self.endpoint = endpoint
         self.started = time.perf_counter()
@@ -108,6 +111,7 @@ class Exchange:
         self.usage: Usage | None = None
         self.error: GatewayError | None = None
         self.tap: list[bytes] | None = None  # set when a shadow compares against the relayed bytes
+        self.trace = trace  # None when spans are off: the caller's traceparent then goes upstream as sent
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         self.deployment, self.rule = decision.deployment, decision.rule
@@ -156,7 +160,7 @@ class Exchange:
             attrs[t.TTFT_MS] = ttft_s * 1000
         failed = status >= 500 or self.error is not None
         error = (self.error.message if self.error else str(status)) if failed else None
-        spans.record("gateway " + self.endpoint, self.started_ns, attrs, error)
+        spans.record(SPAN_NAMES[self.endpoint], self.started_ns, attrs, error, self.trace)
 
 
 SERVICES = web.AppKey("services", Services)

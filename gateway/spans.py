@@ -19,8 +19,10 @@ import contextlib
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -30,7 +32,15 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    set_span_in_context,
+)
 
 from gateway import __version__
 from gateway.http_client import ClientError, Pool
@@ -44,6 +54,35 @@ _OK = Status(StatusCode.UNSET)
 _SAMPLE = Decision.RECORD_AND_SAMPLE
 
 
+@dataclass(slots=True)
+class TraceContext:
+    """One request's place in a trace: its span's ids, the caller's span (from `traceparent`), sampled or not."""
+
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None = None
+    sampled: bool = True
+
+    def traceparent(self) -> str:
+        """The W3C header that makes this request's span the parent of the deployment's."""
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-{'01' if self.sampled else '00'}"
+
+
+# W3C trace context, version 00 (later versions may append fields): version-trace id-parent id-flags
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+
+
+def parse_traceparent(header: str | None) -> tuple[int, int, bool] | None:
+    """(trace id, parent span id, sampled) of a valid `traceparent` header, else None (a new trace starts)."""
+    found = _TRACEPARENT.fullmatch(header.strip()) if header else None
+    if found is None or found[1] == "ff" or (found[1] == "00" and found[5]):
+        return None
+    trace_id, parent_id = int(found[2], 16), int(found[3], 16)
+    if not trace_id or not parent_id:
+        return None
+    return trace_id, parent_id, bool(int(found[4], 16) & 1)
+
+
 class Spans:
     """Records finished request spans into a span processor (which batches and exports them)."""
 
@@ -55,18 +94,34 @@ class Spans:
         self._sampler = sampler  # None: every span is kept (OTEL_TRACES_SAMPLER unset)
         self._ids = random.Random()
 
-    def record(self, name: str, start_ns: int, attributes: Mapping[str, Any], error: str | None = None) -> None:
-        trace_id = self._ids.getrandbits(128) or 1  # zero is the invalid id
-        if self._sampler is not None and self._sampler.should_sample(None, trace_id, name).decision != _SAMPLE:
+    def begin(self, name: str, traceparent: str | None = None) -> TraceContext:
+        """A request's trace context: the caller's trace continued when it sent a valid `traceparent`, else a
+        new one; sampled by OTEL_TRACES_SAMPLER (a parent-based one reads the caller's flag), else always."""
+        parent = parse_traceparent(traceparent)
+        trace_id = parent[0] if parent else self._ids.getrandbits(128) or 1  # zero is the invalid id
+        context = TraceContext(trace_id, self._ids.getrandbits(64) or 1, parent[1] if parent else None)
+        if self._sampler is not None:
+            context.sampled = self._sampler.should_sample(
+                _remote_parent(*parent) if parent else None, trace_id, name).decision == _SAMPLE
+        return context
+
+    def record(self, name: str, start_ns: int, attributes: Mapping[str, Any], error: str | None = None,
+               trace: TraceContext | None = None) -> None:
+        """A finished span, in the trace `begin` placed it in (a new trace when None)."""
+        trace = trace or self.begin(name)
+        if not trace.sampled:
             return
-        span_id = self._ids.getrandbits(64) or 1
         if isinstance(self.processor, LoopExport):
-            self.processor.add((trace_id, span_id, name, start_ns, time.time_ns(), attributes, error))
+            self.processor.add((trace.trace_id, trace.span_id, trace.parent_span_id, name, start_ns,
+                                time.time_ns(), attributes, error))
             return
-        context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+        context = SpanContext(trace.trace_id, trace.span_id, is_remote=False, trace_flags=_SAMPLED)
+        parent = None if trace.parent_span_id is None else SpanContext(
+            trace.trace_id, trace.parent_span_id, is_remote=True, trace_flags=_SAMPLED)
         status = _OK if error is None else Status(StatusCode.ERROR, error)
-        span = ReadableSpan(name, context, None, self._resource, attributes, kind=SpanKind.SERVER, status=status,
-                            start_time=start_ns, end_time=time.time_ns(), instrumentation_scope=self._scope)
+        span = ReadableSpan(name, context, parent, self._resource, attributes, kind=SpanKind.SERVER,
+                            status=status, start_time=start_ns, end_time=time.time_ns(),
+                            instrumentation_scope=self._scope)
         self.processor.on_end(span)
 
     def start(self) -> None:
@@ -123,16 +178,22 @@ def otlp_destination() -> tuple[str, dict[str, str]]:
 
 ENCODE_SLICE = 64  # spans encoded between two yields to the event loop: about half a millisecond
 
-# A finished server span as Spans.record hands it over: trace id, span id, name, start and end (ns since the
-# epoch), attributes, error message (None: not an error).
-FinishedSpan = tuple[int, int, str, int, int, Mapping[str, Any], str | None]
+# A finished server span as Spans.record hands it over: trace id, span id, parent span id (None: a root),
+# name, start and end (ns since the epoch), attributes, error message (None: not an error).
+FinishedSpan = tuple[int, int, int | None, str, int, int, Mapping[str, Any], str | None]
 
 
 def _encoded(span: str | FinishedSpan) -> str:
     if isinstance(span, str):
         return span
-    trace_id, span_id, name, start_ns, end_ns, attributes, error = span
-    return span_text(trace_id, span_id, name, SpanKind.SERVER, start_ns, end_ns, attributes, error=error)
+    trace_id, span_id, parent_span_id, name, start_ns, end_ns, attributes, error = span
+    return span_text(trace_id, span_id, name, SpanKind.SERVER, start_ns, end_ns, attributes, parent_span_id, error)
+
+
+def _remote_parent(trace_id: int, span_id: int, sampled: bool) -> Context:
+    """The caller's span as the OpenTelemetry context a parent-based sampler reads."""
+    flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+    return set_span_in_context(NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)))
 
 
 class LoopExport(SpanProcessor):

@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
 from gateway.http_client import Pool
 from gateway.otlp_json import otlp_json
@@ -54,6 +54,58 @@ async def test_span_carries_decision_models_tokens_and_ttft(stack: Stack) -> Non
     assert "rule priority-header: matched, use hq" in attrs["gateway.reasons"]
     assert float(attrs["gateway.ttft_ms"]) > 0
     assert attrs["http.response.status_code"] == 200
+
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+
+
+def _traceparent_sent(stack: Stack) -> str:
+    return {k.lower(): v for k, v in stack.fast.headers_seen[-1].items()}["traceparent"]
+
+
+async def test_the_callers_trace_continues_through_the_gateway_to_the_deployment(stack: Stack) -> None:
+    exporter = _capture(stack)
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=HELLO, extra_headers={
+            "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "vendor=x"})
+    (span,) = exporter.get_finished_spans()
+    assert f"{span.context.trace_id:032x}" == CALLER_TRACE
+    assert span.parent is not None and f"{span.parent.span_id:016x}" == CALLER_SPAN
+    # the deployment's work is a child of the gateway's span, in the caller's trace
+    assert _traceparent_sent(stack) == f"00-{CALLER_TRACE}-{span.context.span_id:016x}-01"
+    assert {k.lower(): v for k, v in stack.fast.headers_seen[-1].items()}["tracestate"] == "vendor=x"
+
+
+@pytest.mark.parametrize("header", [None, "garbage", f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01",
+                                    f"00-{'0' * 32}-{CALLER_SPAN}-01", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01-extra"])
+async def test_without_a_valid_traceparent_the_gateway_starts_the_trace(stack: Stack, header: str | None) -> None:
+    exporter = _capture(stack)
+    async with stack.client() as client:
+        await client.chat.completions.create(
+            model="auto", messages=HELLO, extra_headers={"traceparent": header} if header else None)
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None and f"{span.context.trace_id:032x}" != CALLER_TRACE
+    assert _traceparent_sent(stack) == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
+
+
+async def test_with_spans_off_the_callers_traceparent_goes_upstream_as_sent(stack: Stack) -> None:
+    stack.gateway.app[SERVICES].spans = None
+    sent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=HELLO, extra_headers={"traceparent": sent})
+    assert _traceparent_sent(stack) == sent
+
+
+def test_a_parent_based_sampler_follows_the_callers_sampled_flag() -> None:
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter), sampler=ParentBased(ALWAYS_ON))
+    unsampled = spans.begin("gateway chat", f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")
+    sampled = spans.begin("gateway chat", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01")
+    assert unsampled.traceparent().endswith("-00") and sampled.traceparent().endswith("-01")
+    spans.record("gateway chat", 1, {}, trace=unsampled)
+    spans.record("gateway chat", 1, {}, trace=sampled)
+    assert [span.context.span_id for span in exporter.get_finished_spans()] == [sampled.span_id]
 
 
 async def test_failed_request_span_is_an_error_and_secrets_stay_out(stack: Stack) -> None:
@@ -111,8 +163,9 @@ async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=k%3Dv")
     stack: Stack = await make_stack(settings={"traces": "otlp"})
     async with stack.client() as client:
-        for _ in range(3):
-            await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5)
+        for i in range(3):
+            await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5, extra_headers={
+                "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"} if i == 0 else None)
     spans = stack.gateway.app[SERVICES].spans
     assert isinstance(spans.processor, LoopExport)
     await spans.processor.flush()  # the batch is not full yet: send it now rather than after the delay
@@ -133,6 +186,9 @@ async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: 
     # OTLP's JSON encoding departs from protobuf's here: ids are hex, not base64.
     raw_span = json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
     assert len(bytes.fromhex(raw_span["traceId"])) == 16 and len(bytes.fromhex(raw_span["spanId"])) == 8
+    (continued,) = [s for s in json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+                    if s["traceId"] == CALLER_TRACE]
+    assert continued["parentSpanId"] == CALLER_SPAN
     assert span.end_time_unix_nano > span.start_time_unix_nano
     assert attrs["gateway.deployment"].string_value == "fast"
     assert attrs["gen_ai.request.max_tokens"].int_value == 5
