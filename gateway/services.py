@@ -67,7 +67,7 @@ class Services:
         session: SessionState | None = None,
     ) -> Context:
         """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict."""
-        complexity = self.classifier.score(features) if needs_complexity(policy) else None
+        complexity = self._score(features) if needs_complexity(policy) else None
         return Context(
             headers=request.headers,
             tenant=request.get(TENANT),
@@ -77,6 +77,14 @@ class Services:
             admission=admission,
             session=session,
         )
+
+    def _score(self, features: Features) -> float:
+        started = time.perf_counter()
+        score = self.classifier.score(features)
+        cost = self.metrics.scoring
+        cost.seconds += time.perf_counter() - started
+        cost.scores += 1
+        return score
 
     def settle(self, ex: Exchange, usage: Usage | None) -> None:
         """Account a finished exchange's tokens (usage comes from the deployment, exact)."""

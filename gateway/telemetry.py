@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,26 @@ REQUEST_ID = "gateway.request_id"
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+@dataclass(slots=True)
+class ScoringCost:
+    """Time spent in the classifier, summed in plain attributes (a Counter's lock would cost more than a
+    score) and exported at scrape time as gateway_classifier_seconds_total / gateway_classifier_scores_total."""
+
+    seconds: float = 0.0
+    scores: int = 0
+
+
+class _ScoringCollector(Collector):
+    def __init__(self, cost: ScoringCost) -> None:
+        self.cost = cost
+
+    def collect(self) -> Any:
+        yield CounterMetricFamily("gateway_classifier_seconds", "Wall time spent scoring requests (in the event "
+                                  "loop, so about its CPU time)", value=self.cost.seconds)
+        yield CounterMetricFamily("gateway_classifier_scores", "Requests scored by the classifier",
+                                  value=self.cost.scores)
+
+
 @dataclass(frozen=True)
 class Metrics:
     """The gateway's Prometheus series, in a registry of its own (one per app)."""
@@ -53,6 +75,7 @@ class Metrics:
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
     token_children: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    scoring: ScoringCost = field(default_factory=ScoringCost)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -83,7 +106,10 @@ class Metrics:
 def make_metrics() -> Metrics:
     r = CollectorRegistry()
     dep = ["deployment"]
+    scoring = ScoringCost()
+    r.register(_ScoringCollector(scoring))
     return Metrics(
+        scoring=scoring,
         registry=r,
         requests=Counter("gateway_requests", "Requests by outcome", ["endpoint", "deployment", "rule", "status"],
                          registry=r),

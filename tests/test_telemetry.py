@@ -121,6 +121,34 @@ async def test_failed_request_span_is_an_error_and_secrets_stay_out(stack: Stack
     assert "sk-very-secret" not in str(span.to_json())
 
 
+async def _metrics_text(stack: Stack) -> str:
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
+        return await resp.text()
+
+
+async def test_the_classifiers_time_is_counted_when_a_rule_reads_the_score(make_stack: Any) -> None:
+    stack: Stack = await make_stack(rules="""
+        rules:
+          - name: hard-to-hq
+            when: {complexity: {gte: 0.99}}
+            use: hq
+    """)
+    async with stack.client() as client:
+        for _ in range(3):
+            await client.chat.completions.create(model="auto", messages=HELLO)
+    text = await _metrics_text(stack)
+    assert "gateway_classifier_scores_total 3.0" in text
+    seconds = float(text.split("\ngateway_classifier_seconds_total ")[1].split()[0])
+    assert 0 < seconds < 1
+
+
+async def test_no_score_is_counted_when_no_rule_reads_it(stack: Stack) -> None:
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=HELLO)
+    text = await _metrics_text(stack)
+    assert "gateway_classifier_scores_total 0.0" in text and "gateway_classifier_seconds_total 0.0" in text
+
+
 async def test_prometheus_series(stack: Stack) -> None:
     async with stack.client() as client:
         await client.chat.completions.create(model="hq", messages=HELLO)
