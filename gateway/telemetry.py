@@ -77,30 +77,61 @@ class Metrics:
     token_children: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     scoring: ScoringCost = field(default_factory=ScoringCost)
 
+    # Each request's figures wait here and reach the series in batches: prometheus_client takes a lock
+    # and scans the buckets per observation, which in place, amid a request, costs ~15 µs per request;
+    # applied FOLD_EVERY at a time, with the code warm, about a third of that. A scrape folds first.
+    pending: list[tuple[str, str, str, str, float, float | None]] = field(default_factory=list)
+    pending_tokens: list[tuple[str, int, int]] = field(default_factory=list)
+
     def render(self) -> bytes:
+        self.fold()
         return generate_latest(self.registry)
 
     def observe_request(
         self, endpoint: str, deployment: str, rule: str, status: str, elapsed_s: float, ttft_s: float | None
     ) -> None:
+        self.pending.append((endpoint, deployment, rule, status, elapsed_s, ttft_s))
+        if len(self.pending) >= FOLD_EVERY:
+            self.fold()
+
+    def count_tokens(self, deployment: str, input_tokens: int, output_tokens: int) -> None:
+        self.pending_tokens.append((deployment, input_tokens, output_tokens))
+
+    def fold(self) -> None:
+        """Apply the waiting figures to the Prometheus series."""
+        pending = self.pending.copy()
+        self.pending.clear()
+        for endpoint, deployment, rule, status, elapsed_s, ttft_s in pending:
+            children = self._request_children(endpoint, deployment, rule, status)
+            children[0].inc()
+            children[1].observe(elapsed_s)
+            if ttft_s is not None:
+                children[2].observe(ttft_s)
+        tokens = self.pending_tokens.copy()
+        self.pending_tokens.clear()
+        for deployment, input_tokens, output_tokens in tokens:
+            inputs, outputs = self._token_children(deployment)
+            inputs.inc(input_tokens)
+            outputs.inc(output_tokens)
+
+    def _request_children(self, endpoint: str, deployment: str, rule: str, status: str) -> tuple[Any, Any, Any]:
         key = (endpoint, deployment, rule, status)
         children = self.request_children.get(key)
         if children is None:
             children = (self.requests.labels(*key), self.latency.labels(endpoint, deployment),
                         self.ttft.labels(deployment))
             self.request_children[key] = children
-        children[0].inc()
-        children[1].observe(elapsed_s)
-        if ttft_s is not None:
-            children[2].observe(ttft_s)
+        return children
 
-    def count_tokens(self, deployment: str, input_tokens: int, output_tokens: int) -> None:
+    def _token_children(self, deployment: str) -> tuple[Any, Any]:
         children = self.token_children.get(deployment)
         if children is None:
             children = (self.tokens.labels(deployment, "input"), self.tokens.labels(deployment, "output"))
             self.token_children[deployment] = children
-        children[0].inc(input_tokens)
-        children[1].inc(output_tokens)
+        return children
+
+
+FOLD_EVERY = 256
 
 
 def make_metrics() -> Metrics:

@@ -23,6 +23,7 @@ from gateway.otlp_json import otlp_json
 from gateway.services import SERVICES
 from gateway.settings import Settings
 from gateway.spans import LoopExport, Spans
+from gateway.telemetry import FOLD_EVERY, make_metrics
 from tests.conftest import Stack
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -313,3 +314,19 @@ def test_equal_but_differently_typed_values_keep_their_own_encoding() -> None:
     values = [span["attributes"][0]["value"] for span in encoded["resourceSpans"][0]["scopeSpans"][0]["spans"]]
     assert values == [{"intValue": "1"}, {"boolValue": True}, {"doubleValue": 1.0}, {"stringValue": "1"},
                       {"arrayValue": {"values": [{"stringValue": "1"}]}}]
+
+
+def test_request_figures_reach_prometheus_in_batches_and_at_every_scrape() -> None:
+    metrics = make_metrics()
+    for _ in range(3):
+        metrics.observe_request("chat", "fast", "default", "200", 0.004, 0.001)
+    metrics.count_tokens("fast", 11, 8)
+    text = metrics.render().decode()
+    assert 'gateway_requests_total{deployment="fast",endpoint="chat",rule="default",status="200"} 3.0' in text
+    assert 'gateway_request_duration_seconds_bucket{deployment="fast",endpoint="chat",le="0.005"} 3.0' in text
+    assert 'gateway_time_to_first_token_seconds_count{deployment="fast"} 3.0' in text
+    assert 'gateway_tokens_total{deployment="fast",direction="output"} 8.0' in text
+    for _ in range(FOLD_EVERY):
+        metrics.observe_request("chat", "hq", "default", "200", 0.5, None)
+    assert not metrics.pending  # folded without a scrape
+    assert metrics.requests.labels("chat", "hq", "default", "200")._value.get() == FOLD_EVERY
