@@ -16,7 +16,7 @@ from gateway import accounting, admin, proxy, rollout_admin, trials, upstream
 from gateway.backends import Backends, Tracked
 from gateway.classifier import Classifier
 from gateway.features import load_encoding
-from gateway.middleware import add_gateway_headers, exchange_middleware
+from gateway.middleware import exchange_middleware
 from gateway.policy import Policy, PolicyError
 from gateway.policy_file import PolicyFile
 from gateway.services import SERVICES, Recent, Services
@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings) -> web.Application:
     # The body limit is enforced by proxy.read_body with a clear message; aiohttp's own cap sits above it.
     app = web.Application(middlewares=[exchange_middleware], client_max_size=settings.max_body_bytes + 1)
-    app.on_response_prepare.append(add_gateway_headers)
     app.cleanup_ctx.append(_services(settings))
     app.cleanup_ctx.append(accounting.lifecycle(settings))  # after services: the store, keys, budgets
     app.cleanup_ctx.append(trials.lifecycle(settings))  # after services: rollouts, shadows, request log

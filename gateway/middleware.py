@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import re
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -53,31 +54,38 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
         request[EXCHANGE] = ex
     status = 500
     try:
+        response = await _respond(request, handler, svc, ex)
+        status = response.status
+        if not response.prepared:  # a stream set its headers before its first byte (proxy._relay_stream)
+            add_gateway_headers(request, response)
+        return response
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED
+        raise
+    finally:
+        if ex is not None:
+            ex.finish(status, svc.metrics, svc.spans)
+
+
+async def _respond(request: web.Request, handler: Handler, svc: Services, ex: Exchange | None) -> web.StreamResponse:
+    """The handler's response, or its error as the OpenAI envelope."""
+    try:
         if request.path.startswith("/admin/"):
             _check_admin(request, _admin_token(svc))
         elif request.path.startswith("/v1/") and svc.policy.current.auth.enabled:
             request[TENANT] = await _tenant(request, svc)
-        response = await handler(request)
-        status = response.status
-        return response
+        return await handler(request)
     except GatewayError as exc:
-        status = exc.status
         if ex is not None:
             ex.error = exc
         return error_response(exc)
     except web.HTTPException as exc:
-        status = exc.status
         return error_response(_from_http(exc))
-    except asyncio.CancelledError:
-        status = CLIENT_CLOSED
-        raise
     except Exception:
         # Full detail goes to the log only; the client gets the request id to quote.
+        request_id = request[REQUEST_ID]
         log.exception("unhandled error in request %s", request_id)
         return error_response(GatewayError(f"Internal error; quote request id {request_id}"))
-    finally:
-        if ex is not None:
-            ex.finish(status, svc.metrics, svc.spans)
 
 
 async def _tenant(request: web.Request, svc: Services) -> str:
@@ -115,8 +123,13 @@ def _from_http(exc: web.HTTPException) -> GatewayError:
     return err
 
 
-async def add_gateway_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: every response names its request id, and proxied ones the decision."""
+Response = TypeVar("Response", bound=web.StreamResponse)
+
+
+def add_gateway_headers(request: web.Request, response: Response) -> Response:
+    """Every response names its request id, and proxied ones the decision. Set by the middleware (and by a
+    stream before it starts) rather than by an on_response_prepare signal, whose coroutine per response
+    cost more than the headers."""
     request_id = request.get(REQUEST_ID)
     if request_id is not None:
         response.headers["x-request-id"] = request_id
@@ -124,3 +137,4 @@ async def add_gateway_headers(request: web.Request, response: web.StreamResponse
     if ex is not None:
         response.headers["x-gateway-deployment"] = ex.deployment or "none"
         response.headers["x-gateway-rule"] = ex.rule or "none"
+    return response

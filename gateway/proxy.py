@@ -10,6 +10,7 @@ from gateway import openai, upstream
 from gateway.accounting import steered
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
 from gateway.features import Features, extract
+from gateway.middleware import add_gateway_headers
 from gateway.policy import Policy
 from gateway.routing import Decision, decide
 from gateway.services import EXCHANGE, SERVICES, Exchange, Services
@@ -136,7 +137,7 @@ async def _relay_stream(
 ) -> web.StreamResponse:
     """Relay SSE events as they arrive; learn usage; a failure after the first byte becomes one error event."""
     ex: Exchange = request[EXCHANGE]
-    response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
+    response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
     await response.prepare(request)
     relay = _StreamRelay(client_wants_usage)
     finished = False

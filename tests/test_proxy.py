@@ -30,6 +30,20 @@ async def test_chat_auto_goes_to_default_fast_and_headers_name_the_decision(stac
     assert completion.usage is not None and completion.usage.completion_tokens == 8
 
 
+async def test_every_response_names_its_request_and_proxied_ones_the_decision(stack: Stack) -> None:
+    body = {"model": "hq", "messages": HELLO, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/chat/completions", json=body) as stream:
+            assert stream.status == 200 and "[DONE]" in await stream.text()
+            assert (stream.headers["x-gateway-deployment"], stream.headers["x-gateway-rule"]) == ("hq", "pin:hq")
+            assert stream.headers["x-request-id"]
+        for path in ("/models", "/no-such-path"):
+            async with http.get(stack.base_url + path) as resp:
+                assert resp.headers["x-request-id"] and "x-gateway-deployment" not in resp.headers
+        async with http.post(stack.base_url + "/chat/completions", json={"model": "nope", "messages": HELLO}) as resp:
+            assert resp.status == 404 and resp.headers["x-gateway-deployment"] == "none"
+
+
 async def test_pinned_models_reach_their_deployment(stack: Stack) -> None:
     async with stack.client() as client:
         hq = await client.chat.completions.create(model="hq", messages=HELLO)
