@@ -147,7 +147,10 @@ def run(
             results: Results = {s: {t: [] for t in ports} for s, _ in scenarios}
             for r in range(rounds):
                 for scenario, extra in scenarios:
-                    for target in ports:  # interleaved, so drift hits every target alike
+                    # interleaved, so drift hits every target alike, and in an order rotated each round, so
+                    # no target always follows the same one (whose leftover work it would pay for)
+                    targets = list(ports)
+                    for target in targets[r % len(targets):] + targets[:r % len(targets)]:
                         results[scenario][target].append(measure(urls[target], extra, duration_s, pids[target],
                                                                  scored=target == "gateway" and workers == 1))
                 print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
