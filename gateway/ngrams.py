@@ -99,9 +99,6 @@ class NgramWeights:
     def __init__(self, text: CharNgrams, weights: Mapping[str, float]) -> None:
         self.text = text
         self.weights = dict(weights)  # insertion order is the training matrix's column order
-        # positions from 1, so filter(None, ...) drops the misses and nothing else
-        self._position = {gram: i for i, gram in enumerate(self.weights, start=1)}
-        self._values = [0.0, *self.weights.values()]  # a list index is much cheaper than a numpy read
         self._packed = PackedVocabulary.build(text, self.weights)
         self._table = self._packed.native_table() if self._packed is not None else None
 
@@ -114,12 +111,20 @@ class NgramWeights:
             return self._short_logit(text)
         return self._packed.logit(text)
 
+    @functools.cached_property
+    def _walk_index(self) -> tuple[dict[str, int], list[float]]:
+        """The dict walk's vocabulary: each n-gram's position from 1 (so filter(None, ...) drops the misses
+        and nothing else) and the weights by position (a list index is much cheaper than a numpy read).
+        Built on first use: with the C table, about 8 MB of Python objects a process need not hold."""
+        return {gram: i for i, gram in enumerate(self.weights, start=1)}, [0.0, *self.weights.values()]
+
     def _short_logit(self, text: str) -> float:
         """map/filter/sum keep the per-n-gram work in C; a text that repeats no n-gram skips the Counter."""
-        positions = list(filter(None, map(self._position.get, self.text.ngrams(text))))
+        position, values = self._walk_index
+        positions = list(filter(None, map(position.get, self.text.ngrams(text))))
         if not positions:
             return 0.0
-        dot = sum(map(self._values.__getitem__, positions))
+        dot = sum(map(values.__getitem__, positions))
         if len(set(positions)) == len(positions):
             return dot / math.sqrt(len(positions))
         counts = Counter(positions).values()  # repeats add up before squaring
