@@ -20,12 +20,12 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from gateway.budgets import Budgets
-from gateway.policy import Price
-from gateway.sessions import Sessions
-from gateway.store import RedisStore, Store
-from gateway.store_memory import MemoryStore
-from gateway.tenancy import Budget, Cost, SessionPolicy, TenantPolicy, Window
+from gateway.accounting.budgets import Budgets
+from gateway.decision.sessions import Sessions
+from gateway.policy.model import Price
+from gateway.policy.tenancy import Budget, Cost, SessionPolicy, TenantPolicy, Window
+from gateway.store.memory import MemoryStore
+from gateway.store.redis_store import RedisStore, Store
 
 POLICY = TenantPolicy(
     name="bench",
@@ -170,7 +170,7 @@ def main() -> None:
     if args.redis_url:
         asyncio.run(run(args.redis_url, args.requests, args.concurrency, args.rounds))
         return
-    from tests.redis_fixtures import running_redis
+    from tests.fixtures.redis_server import running_redis
 
     with tempfile.TemporaryDirectory() as tmp, running_redis(Path(tmp)) as server:
         asyncio.run(run(server.url, args.requests, args.concurrency, args.rounds))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import features
-from gateway.classifier import Classifier
+from gateway.classifier.scoring import Classifier
 from gateway.features import extract
 
 WORDS = [
@@ -108,7 +108,7 @@ def sklearn_scorer(model: Classifier) -> Callable[[features.Features], float]:
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import normalize
 
-    from gateway.classifier_train import numeric_matrix, vectorizer
+    from gateway.classifier.training import numeric_matrix, vectorizer
 
     counter = vectorizer(model.text, list(model.text_weights))
     estimator = LogisticRegression()

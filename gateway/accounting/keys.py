@@ -1,0 +1,115 @@
+"""API keys: created once and shown once, stored only as a digest, resolved to a tenant on every request.
+
+Contract for the core:
+
+    ring = KeyRing(store)                                # one per process, owned by create_app
+    tenant = await ring.tenant(request.headers.get("Authorization"))   # raises errors.Unauthorized (401)
+    check_admin(request.headers.get("Authorization"), policy.auth)     # admin endpoints; 401 / 403
+
+The digest is HMAC-SHA256 keyed by the `AGENT_GATEWAY_KEY_PEPPER` environment variable when it is
+set (changing it invalidates every key), else SHA-256: keys are 160-bit random, so a plain hash
+cannot be reversed. Nothing here logs a key; errors say "invalid API key" without echoing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import time
+from collections.abc import Mapping
+
+from gateway.errors import Forbidden, StoreUnavailable, Unauthorized
+from gateway.policy.tenancy import AuthPolicy
+from gateway.store.redis_store import KeyRecord, Store
+
+PEPPER_ENV = "AGENT_GATEWAY_KEY_PEPPER"
+# tenant names end up inside store keys ({tenant} hash tags): no braces, spaces or wildcards
+TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+KEY_PREFIX = "agk"
+
+
+def digest(raw_key: str, pepper: str | None = None) -> str:
+    """The stored form of a key."""
+    pepper = os.environ.get(PEPPER_ENV) if pepper is None else pepper
+    if pepper:
+        return hmac.new(pepper.encode(), raw_key.encode(), hashlib.sha256).hexdigest()
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+async def create(store: Store, tenant: str, name: str = "") -> tuple[KeyRecord, str]:
+    """A new key for `tenant`: the record as stored and the raw key, which is never stored nor shown again."""
+    if not TENANT_NAME.fullmatch(tenant):
+        raise ValueError(f"tenant {tenant!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    key_id = secrets.token_hex(4)
+    raw = f"{KEY_PREFIX}-{key_id}-{secrets.token_hex(20)}"  # hex: a double-click selects it whole
+    record = KeyRecord(key_id, tenant, f"{KEY_PREFIX}-{key_id}", digest(raw), time.time(), name)
+    await store.put_key(record)
+    return record, raw
+
+
+async def revoke(store: Store, id_or_prefix: str) -> KeyRecord | None:
+    """Delete a key given its id (`1a2b3c4d`) or its shown prefix (`agk-1a2b3c4d`)."""
+    key_id = id_or_prefix.removeprefix(f"{KEY_PREFIX}-")
+    return await store.delete_key(key_id)
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+class KeyRing:
+    """Key lookups for the request path, cached for `fresh_s` so most requests skip the store.
+
+    A revoked key stops working on every replica within `fresh_s`. While the store is down a cached key
+    keeps working (its tenant is known); an uncached one gets StoreUnavailable (503), never a 401.
+    """
+
+    def __init__(self, store: Store, *, fresh_s: float = 5.0, max_entries: int = 100_000) -> None:
+        self._store = store
+        self._fresh_s = fresh_s
+        self._max_entries = max_entries
+        self._cache: dict[str, tuple[float, str | None]] = {}  # digest -> (looked up at, tenant or None)
+
+    async def tenant(self, authorization: str | None) -> str:
+        raw = bearer(authorization)
+        if raw is None:
+            raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
+        d = digest(raw)
+        cached = self._cache.get(d)
+        now = time.monotonic()
+        if cached is None or now - cached[0] > self._fresh_s:
+            try:
+                record = await self._store.find_key(d)
+            except StoreUnavailable:
+                if cached is None or cached[1] is None:
+                    raise
+            else:
+                cached = (now, record.tenant if record is not None else None)
+                self._remember(d, cached)
+        if cached is None or cached[1] is None:
+            raise Unauthorized("Invalid API key")
+        return cached[1]
+
+    def _remember(self, d: str, entry: tuple[float, str | None]) -> None:
+        if len(self._cache) >= self._max_entries:
+            self._cache.clear()  # crude but bounded; a full cache means a flood of distinct keys
+        self._cache[d] = entry
+
+
+def check_admin(authorization: str | None, auth: AuthPolicy, environ: Mapping[str, str] = os.environ) -> None:
+    """Admin endpoints need the admin token from the env var `auth.admin_token_env`; unset means none."""
+    expected = environ.get(auth.admin_token_env)
+    if not expected:
+        raise Forbidden(f"Admin endpoints are disabled: set {auth.admin_token_env}")
+    given = bearer(authorization)
+    if given is None:
+        raise Unauthorized("Missing admin token: send 'Authorization: Bearer <token>'")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise Unauthorized("Invalid admin token")

@@ -1,0 +1,23 @@
+"""The classifier's text logit in C (gateway/classifier/_ngram_score.c), over an open-addressing n-gram table."""
+
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+MAX_NGRAM: Final[int]
+
+class Table:
+    """The vocabulary as an open-addressing table; the arrays (any C-contiguous buffers) are checked and copied."""
+
+    def __new__(
+        cls,
+        ascii_ids: npt.NDArray[np.uint16],
+        alphabet: npt.NDArray[np.uint32],
+        keys: npt.NDArray[np.uint64],
+        weights: npt.NDArray[np.float64],
+        ngram_min: int,
+        ngram_max: int,
+    ) -> Table: ...
+    def logit(self, text: str, /) -> float:
+        """w . x / ||x|| over the text's vocabulary n-grams (0.0 when it has none)."""

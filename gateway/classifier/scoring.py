@@ -1,0 +1,253 @@
+"""The complexity classifier: P(HQ needed) for a request, scored from a plain-JSON linear model."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.classifier.ngrams import CharNgrams, NgramWeights
+from gateway.features import Features
+
+FORMAT = "agent-gateway/classifier"
+CALIBRATION_FORMAT = "agent-gateway/calibration"
+# 2: a vocabulary of n-grams with a weight each (1 hashed n-grams into columns; its files need retraining)
+MODEL_VERSION = 2
+CALIBRATION_VERSION = 1
+DEFAULT_MODEL_PATH = Path(__file__).parent / "models" / "default.json"
+DEFAULT_CALIBRATION_PATH = Path(__file__).parent / "models" / "default.calibration.json"
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class ModelFileError(ValueError):
+    """A model or calibration file that is not a readable artifact of ours; the message names the file."""
+
+
+def _log1p(value: float) -> float:
+    return math.log1p(max(value, 0.0))
+
+
+# The structured inputs a model may use, by the name stored in the artifact; each maps Features to a float.
+NUMERIC_FEATURES: dict[str, Callable[[Features], float]] = {
+    "prompt_tokens": lambda f: _log1p(f.prompt_tokens),
+    "last_user_tokens": lambda f: _log1p(f.last_user_tokens),
+    "history_tokens": lambda f: _log1p(f.history_tokens),
+    "system_tokens": lambda f: _log1p(f.system_tokens),
+    "message_count": lambda f: _log1p(f.message_count),
+    "tools_count": lambda f: _log1p(f.tools_count),
+    "tool_result_turns": lambda f: _log1p(f.tool_result_turns),
+    "has_code": lambda f: float(f.has_code),
+    "has_math": lambda f: float(f.has_math),
+    "json_output": lambda f: float(f.response_format in ("json_object", "json_schema")),
+    "max_tokens": lambda f: _log1p(f.max_tokens or 0),
+}
+
+
+def sigmoid(z: float) -> float:
+    """The logistic function, safe for large |z|."""
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+@dataclass(frozen=True, slots=True)
+class NumericInput:
+    """One structured input: a NUMERIC_FEATURES name, standardized with the training mean and scale."""
+
+    name: str
+    mean: float
+    scale: float
+    coef: float
+
+    def contribution(self, features: Features) -> float:
+        return self.coef * (NUMERIC_FEATURES[self.name](features) - self.mean) / self.scale
+
+
+class Classifier:
+    """A logistic model over the character n-grams of the last user turn plus structured inputs."""
+
+    def __init__(
+        self,
+        text: CharNgrams,
+        text_weights: Mapping[str, float],
+        numeric: Sequence[NumericInput],
+        intercept: float,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.text = text
+        self.text_block = NgramWeights(text, text_weights)
+        self.numeric: tuple[NumericInput, ...] = tuple(numeric)
+        self.intercept = intercept
+        self.meta = dict(meta or {})
+        # (input, mean, coef / scale) of the inputs that move the logit, looked up once here, not per call
+        self._terms = tuple((NUMERIC_FEATURES[n.name], n.mean, n.coef / n.scale) for n in self.numeric if n.coef)
+
+    @property
+    def text_weights(self) -> dict[str, float]:
+        """The weight of each vocabulary n-gram, in the training matrix's column order."""
+        return self.text_block.weights
+
+    @classmethod
+    def load(cls, path: str | Path) -> Classifier:
+        """Read a plain-JSON artifact; anything else (a pickle, a truncated file) is a ModelFileError."""
+        return cls.from_dict(read_json(path, FORMAT, MODEL_VERSION), str(path))
+
+    @classmethod
+    def default(cls) -> Classifier:
+        """The model shipped in gateway/classifier/models/default.json."""
+        return cls.load(DEFAULT_MODEL_PATH)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], source: str = "<dict>") -> Classifier:
+        try:
+            spec = doc["text"]
+            text = CharNgrams(
+                ngram_min=int(spec["ngram_min"]),
+                ngram_max=int(spec["ngram_max"]),
+                lowercase=bool(spec["lowercase"]),
+                max_chars=int(spec["max_chars"]),
+                tail_chars=int(spec["tail_chars"]),
+            )
+            weights = {str(gram): float(weight) for gram, weight in doc["text_weights"].items()}
+            numeric = [
+                NumericInput(str(n["name"]), float(n["mean"]), float(n["scale"]), float(n["coef"]))
+                for n in doc["numeric"]
+            ]
+            intercept = float(doc["intercept"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ModelFileError(f"{source}: not a valid classifier artifact: {exc!r}") from exc
+        unknown = [n.name for n in numeric if n.name not in NUMERIC_FEATURES]
+        if unknown:
+            raise ModelFileError(f"{source}: unknown numeric feature(s) {unknown}")
+        return cls(text, weights, numeric, intercept, doc.get("meta"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The artifact: settings, the vocabulary with its weights and the structured inputs."""
+        return {
+            "format": FORMAT,
+            "version": MODEL_VERSION,
+            "text": {
+                "analyzer": "char",
+                "ngram_min": self.text.ngram_min,
+                "ngram_max": self.text.ngram_max,
+                "lowercase": self.text.lowercase,
+                "max_chars": self.text.max_chars,
+                "tail_chars": self.text.tail_chars,
+                "norm": "l2",
+            },
+            "intercept": self.intercept,
+            "numeric": [
+                {"name": n.name, "mean": n.mean, "scale": n.scale, "coef": n.coef} for n in self.numeric
+            ],
+            "text_weights": {gram: float(f"{w:.6g}") for gram, w in self.text_weights.items()},
+            "meta": self.meta,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n", encoding="utf-8")
+
+    def text_logit(self, text: str) -> float:
+        """The text block's contribution to the logit: w . x / ||x||, x the text's vocabulary n-gram counts."""
+        return self.text_block.logit(text)
+
+    def logit(self, features: Features) -> float:
+        z = self.intercept + self.text_block.logit(features.last_user_text)
+        for value_of, mean, slope in self._terms:
+            z += slope * (value_of(features) - mean)
+        return z
+
+    def score(self, features: Features) -> float:
+        """P(HQ needed): an estimate of the probability that the fast deployment's answer is worse than HQ's."""
+        return sigmoid(self.logit(features))
+
+    def explain(self, features: Features, top: int = 5) -> list[tuple[str, float]]:
+        """The inputs that moved the logit most, as (readable name, logit contribution), largest |c| first."""
+        contributions = {n.name: n.contribution(features) for n in self.numeric if n.coef}
+        for gram, weight in self.text_block.contributions(features.last_user_text).items():
+            contributions[f"char:{gram!r}"] = weight
+        ranked = sorted(contributions.items(), key=lambda item: -abs(item[1]))
+        return [(name, round(value, 4)) for name, value in ranked[:top]]
+
+
+def read_json(path: str | Path, expected_format: str, expected_version: int) -> dict[str, Any]:
+    """A JSON object of the expected format; never unpickles or executes anything."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        hint = " (it looks like a pickle; only JSON artifacts load)" if raw[:1] == b"\x80" else ""
+        raise ModelFileError(f"{path}: not a JSON artifact{hint}: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != expected_format:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ModelFileError(f"{path}: format is {found!r}, expected {expected_format!r}")
+    if doc.get("version") != expected_version:
+        raise ModelFileError(
+            f"{path}: version {doc.get('version')!r} is not {expected_version}; "
+            "retrain or recalibrate it with `agent-gateway classifier`"
+        )
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Score quantiles of reference traffic: which threshold sends a given share of it to HQ."""
+
+    scores: tuple[float, ...]  # sorted ascending, a sample (or quantiles) of scores on reference traffic
+    meta: Mapping[str, Any]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        doc = read_json(path, CALIBRATION_FORMAT, CALIBRATION_VERSION)
+        try:
+            scores = tuple(sorted(float(s) for s in doc["scores"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelFileError(f"{path}: field 'scores' must be a list of numbers: {exc}") from exc
+        if not scores:
+            raise ModelFileError(f"{path}: field 'scores' is empty")
+        return cls(scores, doc.get("meta", {}))
+
+    @classmethod
+    def default(cls) -> Calibration:
+        return cls.load(DEFAULT_CALIBRATION_PATH)
+
+    @classmethod
+    def from_scores(
+        cls, scores: Sequence[float], meta: Mapping[str, Any] | None = None, points: int = 1001
+    ) -> Calibration:
+        """Keep `points` quantiles of the scores: enough resolution, a small file."""
+        quantiles = np.quantile(np.asarray(scores, dtype=np.float64), np.linspace(0.0, 1.0, points))
+        return cls(tuple(float(f"{q:.6g}") for q in quantiles), dict(meta or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": CALIBRATION_FORMAT,
+            "version": CALIBRATION_VERSION,
+            "scores": list(self.scores),
+            "meta": dict(self.meta),
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n", encoding="utf-8")
+
+    def threshold_for_share(self, hq_share: float) -> float:
+        """The score threshold t such that about hq_share of the reference traffic has score >= t."""
+        share = min(max(hq_share, 0.0), 1.0)
+        if share <= 0.0:
+            return math.nextafter(self.scores[-1], math.inf)  # nothing reaches it
+        return float(np.quantile(np.asarray(self.scores), 1.0 - share))
+
+    def share_for_threshold(self, threshold: float) -> float:
+        """The share of reference traffic whose score is >= threshold."""
+        scores = np.asarray(self.scores)
+        return float(np.mean(scores >= threshold))

@@ -1,0 +1,267 @@
+"""decide(): the pure routing decision from policy, request features and a snapshot of the world."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
+from gateway.features import Features
+from gateway.policy.model import Policy, Range, When
+from gateway.policy.tenancy import Admission, SessionState
+
+RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})  # the rest are budgets
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentLoad:
+    """What the gateway last saw of one deployment (health checks, /metrics scrapes, in-flight count)."""
+
+    healthy: bool = True
+    requests_waiting: float = 0.0
+    requests_running: float = 0.0
+    kv_cache_usage: float = 0.0
+
+
+# Context and Decision are built per request: not frozen (frozen dataclasses pay object.__setattr__ per
+# field), but treated as immutable.
+@dataclass(slots=True)
+class Context:
+    """Everything besides the request body that a decision reads; gathered before decide() is called."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    tenant: str | None = None
+    complexity: float | None = None
+    load: Mapping[str, DeploymentLoad] = field(default_factory=dict)
+    in_flight: Mapping[str, int] = field(default_factory=dict)
+    admission: Admission | None = None  # the tenant's budget and session verdict; None: no limits apply
+    session: SessionState | None = None  # the agent session as the store counted this step
+
+
+@dataclass(slots=True)
+class Decision:
+    deployment: str
+    rule: str
+    attempts: tuple[str, ...]  # failover order, the chosen deployment first
+    reasons: tuple[str, ...] = ()
+
+
+NO_LOAD = DeploymentLoad()
+
+
+def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = False) -> Decision:
+    """Pick the deployment for one request.
+
+    The reasons always name the deciding rule and any load or health adjustment; with explain=True they
+    also say why every earlier rule did not match.
+    """
+    model = policy.models.get(features.requested_model)
+    if model is None:
+        raise ModelNotFound(
+            f"The model {features.requested_model!r} does not exist; available: {', '.join(policy.models)}",
+            param="model",
+        )
+    verdict = ctx.admission
+    if verdict is not None and verdict.refused:
+        raise _refusal(verdict, ctx.tenant)
+    if features.endpoint == "embeddings":
+        return _embeddings(policy, model.pin, ctx)
+    trail: list[str] = []
+    wanted, rule_name = _select(policy, model.pin, features, ctx, trail, explain)
+    chosen, reason = _adjust_for_load(policy, wanted, features, ctx)
+    if reason:
+        trail.append(reason)
+    if verdict is not None:
+        chosen = _steer(verdict, chosen, trail)
+    attempts = _usable(policy, chosen, features, ctx, trail)
+    if explain:
+        trail.append(f"attempt order: {', '.join(attempts)}")
+    return Decision(attempts[0], rule_name, attempts, tuple(trail))
+
+
+def _refusal(verdict: Admission, tenant: str | None) -> RateLimited:
+    who = f"Tenant {tenant!r}" if tenant else "This client"
+    what = "this session's cost cap" if verdict.limit == "session_usd" else f"its {verdict.limit} limit"
+    return RateLimited(
+        f"{who} reached {what}; retry after {verdict.retry_after_s:.0f} s",
+        retry_after_s=verdict.retry_after_s,
+        code="rate_limit_exceeded" if verdict.limit in RATE_LIMITS else "budget_exceeded",
+    )
+
+
+def _steer(verdict: Admission, chosen: str, trail: list[str]) -> str:
+    """Budget, cost cap and session steer after the rules and load: soft limit, tight loop, session pin."""
+    trail.extend(f"admission: {why}" for why in verdict.reasons)
+    if verdict.prefer is None or verdict.prefer == chosen:
+        return chosen
+    trail.append(f"admission: use {verdict.prefer} instead of {chosen}")
+    return verdict.prefer
+
+
+def _embeddings(policy: Policy, pin: str | None, ctx: Context) -> Decision:
+    """Vectors from different models do not mix: one deployment, named by the pin or the first that embeds."""
+    serving = [name for name, dep in policy.deployments.items() if "embeddings" in dep.endpoints]
+    name = pin if pin in serving else (serving[0] if serving and pin is None else None)
+    if name is None:
+        where = f"deployment {pin!r} does not serve embeddings" if pin else "no deployment serves embeddings"
+        raise NotFound(f"Embeddings are not available for this model: {where}; "
+                       f"models with embeddings: {', '.join(serving) or 'none'}", param="model",
+                       code="embeddings_not_served")
+    if not ctx.load.get(name, NO_LOAD).healthy:
+        raise NoHealthyDeployment(f"The embeddings deployment {name!r} is unhealthy; retry shortly")
+    return Decision(name, "embeddings", (name,), (f"embeddings served by {name}",))
+
+
+def _select(
+    policy: Policy, pin: str | None, features: Features, ctx: Context, trail: list[str], explain: bool
+) -> tuple[str, str]:
+    for rule in policy.rules:
+        if pin is not None and not rule.override_pin:
+            continue
+        failed = _first_failure(rule.when, features, ctx, explain)
+        if failed is None:
+            trail.append(f"rule {rule.name}: matched, use {rule.use}")
+            return rule.use, rule.name
+        if explain:
+            trail.append(f"rule {rule.name}: no match ({failed})")
+    if pin is not None:
+        trail.append(f"model {features.requested_model!r} pins deployment {pin!r}")
+        return pin, f"pin:{features.requested_model}"
+    trail.append(f"no rule matched: default {policy.default!r}")
+    return policy.default, "default"
+
+
+def _adjust_for_load(policy: Policy, name: str, features: Features, ctx: Context) -> tuple[str, str]:
+    """Spill away from a deployment whose queue is deeper than its threshold."""
+    limits = policy.deployments[name].load
+    load = ctx.load.get(name, NO_LOAD)
+    spill_to = limits.spill_to
+    if spill_to is None or limits.spill_when_waiting_gte is None:
+        return name, ""
+    if load.requests_waiting < limits.spill_when_waiting_gte:
+        return name, ""
+    if not _fits(policy, spill_to, features) or not ctx.load.get(spill_to, NO_LOAD).healthy:
+        return name, f"spill from {name} to {spill_to} skipped: {spill_to} cannot take it"
+    return spill_to, (
+        f"spill: {name} has {load.requests_waiting:g} waiting >= {limits.spill_when_waiting_gte}; use {spill_to}"
+    )
+
+
+def _usable(policy: Policy, chosen: str, features: Features, ctx: Context, trail: list[str]) -> tuple[str, ...]:
+    """Drop deployments that are unhealthy, too full or too small for the request from the order."""
+    kept: list[str] = []
+    too_small: list[str] = []
+    for name in policy.candidates(chosen):
+        why = _exclusion(policy, name, features, ctx)
+        if why is None:
+            kept.append(name)
+        else:
+            if not _fits(policy, name, features):
+                too_small.append(name)
+            trail.append(f"skip {name}: {why}")
+        if len(kept) == policy.max_attempts:
+            break
+    if kept:
+        return tuple(kept)
+    if too_small and len(too_small) == len(policy.deployments):
+        raise ContextTooLong(
+            f"The request needs {features.prompt_tokens} prompt tokens plus "
+            f"{features.max_tokens or 0} completion tokens, more than any deployment's context window "
+            f"({', '.join(f'{n}: {policy.deployments[n].max_model_len}' for n in too_small)})",
+            param="messages",
+        )
+    raise NoHealthyDeployment("No healthy deployment can serve this request right now; retry shortly")
+
+
+def _exclusion(policy: Policy, name: str, features: Features, ctx: Context) -> str | None:
+    dep = policy.deployments[name]
+    load = ctx.load.get(name, NO_LOAD)
+    if features.endpoint not in dep.endpoints:
+        return f"does not serve {features.endpoint}"
+    if ctx.admission is not None and name not in ctx.admission.allowed:
+        return "not admitted by the tenant's budget or the request's cost cap"
+    if not load.healthy:
+        return "unhealthy"
+    if not _fits(policy, name, features):
+        return f"context window {dep.max_model_len} too small"
+    full = dep.load.skip_when_kv_cache_usage_gte
+    if full is not None and load.kv_cache_usage >= full:
+        return f"KV cache {load.kv_cache_usage:.0%} full >= {full:.0%}"
+    in_flight = ctx.in_flight.get(name, 0)
+    if in_flight >= dep.max_in_flight:
+        return f"{in_flight} in flight >= max_in_flight {dep.max_in_flight}"
+    return None
+
+
+def _fits(policy: Policy, name: str, features: Features) -> bool:
+    limit = policy.deployments[name].max_model_len
+    return limit is None or features.prompt_tokens + (features.max_tokens or 0) <= limit
+
+
+def _first_failure(when: When, features: Features, ctx: Context, explain: bool) -> str | None:
+    """None when every condition holds; else the failed condition (with got/wanted when explaining)."""
+    for name, wanted in when.conditions:
+        ok, got = _holds(name, wanted, features, ctx)
+        if not ok:
+            return _why(name, wanted, got) if explain else name
+    return None
+
+
+def _holds(name: str, wanted: Any, features: Features, ctx: Context) -> tuple[bool, Any]:
+    if name == "headers":
+        for header, allowed in wanted.items():
+            got = ctx.headers.get(header)
+            if got is None or not _among(got, allowed):
+                return False, (header, got)
+        return True, None
+    got = _feature(name, features, ctx)
+    if isinstance(wanted, Range):
+        return got is not None and _in_range(float(got), wanted), got
+    if isinstance(wanted, bool):
+        return got == wanted, got
+    return got is not None and _among(str(got), wanted), got
+
+
+def _why(name: str, wanted: Any, got: Any) -> str:
+    if name == "headers":
+        header, value = got
+        return f"header {header}={value!r}, wants {wanted[header]!r}"
+    return f"{name}={got!r}, wants {_show(wanted)}"
+
+
+def _feature(name: str, features: Features, ctx: Context) -> Any:
+    if name == "tools":
+        return features.tools_count > 0
+    if name == "model":
+        return features.requested_model
+    if name == "tenant":
+        return ctx.tenant
+    if name == "complexity":
+        return ctx.complexity
+    return getattr(features, name)
+
+
+def _among(got: str, allowed: str | list[str]) -> bool:
+    return got == allowed if isinstance(allowed, str) else got in allowed
+
+
+def _in_range(x: float, r: Range) -> bool:
+    return (
+        (r.gt is None or x > r.gt)
+        and (r.gte is None or x >= r.gte)
+        and (r.lt is None or x < r.lt)
+        and (r.lte is None or x <= r.lte)
+        and (r.eq is None or x == r.eq)
+    )
+
+
+def _show(wanted: Any) -> str:
+    if isinstance(wanted, Range):
+        return " and ".join(f"{k} {v:g}" for k, v in wanted.model_dump().items() if v is not None)
+    return repr(wanted)
+
+
+def needs_complexity(policy: Policy) -> bool:
+    """Whether any rule reads the classifier score (so the hot path can skip scoring otherwise)."""
+    return policy.reads_complexity

@@ -1,0 +1,285 @@
+"""Shadow dispatch: mirror a request to a target in the background, bounded and isolated; compare the pair.
+
+The client never waits for a shadow: `mirror` only starts a task (or drops the shadow, counted by reason)
+and returns. A shadow has a hard timeout, a max_tokens cap, no retries, no failover, a per-target
+in-flight cap and a circuit breaker; it never touches tenant budgets, carries `x-gateway-shadow: 1`, and
+loses the body fields that would persist state upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway import openai
+from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.policy.model import Deployment, Timeouts
+from gateway.rollout.comparison import Capture, compare
+from gateway.rollout.samples import PairOutcome
+from gateway.store.redis_store import StoreError
+from gateway.store.rollouts import RolloutStore
+from gateway.upstream import forward as upstream
+from gateway.upstream.client import Pool
+
+log = logging.getLogger(__name__)
+
+TAG_HEADER = "x-gateway-shadow"
+# Body fields that make the deployment keep something (a stored response, a conversation, KV blocks to
+# transfer): a shadow must leave no trace a later real request could see.
+STATEFUL_FIELDS = (
+    "store",
+    "metadata",
+    "previous_response_id",
+    "conversation",
+    "background",
+    "kv_transfer_params",
+)
+PAIRS_MAXLEN = 10_000  # per target, in the Redis stream (approximate) or the in-memory deque
+BREAKER_FAILURES = 5  # consecutive shadow failures that open a target's circuit
+BREAKER_OPEN_S = 30.0
+PRIMARY_WAIT_S = 600.0  # a pair whose primary never finishes (client gone) is not compared
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A shadow's isolation limits (from a ShadowSpec, or the defaults for a rollout's shadow step)."""
+
+    max_in_flight: int = 8
+    timeout_s: float = 30.0
+    max_tokens: int = 512
+
+
+@dataclass(slots=True)
+class Breaker:
+    """Consecutive failures open the circuit for a while; then one probe decides (half-open)."""
+
+    failures: int = 0
+    open_until: float = 0.0
+    probing: bool = False
+
+    def allows(self, now: float) -> bool:
+        if self.failures < BREAKER_FAILURES:
+            return True
+        if now < self.open_until or self.probing:
+            return False
+        self.probing = True
+        return True
+
+    def record(self, ok: bool, now: float) -> None:
+        self.probing = False
+        self.failures = 0 if ok else self.failures + 1
+        if self.failures >= BREAKER_FAILURES:
+            self.open_until = now + BREAKER_OPEN_S
+
+
+@dataclass(slots=True)
+class Target:
+    in_flight: int = 0
+    breaker: Breaker = field(default_factory=Breaker)
+
+
+def shadow_body(body: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The client's body minus stateful fields, max_tokens capped (streaming kept as the client asked)."""
+    out = {k: v for k, v in body.items() if k not in STATEFUL_FIELDS}
+    capped = False
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = out.get(name)
+        if isinstance(value, int):
+            out[name] = min(value, max_tokens)
+            capped = True
+    if not capped:
+        out["max_tokens"] = max_tokens
+    return out
+
+
+class Shadows:
+    """Every shadow target's in-flight count and breaker; the tasks in flight; the pair sink."""
+
+    def __init__(
+        self,
+        client: Pool,
+        store: RolloutStore,
+        registry: CollectorRegistry,
+        on_outcome: Callable[[str, PairOutcome], None] | None = None,
+    ) -> None:
+        self._client, self._store, self._on_outcome = client, store, on_outcome
+        self._targets: dict[str, Target] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.dropped = Counter(
+            "gateway_shadow_dropped", "Shadows not sent, by reason", ["target", "reason"], registry=registry
+        )
+        self.sent = Counter(
+            "gateway_shadow_requests", "Shadows sent, by result", ["target", "result"], registry=registry
+        )
+        self.outcomes = Counter(
+            "gateway_shadow_pairs", "Compared pairs, by outcome", ["target", "outcome"], registry=registry
+        )
+
+    def drop(self, target: str, reason: str) -> None:
+        self.dropped.labels(target, reason).inc()
+
+    def mirror(
+        self,
+        target: str,
+        name: str,
+        dep: Deployment,
+        path: str,
+        body: Mapping[str, Any],
+        request_id: str,
+        limits: Limits,
+        primary: Callable[[], asyncio.Future[Capture]],
+        samples_key: str | None = None,
+    ) -> bool:
+        """Start one shadow unless the target is saturated or its circuit is open; never waits."""
+        state = self._targets.setdefault(target, Target())
+        if state.in_flight >= limits.max_in_flight:
+            self.drop(target, "in_flight_cap")
+            return False
+        if not state.breaker.allows(time.monotonic()):
+            self.drop(target, "circuit_open")
+            return False
+        state.in_flight += 1
+        task = asyncio.get_running_loop().create_task(
+            self._shadow(target, name, dep, path, body, request_id, limits, primary(), samples_key)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _shadow(
+        self,
+        target: str,
+        name: str,
+        dep: Deployment,
+        path: str,
+        body: Mapping[str, Any],
+        request_id: str,
+        limits: Limits,
+        primary: asyncio.Future[Capture],
+        samples_key: str | None,
+    ) -> None:
+        state = self._targets[target]
+        try:
+            capture = await self._call(name, dep, path, body, request_id, limits)
+        finally:
+            state.in_flight -= 1
+        ok = capture.error is None and 200 <= capture.status < 300
+        state.breaker.record(ok, time.monotonic())
+        self.sent.labels(target, "ok" if ok else ("timeout" if capture.error == "timeout" else "error")).inc()
+        try:
+            primary_capture = await asyncio.wait_for(asyncio.shield(primary), PRIMARY_WAIT_S)
+        except (TimeoutError, asyncio.CancelledError):
+            return
+        await self._record(target, body, primary_capture, capture, request_id, samples_key)
+
+    async def _call(
+        self, name: str, dep: Deployment, path: str, body: Mapping[str, Any], request_id: str, limits: Limits
+    ) -> Capture:
+        payload, _ = openai.upstream_body(shadow_body(body, limits.max_tokens), dep.served_model)
+        headers = {TAG_HEADER: "1", "x-request-id": f"{request_id}-shadow"}
+        # No failover and no retries: one deployment, one attempt, bounded by the shadow's own timeout.
+        bounded = dep.model_copy(
+            update={
+                "timeouts": Timeouts(
+                    connect_s=min(dep.timeouts.connect_s, limits.timeout_s),
+                    read_s=limits.timeout_s,
+                    total_s=limits.timeout_s,
+                )
+            }
+        )
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(limits.timeout_s):
+                reply = await upstream.send(self._client, name, bounded, path, payload, headers)
+                if body.get("stream") and reply.status == 200:
+                    return await _read_stream(reply, started)
+                raw = await reply.read()
+                return Capture(reply.status, _ms_since(started), None, _json(raw))
+        except TimeoutError:
+            return Capture(0, _ms_since(started), error="timeout")
+        except UpstreamTimeout:
+            return Capture(0, _ms_since(started), error="timeout")
+        except GatewayError as exc:
+            return Capture(exc.status, _ms_since(started), error=exc.message)
+
+    async def _record(
+        self,
+        target: str,
+        request: Mapping[str, Any],
+        primary: Capture,
+        shadow: Capture,
+        request_id: str,
+        samples_key: str | None,
+    ) -> None:
+        record = compare(request, primary, shadow)
+        record.update(target=target, request_id=request_id, at=round(time.time(), 3))
+        outcome = PairOutcome(record["outcome"])
+        self.outcomes.labels(target, outcome.value).inc()
+        if samples_key is not None and self._on_outcome is not None:
+            self._on_outcome(samples_key, outcome)
+        try:
+            await self._store.add_pair(target, json.dumps(record, separators=(",", ":")), PAIRS_MAXLEN)
+        except StoreError as exc:
+            self.drop(target, "store_unavailable")
+            log.debug("shadow pair of %s not kept: %s", request_id, exc)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _read_stream(reply: upstream.Reply, started: float) -> Capture:
+    """The streamed answer as parsed SSE data objects, with the time to the first chunk."""
+    ttft_ms: float | None = None
+    pending, chunks = b"", []
+    finished = False
+    try:
+        async for chunk in reply.chunks():
+            if ttft_ms is None:
+                ttft_ms = _ms_since(started)
+            events, pending = openai.split_events(pending + chunk)
+            chunks += [data for data in map(_event_json, events) if isinstance(data, dict)]
+        finished = True
+    finally:
+        reply.release() if finished else reply.close()
+    return Capture(reply.status, _ms_since(started), ttft_ms, None, chunks)
+
+
+def parse_capture(status: int, total_ms: float, ttft_ms: float | None, raw: bytes, stream: bool) -> Capture:
+    """The primary's side of a pair from the bytes the gateway relayed to the client."""
+    if not stream:
+        return Capture(status, total_ms, ttft_ms, _json(raw))
+    events, _ = openai.split_events(raw)
+    return Capture(
+        status, total_ms, ttft_ms, None, [d for d in map(_event_json, events) if isinstance(d, dict)]
+    )
+
+
+def _event_json(event: bytes) -> Any:
+    if event.startswith(openai.DONE_EVENT):
+        return None
+    try:
+        return openai.event_data(event)
+    except ValueError:
+        return None
+
+
+def _json(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)

@@ -1,0 +1,424 @@
+"""The routing policy: frozen pydantic models of the YAML file, loading with located errors, JSON Schema."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy
+from gateway.rollout import spec as rollout_spec
+from gateway.rollout.spec import RolloutSpec, ShadowSpec
+
+ENDPOINTS = ("chat", "completions", "embeddings")
+Endpoint = Literal["chat", "completions", "embeddings"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Price(Frozen):
+    input_per_mtok_usd: float = Field(0.0, ge=0)
+    output_per_mtok_usd: float = Field(0.0, ge=0)
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_mtok_usd + output_tokens * self.output_per_mtok_usd) / 1e6
+
+
+class Timeouts(Frozen):
+    connect_s: float = Field(2.0, gt=0)
+    # Longest silence from the deployment: waiting for the response (a non-streamed one arrives only
+    # when generation ends) and between two streamed chunks.
+    read_s: float = Field(120.0, gt=0)
+    total_s: float = Field(600.0, gt=0)
+
+
+class Health(Frozen):
+    path: str = "/health"
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+    eject_after_failures: int = Field(3, ge=1)
+    cooldown_s: float = Field(10.0, ge=0)
+
+
+class LoadLimits(Frozen):
+    """Load-aware routing: spill a deep queue elsewhere, skip a deployment whose KV cache is nearly full."""
+
+    spill_when_waiting_gte: int | None = Field(None, ge=1)
+    spill_to: str | None = None
+    skip_when_kv_cache_usage_gte: float | None = Field(None, gt=0, le=1)
+    metrics_path: str = "/metrics"
+    scrape_interval_s: float = Field(1.0, gt=0)
+
+
+class Deployment(Frozen):
+    url: str
+    served_model: str
+    endpoints: tuple[Endpoint, ...] = ("chat", "completions")
+    price: Price = Price()
+    timeouts: Timeouts = Timeouts()
+    max_in_flight: int = Field(256, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    # Used as the worst-case completion size when a request gives no max_tokens.
+    default_max_tokens: int = Field(1024, ge=1)
+    health: Health = Health()
+    load: LoadLimits = LoadLimits()
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {url!r}")
+        return url.rstrip("/")
+
+
+class ClientModel(Frozen):
+    """A model name clients may ask for: `route: rules` (auto) or `pin: DEPLOYMENT`."""
+
+    route: Literal["rules"] | None = None
+    pin: str | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ClientModel:
+        if (self.route is None) == (self.pin is None):
+            raise ValueError("give exactly one of `route: rules` or `pin: DEPLOYMENT`")
+        return self
+
+
+class Range(Frozen):
+    """A numeric comparison; every bound given must hold."""
+
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+    eq: float | None = None
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> Range:
+        if all(v is None for v in (self.gt, self.gte, self.lt, self.lte, self.eq)):
+            raise ValueError("give at least one of gt, gte, lt, lte, eq")
+        return self
+
+
+StrOrList = str | list[str]
+
+
+class ComplexityShare(Frozen):
+    """Send the top `hq_share` of traffic by classifier score: the threshold comes from a calibration file
+    (`agent-gateway classifier calibrate`), so ops state the share they can afford, not a raw score."""
+
+    hq_share: float = Field(gt=0, lt=1)
+    calibration: str | None = None  # relative to the policy file; default: the packaged calibration
+
+
+def _threshold_range(share: ComplexityShare, base_dir: Path | None) -> Range:
+    from gateway.classifier.scoring import Calibration, ModelFileError
+
+    try:
+        if share.calibration is None:
+            calibration = Calibration.default()
+        else:
+            path = Path(share.calibration)
+            calibration = Calibration.load(path if path.is_absolute() or base_dir is None else base_dir / path)
+    except (OSError, ModelFileError) as exc:
+        raise ValueError(f"calibration {share.calibration or '(packaged default)'}: {exc}") from exc
+    return Range(gte=calibration.threshold_for_share(share.hq_share))
+
+
+class When(Frozen):
+    """Conditions over request features; all given ones must hold (an empty `when` always matches)."""
+
+    endpoint: Endpoint | None = None
+    model: StrOrList | None = None
+    tenant: StrOrList | None = None
+    prompt_tokens: Range | None = None
+    message_count: Range | None = None
+    tool_result_turns: Range | None = None
+    max_tokens: Range | None = None
+    complexity: Range | ComplexityShare | None = None
+    tools: bool | None = None
+    stream: bool | None = None
+    has_code: bool | None = None
+    has_math: bool | None = None
+    response_format: StrOrList | None = None
+    headers: dict[str, StrOrList] | None = None
+
+    @functools.cached_property
+    def conditions(self) -> tuple[tuple[str, Any], ...]:
+        """The given conditions only, computed once: the hot path must not walk every field per request."""
+        return tuple((name, value) for name, value in self if value is not None)
+
+    @field_validator("complexity")
+    @classmethod
+    def _share_to_threshold(cls, value: Range | ComplexityShare | None, info: ValidationInfo) -> Range | None:
+        """Resolve a target HQ share into a score threshold once, at load time."""
+        if not isinstance(value, ComplexityShare):
+            return value
+        base_dir = (info.context or {}).get("base_dir")
+        return _threshold_range(value, base_dir)
+
+    @field_validator("headers")
+    @classmethod
+    def _lowercase_names(cls, headers: dict[str, StrOrList] | None) -> dict[str, StrOrList] | None:
+        return None if headers is None else {k.lower(): v for k, v in headers.items()}
+
+
+class Rule(Frozen):
+    name: str = Field(min_length=1)
+    when: When = When()
+    use: str
+    # A pinned model (`hq`, `fast`) ignores rules unless the rule says it overrides pins.
+    override_pin: bool = False
+
+
+class CandidatePolicy(Frozen):
+    """A routing policy to roll out or shadow (`policy:NAME`): the live one with these sections replaced."""
+
+    rules: list[Rule] | None = None
+    default: str | None = None
+    fallback: list[str] | None = None
+
+
+class PolicyShadow(Frozen):
+    """Evaluate a candidate policy on live traffic; record its decision where it disagrees, call nothing."""
+
+    candidate: str = Field(description="a name declared under `policies:`")
+    percent: float = Field(100.0, gt=0, le=100)
+
+
+LIVE_POLICY = "live"  # the target name of the live policy itself (`policy:live`), for `auto`-like routes
+
+
+class Policy(Frozen):
+    version: Literal[1] = 1
+    deployments: dict[str, Deployment]
+    models: dict[str, ClientModel]
+    rules: list[Rule] = []
+    default: str
+    fallback: list[str] = []
+    max_attempts: int = Field(2, ge=1, le=5)
+    policies: dict[str, CandidatePolicy] = {}
+    rollouts: list[RolloutSpec] = []
+    shadows: list[ShadowSpec] = []
+    policy_shadow: PolicyShadow | None = None
+    tenants: list[TenantPolicy] = []
+    sessions: SessionPolicy = SessionPolicy()
+    store: StorePolicy = StorePolicy()
+    auth: AuthPolicy = AuthPolicy()
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> Policy:
+        for problem in self._dangling_references():
+            raise ValueError(problem)
+        return self
+
+    def _dangling_references(self) -> Iterator[str]:
+        known = self.deployments
+        if not known:
+            yield "deployments: at least one deployment is needed"
+        if self.default not in known:
+            yield f"default: unknown deployment {self.default!r} (known: {sorted(known)})"
+        for name in self.fallback:
+            if name not in known:
+                yield f"fallback: unknown deployment {name!r} (known: {sorted(known)})"
+        for model_name, model in self.models.items():
+            if model.pin is not None and model.pin not in known:
+                yield f"models.{model_name}.pin: unknown deployment {model.pin!r} (known: {sorted(known)})"
+        seen: set[str] = set()
+        for i, rule in enumerate(self.rules):
+            if rule.use not in known:
+                yield f"rules[{i}].use: unknown deployment {rule.use!r} (known: {sorted(known)})"
+            if rule.name in seen:
+                yield f"rules[{i}].name: duplicate rule name {rule.name!r}"
+            seen.add(rule.name)
+        yield from self._load_problems()
+        yield from self._experiment_problems()
+        yield from self._tenancy_problems()
+
+    def _load_problems(self) -> Iterator[str]:
+        for name, dep in self.deployments.items():
+            if dep.load.spill_to is not None and dep.load.spill_to not in self.deployments:
+                yield f"deployments.{name}.load.spill_to: unknown deployment {dep.load.spill_to!r}"
+
+    def _tenancy_problems(self) -> Iterator[str]:
+        known = sorted(self.deployments)
+        seen: set[str] = set()
+        for i, tenant in enumerate(self.tenants):
+            if tenant.name in seen:
+                yield f"tenants[{i}].name: duplicate tenant {tenant.name!r}"
+            seen.add(tenant.name)
+            steer = tenant.above_soft
+            soft = any(b.soft_usd is not None or b.soft_tokens is not None for b in tenant.budgets)
+            # the default `fast` only matters when a soft limit can steer to it
+            named = "route_to" in steer.model_fields_set or soft
+            if steer.route_to is not None and steer.route_to not in known and named:
+                yield f"tenants[{i}].above_soft.route_to: unknown deployment {steer.route_to!r} " \
+                      f"(known: {known})"
+            for name in steer.refuse:
+                if name not in known:
+                    yield f"tenants[{i}].above_soft.refuse: unknown deployment {name!r} (known: {known})"
+        target = self.sessions.tight_loop_route_to
+        if self.sessions.tight_loop_steps_per_min is not None and target not in known:
+            yield f"sessions.tight_loop_route_to: unknown deployment {target!r} (known: {known})"
+
+    def _experiment_problems(self) -> Iterator[str]:
+        known = self.deployments
+        for name, cand in self.policies.items():
+            used = [*(r.use for r in cand.rules or ()), *([cand.default] if cand.default else ()),
+                    *(cand.fallback or ())]
+            for dep in used:
+                if dep not in known:
+                    yield f"policies.{name}: unknown deployment {dep!r} (known: {sorted(known)})"
+        if self.policy_shadow is not None and self.policy_shadow.candidate not in self.policies:
+            yield (f"policy_shadow.candidate: unknown policy {self.policy_shadow.candidate!r} "
+                   f"(declared under policies: {sorted(self.policies)})")
+        stable_of = {name: f"deployment:{m.pin}" if m.pin else f"policy:{LIVE_POLICY}"
+                     for name, m in self.models.items()}
+        yield from rollout_spec.problems(self.rollouts, self.shadows, stable_of=stable_of,
+                                         deployments=known, policies=self.policies)
+
+    @functools.cached_property
+    def experimental(self) -> bool:
+        """Whether any rollout or shadow is declared (the request path skips that machinery otherwise)."""
+        return bool(self.rollouts or self.shadows or self.policy_shadow)
+
+    @functools.cached_property
+    def accounted(self) -> bool:
+        """Whether tenants, keys or session rules are configured (else the request path skips the store)."""
+        s = self.sessions
+        sessions_used = s.pin or s.tight_loop_steps_per_min is not None or s.cost_cap_usd is not None
+        return bool(self.tenants) or self.auth.enabled or sessions_used
+
+    def candidate_policy(self, name: str) -> Policy:
+        """The declared candidate `name` as a whole Policy (cached: policies are swapped whole on reload)."""
+        found = self._candidate_policies.get(name)
+        if found is None:
+            cand = self.policies[name]
+            live = self.model_dump(exclude={"rollouts", "shadows", "policy_shadow"})
+            found = Policy.model_validate({**live, **cand.model_dump(exclude_none=True)})
+            self._candidate_policies[name] = found
+        return found
+
+    @functools.cached_property
+    def _candidate_policies(self) -> dict[str, Policy]:
+        return {}
+
+    def candidates(self, first: str) -> tuple[str, ...]:
+        """Deployments to try for a request that prefers `first`: it, then the fallback list, then the rest.
+
+        The caller keeps the first max_attempts that are usable, so excluded ones do not use up attempts.
+        """
+        order = self._candidates.get(first)
+        if order is None:
+            order = tuple(dict.fromkeys([first, *self.fallback, *self.deployments]))
+            self._candidates[first] = order
+        return order
+
+    @functools.cached_property
+    def _candidates(self) -> dict[str, tuple[str, ...]]:
+        return {}
+
+    @functools.cached_property
+    def reads_complexity(self) -> bool:
+        """Whether any rule reads the classifier score (so the hot path can skip scoring otherwise)."""
+        return any(rule.when.complexity is not None for rule in self.rules)
+
+
+class PolicyError(Exception):
+    """A policy file that cannot be used; `problems` are one line each: file:line: field: message (value)."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.path = path
+        self.problems = problems
+
+
+def load(path: str | Path) -> Policy:
+    """Read, parse and validate a policy file; raise PolicyError listing every problem found."""
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(path, [f"{path}: cannot read: {exc.strerror}"]) from exc
+    return parse(text, path)
+
+
+def parse(text: str, path: str = "<policy>") -> Policy:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise PolicyError(path, [f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from exc
+    if not isinstance(data, dict):
+        raise PolicyError(path, [f"{path}: the policy must be a YAML mapping, got {type(data).__name__}"])
+    try:
+        return Policy.model_validate(data, context={"base_dir": Path(path).parent})
+    except ValidationError as exc:
+        raise PolicyError(path, [_locate(path, node, err) for err in exc.errors()]) from exc
+
+
+def _locate(path: str, root: yaml.Node | None, err: Mapping[str, Any]) -> str:
+    loc = [part for part in err["loc"] if not (isinstance(part, str) and part.startswith("function-"))]
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if not loc:  # a whole-policy check names its field at the start of the message: locate that
+        loc = _named_loc(message)
+        message = message.split(": ", 1)[1] if loc else message
+    field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+    line = _line_of(root, loc)
+    where = f"{path}:{line}" if line else path
+    value = err.get("input")
+    shown = "" if isinstance(value, dict | list) or value is None else f" (value: {value!r})"
+    return f"{where}: {field or '<top>'}: {message}{shown}"
+
+
+def _named_loc(message: str) -> list[Any]:
+    """`rollouts[0].route: ...` -> ["rollouts", 0, "route"]; [] when the message names no field."""
+    head = message.split(":", 1)[0]
+    if " " in head or head == message:
+        return []
+    return [int(p) if p.isdigit() else p for p in re.split(r"[.\[\]]+", head) if p]
+
+
+def _line_of(node: yaml.Node | None, loc: list[Any]) -> int | None:
+    """The 1-based line of the deepest YAML node that the pydantic location reaches."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            break
+        node, line = child, child.start_mark.line + 1
+    return line
+
+
+def _child(node: yaml.Node | None, part: Any) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if key.value == str(part):
+                return value  # type: ignore[no-any-return]  # PyYAML's node values are untyped
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        return node.value[part]  # type: ignore[no-any-return]
+    return None
+
+
+def json_schema() -> str:
+    """The JSON Schema of the policy file, for editors (policies/policy.schema.json)."""
+    return json.dumps(Policy.model_json_schema(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,119 @@
+"""Guard analysis: turns one rollout window's cohort counters into per-metric verdicts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from gateway.rollout.samples import CohortCounts, Observations, PairOutcome, bin_upper_ms
+from gateway.rollout.spec import Guards, LatencyGuard, RolloutSpec
+from gateway.rollout.stats import (
+    Status,
+    Verdict,
+    binomial_lower,
+    binomial_upper,
+    breaches_slo,
+    non_inferiority,
+    win_share,
+)
+
+GUARD_NAMES = ("error_rate", "ttft_p95", "tpot_p95", "shadow_quality")
+
+
+def hard_breach(guards: Guards, candidate: CohortCounts, alpha: float) -> Verdict | None:
+    """The SLO rule that aborts even on a handful of samples: a Fail verdict, or None."""
+    if guards.error_rate is None:
+        return None
+    k, n, slo = candidate.errors, candidate.requests, guards.error_rate.slo
+    if not breaches_slo(k, n, slo, alpha):
+        return None
+    detail = f"{k} errors in {n} requests: exact lower bound above the {slo:g} SLO at alpha {alpha:g}"
+    return Verdict(
+        "error_rate_slo",
+        Status.FAIL,
+        n,
+        k / n,
+        binomial_lower(k, n, alpha),
+        binomial_upper(k, n, alpha),
+        detail,
+    )
+
+
+def _p95_bin(control: Counter[int]) -> int:
+    n0 = sum(control.values())
+    cumulative = 0
+    for index in sorted(control):
+        cumulative += control[index]
+        if cumulative >= 0.95 * n0:
+            return index
+    return max(control)
+
+
+def _exceedances(
+    strata: Iterable[tuple[Counter[int], Counter[int]]], min_control: int
+) -> tuple[int, int, int, int, list[float]]:
+    """Pooled (k1, n1, k0, n0) of requests above control's p95, stratum by stratum, plus the p95s used."""
+    k1 = n1 = k0 = n0 = 0
+    thresholds: list[float] = []
+    for cand, ctrl in strata:
+        if sum(ctrl.values()) < min_control:
+            continue  # control's p95 is not yet trustworthy here; these candidate samples wait
+        edge = _p95_bin(ctrl)
+        thresholds.append(bin_upper_ms(edge))
+        k1 += sum(c for b, c in cand.items() if b > edge)
+        n1 += sum(cand.values())
+        k0 += sum(c for b, c in ctrl.items() if b > edge)
+        n0 += sum(ctrl.values())
+    return k1, n1, k0, n0, thresholds
+
+
+def _latency(
+    name: str, guard: LatencyGuard, strata: list[tuple[Counter[int], Counter[int]]], alpha: float, final: bool
+) -> Verdict:
+    k1, n1, k0, n0, thresholds = _exceedances(strata, guard.min_control_samples)
+    verdict = non_inferiority(name, k1, n1, k0, n0, guard.margin, alpha, allow_pass=final)
+    p95s = ", ".join(f"{t:.0f}" for t in thresholds) or "none yet"
+    return Verdict(
+        name,
+        verdict.status,
+        verdict.n,
+        verdict.estimate,
+        verdict.lower,
+        verdict.upper,
+        f"share above control p95 (ms: {p95s}); {verdict.detail}",
+    )
+
+
+def evaluate(
+    spec: RolloutSpec,
+    obs: Observations,
+    *,
+    final: bool,
+    shadow_active: bool,
+    only: Iterable[str] | None = None,
+    alpha: float | None = None,
+) -> tuple[Verdict, ...]:
+    """Every configured guard's verdict; interim looks (final=False) use interim_alpha and never Pass."""
+    level = alpha if alpha is not None else (spec.alpha if final else spec.interim_alpha)
+    wanted = set(only) if only is not None else set(GUARD_NAMES)
+    guards, cand, ctrl = spec.guards, obs.candidate, obs.control
+    verdicts: list[Verdict] = []
+    if guards.error_rate is not None and "error_rate" in wanted:
+        breach = hard_breach(guards, cand, spec.interim_alpha)
+        counts = (cand.errors, cand.requests, ctrl.errors, ctrl.requests)
+        margin = guards.error_rate.margin
+        verdicts.append(breach or non_inferiority("error_rate", *counts, margin, level, allow_pass=final))
+    if guards.ttft_p95 is not None and "ttft_p95" in wanted:
+        strata = [
+            (cand.ttft.get(s, Counter()), ctrl.ttft.get(s, Counter()))
+            for s in sorted(set(cand.ttft) | set(ctrl.ttft))
+        ]
+        verdicts.append(_latency("ttft_p95", guards.ttft_p95, strata, level, final))
+    if guards.tpot_p95 is not None and "tpot_p95" in wanted:
+        verdicts.append(_latency("tpot_p95", guards.tpot_p95, [(cand.tpot, ctrl.tpot)], level, final))
+    if guards.shadow_quality is not None and "shadow_quality" in wanted and shadow_active:
+        wins, losses = obs.pairs[PairOutcome.WIN], obs.pairs[PairOutcome.LOSS]
+        verdicts.append(
+            win_share("shadow_quality", wins, losses, guards.shadow_quality.margin, level, allow_pass=final)
+        )
+    return tuple(verdicts)

@@ -1,0 +1,177 @@
+"""What a request handler reaches: the app's shared resources (Services) and one request's record (Exchange)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.classifier.scoring import Classifier
+from gateway.decision.routing import Context, Decision, needs_complexity
+from gateway.errors import GatewayError
+from gateway.features import Features
+from gateway.openai import OPERATION, Usage
+from gateway.policy.file import PolicyFile
+from gateway.policy.model import Policy
+from gateway.settings import Settings
+from gateway.telemetry import metrics as t
+from gateway.telemetry.spans import Spans, TraceContext
+from gateway.upstream.client import Pool
+from gateway.upstream.deployments import Backends
+
+if TYPE_CHECKING:
+    from gateway.accounting.ledger import Accounting
+    from gateway.experiments.runtime import Trials
+    from gateway.policy.tenancy import Admission, SessionState
+
+
+
+class Recent:
+    """The inputs of the last N decisions, so their full trail can be recomputed on demand (decide is pure)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, tuple[Policy, Features, Context]] = OrderedDict()
+
+    def remember(self, request_id: str, policy: Policy, features: Features, ctx: Context) -> None:
+        self._items[request_id] = (policy, features, ctx)
+        if len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def get(self, request_id: str) -> tuple[Policy, Features, Context] | None:
+        return self._items.get(request_id)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    policy: PolicyFile
+    backends: Backends
+    client: Pool  # the one pool of connections to deployments
+    metrics: t.Metrics
+    spans: Spans | None  # None when no exporter consumes spans (AGENT_GATEWAY_TRACES=none)
+    classifier: Classifier
+    recent: Recent
+    trials: Trials | None = None  # rollouts, shadows, request log: set by its cleanup ctx
+    accounting: Accounting | None = None  # store, keys, budgets (gateway/accounting/ledger.py), by its cleanup ctx
+
+    def context(
+        self,
+        request: web.Request,
+        features: Features,
+        policy: Policy,
+        admission: Admission | None = None,
+        session: SessionState | None = None,
+    ) -> Context:
+        """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict."""
+        complexity = self._score(features) if needs_complexity(policy) else None
+        return Context(
+            headers=request.headers,
+            tenant=request.get(TENANT),
+            complexity=complexity,
+            load=dict(self.backends.load),
+            in_flight=dict(self.backends.in_flight),
+            admission=admission,
+            session=session,
+        )
+
+    def _score(self, features: Features) -> float:
+        started = time.perf_counter()
+        score = self.classifier.score(features)
+        cost = self.metrics.scoring
+        cost.seconds += time.perf_counter() - started
+        cost.scores += 1
+        return score
+
+    def settle(self, ex: Exchange, usage: Usage | None) -> None:
+        """Account a finished exchange's tokens (usage comes from the deployment, exact)."""
+        ex.usage = usage
+        if usage is None or ex.deployment is None:
+            return
+        self.metrics.count_tokens(ex.deployment, usage.prompt_tokens, usage.completion_tokens)
+
+
+SPAN_NAMES = {endpoint: f"gateway {endpoint}" for endpoint in OPERATION}
+
+
+class Exchange:
+    """One client request as the gateway saw it: timings, decision, outcome; ends as one span and metrics.
+
+    The span is recorded once at the end with every attribute (start time back-dated); see gateway/telemetry/spans.py.
+    """
+
+    __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "request_id", "rule",
+                 "served_model", "started", "started_ns", "tap", "trace", "usage")
+
+    def __init__(self, request_id: str, endpoint: str, trace: TraceContext | None = None) -> None:
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.started = time.perf_counter()
+        self.started_ns = time.time_ns()
+        self.attributes: dict[str, Any] = {t.REQUEST_ID: request_id, t.GEN_AI_OPERATION: OPERATION[endpoint]}
+        self.deployment: str | None = None
+        self.rule: str | None = None
+        self.served_model: str | None = None
+        self.first_byte_at: float | None = None
+        self.usage: Usage | None = None
+        self.error: GatewayError | None = None
+        self.tap: list[bytes] | None = None  # set when a shadow compares against the relayed bytes
+        self.trace = trace  # None when spans are off: the caller's traceparent then goes upstream as sent
+
+    def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
+        self.deployment, self.rule = decision.deployment, decision.rule
+        attrs = self.attributes
+        attrs[t.GEN_AI_REQUEST_MODEL] = features.requested_model
+        attrs[t.RULE] = decision.rule
+        attrs[t.REASONS] = decision.reasons
+        attrs[t.ATTEMPTS] = decision.attempts
+        if features.max_tokens is not None:
+            attrs[t.GEN_AI_REQUEST_MAX_TOKENS] = features.max_tokens
+        if features.temperature is not None:
+            attrs[t.GEN_AI_REQUEST_TEMPERATURE] = features.temperature
+        if complexity is not None:
+            attrs[t.COMPLEXITY] = complexity
+
+    def attempted(self, deployment: str, served_model: str) -> None:
+        self.deployment, self.served_model = deployment, served_model
+
+    def first_byte(self) -> None:
+        if self.first_byte_at is None:
+            self.first_byte_at = time.perf_counter()
+
+    def failed_mid_stream(self, err: GatewayError) -> None:
+        self.error = err
+
+    def finish(self, status: int, metrics: t.Metrics, spans: Spans | None) -> None:
+        """Record metrics and the span; called once by the middleware."""
+        elapsed_s = time.perf_counter() - self.started
+        ttft_s = None if self.first_byte_at is None else self.first_byte_at - self.started
+        shown_status = "stream_error" if self.error is not None and status == 200 else str(status)
+        metrics.observe_request(self.endpoint, self.deployment or "none", self.rule or "none", shown_status,
+                                elapsed_s, ttft_s)
+        if spans is not None:
+            self._record_span(spans, status, ttft_s)
+
+    def _record_span(self, spans: Spans, status: int, ttft_s: float | None) -> None:
+        attrs = self.attributes
+        attrs["http.response.status_code"] = status
+        attrs[t.DEPLOYMENT] = self.deployment or ""
+        if self.served_model:
+            attrs[t.GEN_AI_RESPONSE_MODEL] = self.served_model
+        if self.usage is not None:
+            attrs[t.GEN_AI_INPUT_TOKENS] = self.usage.prompt_tokens
+            attrs[t.GEN_AI_OUTPUT_TOKENS] = self.usage.completion_tokens
+        if ttft_s is not None:
+            attrs[t.TTFT_MS] = ttft_s * 1000
+        failed = status >= 500 or self.error is not None
+        error = (self.error.message if self.error else str(status)) if failed else None
+        spans.record(SPAN_NAMES[self.endpoint], self.started_ns, attrs, error, self.trace)
+
+
+SERVICES = web.AppKey("services", Services)
+EXCHANGE = web.RequestKey("exchange", Exchange)
+REQUEST_ID = web.RequestKey("request_id", str)
+TENANT = web.RequestKey("tenant", str)

@@ -1,0 +1,140 @@
+"""The one middleware: request id, span and metrics per exchange, admin token, errors as the OpenAI envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import os
+import re
+from typing import TypeVar
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.errors import Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
+from gateway.server.exchange import EXCHANGE, REQUEST_ID, SERVICES, SPAN_NAMES, TENANT, Exchange, Services
+
+log = logging.getLogger(__name__)
+
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# Status of a request whose client went away before the answer (nginx's convention).
+CLIENT_CLOSED = 499
+ADMIN_TOKEN_ENV = "AGENT_GATEWAY_ADMIN_TOKEN"
+
+
+def error_response(err: GatewayError) -> web.Response:
+    return web.json_response(err.envelope(), status=err.status, headers=err.headers)
+
+
+# Unique across processes and restarts without a syscall per request: random prefix, then a counter.
+_ID_PREFIX = os.urandom(6).hex()
+_ID_COUNTER = itertools.count(1)
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("x-request-id")
+    if given is not None and _SAFE_REQUEST_ID.match(given):
+        return given
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
+
+
+@web.middleware
+async def exchange_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    svc = request.app[SERVICES]
+    request_id = _request_id(request)
+    request[REQUEST_ID] = request_id
+    endpoint = _ENDPOINTS.get(request.path)
+    ex = None
+    if endpoint is not None:
+        trace = svc.spans.begin(SPAN_NAMES[endpoint], request.headers.get("traceparent")) if svc.spans else None
+        ex = Exchange(request_id, endpoint, trace)
+        request[EXCHANGE] = ex
+    status = 500
+    try:
+        response = await _respond(request, handler, svc, ex)
+        status = response.status
+        if not response.prepared:  # a stream set its headers before its first byte (proxy._relay_stream)
+            add_gateway_headers(request, response)
+        return response
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED
+        raise
+    finally:
+        if ex is not None:
+            ex.finish(status, svc.metrics, svc.spans)
+
+
+async def _respond(request: web.Request, handler: Handler, svc: Services, ex: Exchange | None) -> web.StreamResponse:
+    """The handler's response, or its error as the OpenAI envelope."""
+    try:
+        if request.path.startswith("/admin/"):
+            _check_admin(request, _admin_token(svc))
+        elif request.path.startswith("/v1/") and svc.policy.current.auth.enabled:
+            request[TENANT] = await _tenant(request, svc)
+        return await handler(request)
+    except GatewayError as exc:
+        if ex is not None:
+            ex.error = exc
+        return error_response(exc)
+    except web.HTTPException as exc:
+        return error_response(_from_http(exc))
+    except Exception:
+        # Full detail goes to the log only; the client gets the request id to quote.
+        request_id = request[REQUEST_ID]
+        log.exception("unhandled error in request %s", request_id)
+        return error_response(GatewayError(f"Internal error; quote request id {request_id}"))
+
+
+async def _tenant(request: web.Request, svc: Services) -> str:
+    """The caller's tenant from its API key (401 without a valid one); the key itself is never logged."""
+    if svc.accounting is None:
+        raise GatewayError("The key store is not open")
+    return await svc.accounting.tenant(request.headers.get("authorization"))
+
+
+def _admin_token(svc: Services) -> str:
+    """AGENT_GATEWAY_ADMIN_TOKEN, or the variable the policy's `auth.admin_token_env` names instead."""
+    env = svc.policy.current.auth.admin_token_env
+    return svc.settings.admin_token if env == ADMIN_TOKEN_ENV else os.environ.get(env, "")
+
+
+def _check_admin(request: web.Request, token: str) -> None:
+    if not token:
+        raise Forbidden("The admin API is disabled: set its token's environment variable "
+                        "(AGENT_GATEWAY_ADMIN_TOKEN, or the policy's auth.admin_token_env)")
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise Unauthorized(
+            "A valid admin token is required (Authorization: Bearer <token>)", code="invalid_admin_token"
+        )
+
+
+def _from_http(exc: web.HTTPException) -> GatewayError:
+    if exc.status == 404:
+        return NotFound("Unknown path; see /v1/models and the README for the endpoints", code="unknown_path")
+    if exc.status == 413:
+        return PayloadTooLarge("The request body is over the size limit")
+    err = GatewayError(exc.reason)
+    err.status = exc.status
+    err.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
+    return err
+
+
+Response = TypeVar("Response", bound=web.StreamResponse)
+
+
+def add_gateway_headers(request: web.Request, response: Response) -> Response:
+    """Every response names its request id, and proxied ones the decision. Set by the middleware (and by a
+    stream before it starts) rather than by an on_response_prepare signal, whose coroutine per response
+    cost more than the headers."""
+    request_id = request.get(REQUEST_ID)
+    if request_id is not None:
+        response.headers["x-request-id"] = request_id
+    ex: Exchange | None = request.get(EXCHANGE)
+    if ex is not None:
+        response.headers["x-gateway-deployment"] = ex.deployment or "none"
+        response.headers["x-gateway-rule"] = ex.rule or "none"
+    return response

@@ -1,0 +1,205 @@
+"""The OpenAI-compatible handlers: read, decide, forward with failover, relay, settle. Owns no policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway import openai
+from gateway.accounting.ledger import steered
+from gateway.decision.routing import Decision, decide
+from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
+from gateway.features import Features, extract
+from gateway.policy.model import Policy
+from gateway.server.exchange import EXCHANGE, SERVICES, Exchange, Services
+from gateway.server.middleware import add_gateway_headers
+from gateway.upstream import forward as upstream
+
+STREAM_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _proxy(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _proxy(request, "completions")
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await _proxy(request, "embeddings")
+
+
+async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
+    svc = request.app[SERVICES]
+    ex: Exchange = request[EXCHANGE]
+    raw = await read_body(request, svc.settings.max_body_bytes)
+    body = openai.decode(raw)
+    openai.check(body, endpoint)
+    policy = svc.policy.current
+    features = extract(body, endpoint)
+    accounting = svc.accounting if steered(policy, request.headers) else None
+    admitted = None
+    if accounting is not None:  # tenancy configured, or a cost cap asked for: budget and session verdict
+        admitted = await accounting.admit(request, policy, features, body, len(raw))
+        ctx = svc.context(request, features, policy, admitted.verdict, admitted.session)
+    else:
+        ctx = svc.context(request, features, policy)
+    decision = decide(policy, features, ctx)
+    trials, trial = svc.trials, None
+    if trials is not None and trials.engaged(policy):
+        trial = await trials.begin(request, policy, features, ctx, decision, body)
+        decision = trial.decision  # a rollout's candidate arm
+    svc.recent.remember(ex.request_id, policy, features, ctx)
+    ex.decided(features, decision, ctx.complexity)
+    if accounting is not None and admitted is not None:
+        forwarded = accounting.follow(admitted, policy, decision, ex,
+                                      lambda held: _forward(request, svc, policy, held, body, features))
+    else:
+        forwarded = _forward(request, svc, policy, decision, body, features)
+    if trial is not None:
+        return await trial.follow(forwarded)
+    return await forwarded
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"The request body is {request.content_length} bytes; the limit is {limit}")
+    try:
+        raw = await _read_chunked(request, limit) if request.content_length is None else await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes") from exc
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes")
+    if not raw:
+        raise BadRequest("The request body is empty; send a JSON object")
+    return raw
+
+
+async def _read_chunked(request: web.Request, limit: int) -> bytes:
+    """A body without Content-Length, read to its end but never past limit + 1 bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        part = await request.content.read(limit + 1 - size)
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
+
+
+async def _forward(
+    request: web.Request, svc: Services, policy: Policy, decision: Decision, body: dict[str, Any], features: Features
+) -> web.StreamResponse:
+    """Try the decision's deployments in order; fail over only before the first byte reaches the client."""
+    ex: Exchange = request[EXCHANGE]
+    headers = upstream.forwardable(request.headers)
+    headers["x-request-id"] = ex.request_id
+    if ex.trace is not None:  # the deployment's spans become children of this request's span
+        headers["traceparent"] = ex.trace.traceparent()
+    last: GatewayError | None = None
+    for name in decision.attempts:
+        dep = policy.deployments[name]
+        payload, client_wants_usage = openai.upstream_body(body, dep.served_model)
+        svc.backends.in_flight[name] = svc.backends.in_flight.get(name, 0) + 1
+        try:
+            try:
+                reply = await upstream.send(svc.client, name, dep, openai.PATHS[features.endpoint], payload, headers)
+            except (UpstreamError, UpstreamTimeout) as exc:
+                svc.backends.record_failure(name)
+                svc.metrics.failovers.labels(name, exc.code or exc.error_type).inc()
+                last = exc
+                continue
+            ex.attempted(name, dep.served_model)
+            if features.stream and reply.status == 200:
+                return await _relay_stream(request, svc, reply, client_wants_usage)
+            return await _relay_body(request, svc, reply)
+        finally:
+            svc.backends.in_flight[name] -= 1
+    raise last or UpstreamError("No deployment was tried")
+
+
+async def _relay_body(request: web.Request, svc: Services, reply: upstream.Reply) -> web.Response:
+    ex: Exchange = request[EXCHANGE]
+    ex_headers = upstream.reply_headers(reply)
+    raw = await reply.read()
+    if ex.tap is not None:
+        ex.tap.append(raw)
+    if reply.status == 200:
+        svc.backends.record_success(reply.deployment)
+        svc.settle(ex, openai.usage_in_body(raw))
+    return web.Response(body=raw, status=reply.status, headers=ex_headers)
+
+
+async def _relay_stream(
+    request: web.Request, svc: Services, reply: upstream.Reply, client_wants_usage: bool
+) -> web.StreamResponse:
+    """Relay SSE events as they arrive; learn usage; a failure after the first byte becomes one error event."""
+    ex: Exchange = request[EXCHANGE]
+    response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
+    await response.prepare(request)
+    relay = _StreamRelay(client_wants_usage)
+    finished = False
+    tap = ex.tap
+    try:
+        async for chunk in reply.chunks():
+            ex.first_byte()
+            if tap is not None:
+                tap.append(chunk)
+            out = relay.feed(chunk)
+            if out:
+                await response.write(out)
+        if not relay.done:
+            raise UpstreamError(f"Deployment {reply.deployment!r} ended the stream before [DONE]",
+                                code="upstream_truncated")
+        finished = True
+        svc.backends.record_success(reply.deployment)
+    except GatewayError as exc:
+        svc.backends.record_failure(reply.deployment)
+        ex.failed_mid_stream(exc)
+        await response.write(openai.error_event(exc))
+    finally:
+        # An unfinished stream (error, client gone, cancelled) must stop the deployment's generation too.
+        reply.release() if finished else reply.close()
+        svc.settle(ex, relay.usage)
+    await response.write_eof()
+    return response
+
+
+class _StreamRelay:
+    """Splits the upstream byte stream into SSE events, takes the usage chunk, notes [DONE]."""
+
+    __slots__ = ("_pending", "client_wants_usage", "done", "usage")
+
+    def __init__(self, client_wants_usage: bool) -> None:
+        self.client_wants_usage = client_wants_usage
+        self._pending = b""
+        self.usage: openai.Usage | None = None
+        self.done = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        # Nearly every chunk is whole content events: pass those through without splitting them.
+        if not self._pending and chunk.endswith(b"\n\n") and b'"usage"' not in chunk and b"[DONE]" not in chunk:
+            return chunk
+        events, self._pending = openai.split_events(self._pending + chunk)
+        if not events:
+            return b""
+        kept = []
+        for event in events:
+            if openai.is_usage_event(event):
+                self.usage = openai.usage_of(openai.event_data(event))
+                if not self.client_wants_usage:
+                    continue
+            elif event.startswith(openai.DONE_EVENT):
+                self.done = True
+            kept.append(event)
+        return b"".join(kept)
+
+
+async def models(request: web.Request) -> web.Response:
+    policy = request.app[SERVICES].policy.current
+    data = [{"id": name, "object": "model", "owned_by": "agent-gateway", "created": 0,
+             "description": model.description} for name, model in policy.models.items()]
+    return web.json_response({"object": "list", "data": data})

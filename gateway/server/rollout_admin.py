@@ -1,0 +1,176 @@
+"""The admin API of rollouts and shadows (status, audited actions, history, shadow pairs, policy shadow)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.errors import BadRequest, NotFound, StoreUnavailable
+from gateway.experiments.runtime import Trials
+from gateway.rollout import step as rollout
+from gateway.rollout.spec import RolloutSpec
+from gateway.rollout.state import RolloutState
+from gateway.server.exchange import SERVICES
+from gateway.store.redis_store import StoreError
+
+PAIRS_LIMIT = 10_000
+
+Operation = Callable[[RolloutSpec, RolloutState, str, str, int, float], RolloutState]
+OPERATIONS: dict[str, Operation] = {
+    "promote": lambda sp, st, a, r, g, now: rollout.promote(sp, st, actor=a, reason=r, generation=g, now=now),
+    "promote_full": lambda sp, st, a, r, g, now: rollout.promote_full(
+        sp, st, actor=a, reason=r, generation=g, now=now
+    ),
+    "pause": lambda sp, st, a, r, g, now: rollout.pause(st, actor=a, reason=r, generation=g, now=now),
+    "resume": lambda sp, st, a, r, g, now: rollout.resume(sp, st, actor=a, reason=r, generation=g, now=now),
+    "abort": lambda sp, st, a, r, g, now: rollout.abort(st, actor=a, reason=r, generation=g, now=now),
+    "retry": lambda sp, st, a, r, g, now: rollout.retry(st, actor=a, reason=r, generation=g, now=now),
+    "undo": lambda sp, st, a, r, g, now: rollout.undo(sp, st, actor=a, reason=r, generation=g, now=now),
+}
+
+
+def _trials(request: web.Request) -> Trials:
+    trials = request.app[SERVICES].trials
+    if trials is None:
+        raise StoreUnavailable("Rollouts are not running in this process")
+    return trials
+
+
+def _spec(request: web.Request, route: str) -> RolloutSpec:
+    policy = request.app[SERVICES].policy.current
+    spec = _trials(request).rollouts.index(policy).rollouts.get(route)
+    if spec is None:
+        routes = ", ".join(r.route or "" for r in policy.rollouts) or "none"
+        raise NotFound(
+            f"No rollout is declared for route {route!r} (routes with rollouts: {routes})",
+            code="rollout_not_found",
+        )
+    return spec
+
+
+async def _status(trials: Trials, route: str, spec: RolloutSpec) -> dict[str, Any]:
+    try:
+        state = await trials.rollouts.current(route, spec)
+        obs = await trials.rollouts.observe(state)
+    except StoreError as exc:
+        raise StoreUnavailable(f"The rollout store is unreachable: {exc}") from exc
+    return {
+        "route": route,
+        **rollout.status(spec, state, obs, time.time()),
+        "replica": _applied(trials, spec),
+    }
+
+
+def _applied(trials: Trials, spec: RolloutSpec) -> dict[str, Any]:
+    """What this replica serves by right now (its last read of the state), to check replicas agree."""
+    ro = trials.rollouts
+    served = ro.state(spec)
+    return {
+        "id": ro.owner,
+        "leading": ro.leading,
+        "fresh": ro.fresh(),
+        "generation": None if served is None else served.generation,
+        "phase": None if served is None else served.phase.value,
+        "weight_pct": 0.0 if served is None else served.weight_pct,
+    }
+
+
+async def list_rollouts(request: web.Request) -> web.Response:
+    trials = _trials(request)
+    specs = trials.rollouts.index(request.app[SERVICES].policy.current).rollouts
+    return web.json_response({route: await _status(trials, route, spec) for route, spec in specs.items()})
+
+
+async def show_rollout(request: web.Request) -> web.Response:
+    route = request.match_info["route"]
+    return web.json_response(await _status(_trials(request), route, _spec(request, route)))
+
+
+async def history(request: web.Request) -> web.Response:
+    route = request.match_info["route"]
+    spec = _spec(request, route)
+    try:
+        state = await _trials(request).rollouts.current(route, spec)
+    except StoreError as exc:
+        raise StoreUnavailable(f"The rollout store is unreachable: {exc}") from exc
+    return web.json_response([t.to_dict() for t in state.history])
+
+
+async def act(request: web.Request) -> web.Response:
+    """POST {actor, reason, generation}: the audited manual operation; 409 on a stale generation."""
+    route, action = request.match_info["route"], request.match_info["action"]
+    operation = OPERATIONS.get(action)
+    if operation is None:
+        raise NotFound(
+            f"Unknown rollout action {action!r}; one of {', '.join(OPERATIONS)}", code="unknown_action"
+        )
+    spec = _spec(request, route)
+    actor, reason, generation = _action_body(await request.read())
+    trials = _trials(request)
+    try:
+        await trials.rollouts.operate(
+            route, spec, lambda st: operation(spec, st, actor, reason, generation, time.time())
+        )
+    except StoreError as exc:
+        raise StoreUnavailable(f"The rollout store is unreachable: {exc}") from exc
+    return web.json_response(await _status(trials, route, spec))
+
+
+def _action_body(raw: bytes) -> tuple[str, str, int]:
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        raise BadRequest("The body must be JSON: {actor, reason, generation}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("actor"), str) or not body["actor"]:
+        raise BadRequest("`actor` (who acts, recorded in history) is required", param="actor")
+    generation = body.get("generation")
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        raise BadRequest(
+            "`generation` (the state you acted on, from GET) must be an integer", param="generation"
+        )
+    reason = body.get("reason") or ""
+    if not isinstance(reason, str):
+        raise BadRequest("`reason` must be a string", param="reason")
+    return body["actor"], reason, generation
+
+
+async def shadow_pairs(request: web.Request) -> web.StreamResponse:
+    """Compared pairs, oldest first: a JSON array, or JSONL with ?format=jsonl (for files and jq)."""
+    target = request.query.get("target") or None
+    try:
+        limit = min(int(request.query.get("limit", PAIRS_LIMIT)), PAIRS_LIMIT)
+        records = await _trials(request).rollouts.store.pairs(target, limit)
+    except ValueError:
+        raise BadRequest("`limit` must be an integer", param="limit") from None
+    except StoreError as exc:
+        raise StoreUnavailable(f"The shadow pair store is unreachable: {exc}") from exc
+    if request.query.get("format") == "jsonl":
+        body = "".join(r + "\n" for r in records)
+        return web.Response(text=body, content_type="application/x-ndjson")
+    return web.Response(text="[" + ",".join(records) + "]", content_type="application/json")
+
+
+async def policy_shadow(request: web.Request) -> web.Response:
+    """The candidate policy's agreement with the live one on this replica, and its recent disagreements."""
+    trials = _trials(request)
+    section = request.app[SERVICES].policy.current.policy_shadow
+    return web.json_response(
+        {
+            "candidate": None if section is None else section.candidate,
+            "decisions": dict(trials.agreement),
+            "disagreements": list(trials.disagreements),
+        }
+    )
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/admin/rollouts", list_rollouts)
+    router.add_get("/admin/rollouts/{route}", show_rollout)
+    router.add_get("/admin/rollouts/{route}/history", history)
+    router.add_post("/admin/rollouts/{route}/{action}", act)
+    router.add_get("/admin/shadow/pairs", shadow_pairs)
+    router.add_get("/admin/shadow/policy", policy_shadow)

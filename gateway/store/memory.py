@@ -1,0 +1,350 @@
+"""The in-memory twin of RedisStore: the same keys, the same script logic, one process, no Redis.
+
+Each method runs without awaiting in between, so on one event loop it is as atomic as a Lua script.
+The logic mirrors gateway/store/scripts.py line by line; tests/store/test_store.py runs one behavioural
+table against both stores to keep them identical.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, cast
+
+from gateway.policy.tenancy import WINDOWS, SessionState, TenantSnapshot, bucket
+from gateway.store.redis_store import (
+    NANO,
+    Hold,
+    KeyRecord,
+    Layout,
+    Limits,
+    Observation,
+    Refusal,
+    Reservation,
+    Spend,
+    UsageRow,
+    new_reservation_id,
+    plan,
+    refusal,
+    to_nusd,
+    usage_rows,
+    window_usage,
+)
+
+
+class _Keyspace:
+    """Just enough of Redis' data model: hashes, sorted sets, sets, key expiry (seconds)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.data: dict[str, Any] = {}
+        self.expire_at: dict[str, float] = {}
+        self.clock = clock
+
+    def get(self, key: str) -> Any:
+        at = self.expire_at.get(key)
+        if at is not None and at <= self.clock():
+            self.delete(key)
+        return self.data.get(key)
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+        self.expire_at.pop(key, None)
+
+    def hash(self, key: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self.get(key) or self.data.setdefault(key, {}))
+
+    def zset(self, key: str) -> dict[str, float]:
+        return cast(dict[str, float], self.get(key) or self.data.setdefault(key, {}))
+
+    def hincr(self, key: str, field: str, by: int) -> int:
+        h = self.hash(key)
+        h[field] = int(h.get(field, 0)) + by
+        return int(h[field])
+
+    def expire(self, key: str, at_s: float) -> None:
+        if key in self.data:
+            self.expire_at[key] = at_s
+
+
+class MemoryStore:
+    """One replica's store; also the local accounting FallbackStore uses while Redis is down."""
+
+    origin = "local"
+
+    def __init__(self, *, prefix: str = "ag", clock: Callable[[], float] = time.time) -> None:
+        self._ks = _Keyspace(clock)
+        self._layout = Layout(prefix)
+        self._clock = clock
+
+    def _unhold(self, tenant: str, rid: str) -> list[str] | None:
+        """The reservation's buckets that still exist, or None when it is not open."""
+        ks, lay = self._ks, self._layout
+        zset, records = ks.zset(lay.reservations(tenant)), ks.hash(lay.records(tenant))
+        zset.pop(rid, None)
+        rec = records.pop(rid, None)
+        if rec is None:
+            return None
+        p: list[str] = rec.split()
+        cost, tokens, live = int(p[0]), int(p[1]), []
+        for key in p[2::2]:
+            h = ks.get(key)
+            if h is not None:
+                h["rusd"] = h.get("rusd", 0) - cost
+                h["rtok"] = h.get("rtok", 0) - tokens
+                live.append(key)
+        return live
+
+    def _expire_stale(self, tenant: str, now_ms: int) -> None:
+        zset = self._ks.zset(self._layout.reservations(tenant))
+        stale = [r for r, at in zset.items() if at <= now_ms]
+        for rid in sorted(stale, key=zset.__getitem__)[:200]:
+            self._unhold(tenant, rid)
+
+    async def reserve(self, hold: Hold) -> Reservation | Refusal:
+        now_s, ks, lay = self._clock(), self._ks, self._layout
+        plans = plan(lay, hold.tenant, hold.limits, now_s)
+        self._expire_stale(hold.tenant, int(now_s * 1000))
+        cost, tokens = to_nusd(hold.cost.usd), hold.cost.tokens
+        limit = self._first_crossed(hold, plans, cost, tokens)
+        if limit is not None:
+            return refusal(limit, plans, now_s)
+        rid, expires_ms = new_reservation_id(), int((now_s + hold.ttl_s) * 1000)
+        rec = [str(cost), str(tokens)]
+        for p in plans:
+            h = ks.hash(p.key)
+            h["rusd"] = h.get("rusd", 0) + cost
+            h["rtok"] = h.get("rtok", 0) + tokens
+            h["req"] = h.get("req", 0) + 1
+            if h["req"] == 1:
+                ks.expire(p.key, p.expire_at_s)
+            rec += [p.key, str(p.expire_at_s)]
+        ks.zset(lay.reservations(hold.tenant))[rid] = expires_ms
+        ks.hash(lay.records(hold.tenant))[rid] = " ".join(rec)
+        if hold.session_id is not None:
+            session_key = lay.session(hold.tenant, hold.session_id)
+            ks.hash(session_key).setdefault("pinned", hold.deployment)
+            ks.expire(session_key, now_s + hold.session_ttl_s)
+        ks.data.setdefault(lay.tenants(), set()).add(hold.tenant)
+        return Reservation(
+            rid,
+            hold.tenant,
+            hold.deployment,
+            cost / NANO,
+            tokens,
+            expires_ms / 1000,
+            hold.session_id,
+            "local",
+        )
+
+    def _first_crossed(self, hold: Hold, plans: list[Any], cost: int, tokens: int) -> str | None:
+        limits: Limits = hold.limits
+        live = self._ks.zset(self._layout.reservations(hold.tenant))
+        if limits.max_concurrent is not None and len(live) >= limits.max_concurrent:
+            return "concurrent"
+        for p in plans:
+            h = self._ks.get(p.key) or {}
+            usd = int(h.get("usd", 0)) + int(h.get("rusd", 0))
+            tok = int(h.get("tok", 0)) + int(h.get("rtok", 0))
+            if p.hard_requests >= 0 and int(h.get("req", 0)) + 1 > p.hard_requests:
+                return "requests_per_minute"
+            if p.hard_nusd >= 0 and usd + cost > p.hard_nusd:
+                return f"usd_per_{p.window}"
+            if p.hard_tokens >= 0 and tok + tokens > p.hard_tokens:
+                return f"tokens_per_{p.window}"
+        return None
+
+    async def settle(self, reservation: Reservation, spend: Spend) -> bool:
+        ks, lay, t = self._ks, self._layout, reservation.tenant
+        live = self._unhold(t, reservation.id)
+        targets: list[tuple[str, float | None]]
+        if live is not None:
+            targets = [(key, None) for key in live]
+        else:
+            targets = [(b.key, float(b.expire_at_s)) for b in plan(lay, t, Limits(), self._clock())]
+        cost, d = to_nusd(spend.usd), f"d:{reservation.deployment}:"
+        adds = {
+            "usd": cost, "tok": spend.tokens_in + spend.tokens_out, d + "usd": cost,
+            d + "in": spend.tokens_in, d + "out": spend.tokens_out, d + "req": 1,
+        }  # fmt: skip
+        for key, at in targets:
+            h = ks.hash(key)
+            for name, by in adds.items():
+                h[name] = h.get(name, 0) + by
+            if at is not None:
+                ks.expire(key, at)
+        if reservation.session_id is not None:
+            session_key = lay.session(t, reservation.session_id)
+            if ks.get(session_key) is not None:
+                ks.hincr(session_key, "cost", cost)
+        return live is not None
+
+    async def release(self, reservation: Reservation) -> bool:
+        return self._unhold(reservation.tenant, reservation.id) is not None
+
+    async def observe(
+        self, tenant: str, session_id: str | None, rate_window_s: float = 30.0, idle_ttl_s: int = 3600
+    ) -> Observation:
+        snapshot = await self.snapshot(tenant)
+        session = (
+            None if session_id is None else await self.step(tenant, session_id, rate_window_s, idle_ttl_s)
+        )
+        return Observation(snapshot, session)
+
+    async def snapshot(self, tenant: str) -> TenantSnapshot:
+        now_s = self._clock()
+        self._expire_stale(tenant, int(now_s * 1000))
+        plans = plan(self._layout, tenant, Limits(), now_s)
+        windows = {p.window: window_usage(p.window, p.ends_at_s, self._ks.get(p.key) or {}) for p in plans}
+        return TenantSnapshot(tenant, now_s, windows, len(self._ks.zset(self._layout.reservations(tenant))))
+
+    async def step(self, tenant: str, session_id: str, rate_window_s: float, idle_ttl_s: int) -> SessionState:
+        now_s, ks = self._clock(), self._ks
+        now_ms, key, steps_key = (
+            int(now_s * 1000),
+            self._layout.session(tenant, session_id),
+            self._layout.steps(tenant, session_id),
+        )
+        steps = ks.hincr(key, "steps", 1)
+        # step times arrive in clock order, so a bounded deque is the sorted set here
+        times = ks.get(steps_key)
+        if times is None:
+            times = ks.data[steps_key] = deque(maxlen=1000)
+        times.append(now_ms)
+        while times and times[0] <= now_ms - rate_window_s * 1000:
+            times.popleft()
+        ks.expire(key, now_s + idle_ttl_s)
+        ks.expire(steps_key, now_s + idle_ttl_s)
+        h = ks.hash(key)
+        pinned = h.get("pinned")
+        return SessionState(
+            session_id, steps, len(times) * 60.0 / rate_window_s, int(h.get("cost", 0)) / NANO, pinned
+        )
+
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        now_s = self._clock()
+        tenants = [tenant] if tenant is not None else sorted(self._ks.get(self._layout.tenants()) or ())
+        rows: list[UsageRow] = []
+        for t in tenants:
+            for window in WINDOWS:
+                bucket_id, _ = bucket(window, now_s)
+                fields = self._ks.get(self._layout.bucket(t, window, bucket_id)) or {}
+                rows += usage_rows(t, window, bucket_id, fields)
+        return rows
+
+    async def put_key(self, record: KeyRecord) -> None:
+        self._ks.data[self._layout.key(record.digest)] = {k: str(v) for k, v in asdict(record).items()}
+        self._ks.hash(self._layout.key_ids())[record.key_id] = record.digest
+
+    async def find_key(self, digest: str) -> KeyRecord | None:
+        fields = self._ks.get(self._layout.key(digest))
+        if not fields:
+            return None
+        return KeyRecord(
+            fields["key_id"],
+            fields["tenant"],
+            fields["prefix"],
+            fields["digest"],
+            float(fields["created_s"]),
+            fields["name"],
+        )
+
+    async def list_keys(self) -> list[KeyRecord]:
+        found = [await self.find_key(d) for d in self._ks.hash(self._layout.key_ids()).values()]
+        return sorted((r for r in found if r is not None), key=lambda r: r.created_s)
+
+    async def delete_key(self, key_id: str) -> KeyRecord | None:
+        digest = self._ks.hash(self._layout.key_ids()).pop(key_id, None)
+        if digest is None:
+            return None
+        record = await self.find_key(digest)
+        self._ks.delete(self._layout.key(digest))
+        return record
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def dump(self) -> dict[str, Any]:
+        """Every live key and value (tests scan it for secrets, as they SCAN Redis)."""
+        return {k: v for k in list(self._ks.data) if (v := self._ks.get(k)) is not None}
+
+
+# --- Rollouts and shadows (the twin of store_rollouts.RedisRolloutStore; owned by the rollout area) ---
+
+
+class MemoryRolloutStore:
+    """One process's rollout states, counters, arms and pairs; the embedded default with no Redis.
+
+    The leader lock is trivially this process's; arms and counters never expire here (the process's
+    lifetime bounds them, and arms are keyed by rollout run).
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[str, str] = {}
+        self._counts: dict[str, dict[str, int]] = {}
+        self._arms: dict[str, str] = {}
+        self._pairs: dict[str, Any] = {}
+        self._listeners: list[Any] = []
+        self._seq = 0
+
+    async def read_state(self, route: str) -> str | None:
+        return self._states.get(route)
+
+    async def write_state(self, route: str, expected_gen: int, state_json: str, fence: int) -> bool:
+        import json
+
+        current = self._states.get(route)
+        generation = -1 if current is None else int(json.loads(current)["generation"])
+        if generation != expected_gen:
+            return False
+        self._states[route] = state_json
+        for queue in self._listeners:
+            queue.put_nowait(route)
+        return True
+
+    async def lead(self, owner: str, ttl_s: float) -> int | None:
+        return 1
+
+    async def count(self, key: str, fields: Any, ttl_s: int) -> dict[str, int]:
+        h = self._counts.setdefault(key, {})
+        for name, by in fields.items():
+            h[name] = h.get(name, 0) + by
+        return {name: h[name] for name in fields}
+
+    async def counts(self, key: str) -> dict[str, int]:
+        return dict(self._counts.get(key, {}))
+
+    async def record_arm(self, key: str, value: str, ttl_s: int) -> str:
+        return self._arms.setdefault(key, value)
+
+    async def add_pair(self, target: str, record_json: str, maxlen: int) -> None:
+        from collections import deque
+
+        self._seq += 1
+        self._pairs.setdefault(target, deque(maxlen=maxlen)).append((self._seq, record_json))
+
+    async def pairs(self, target: str | None, count: int) -> list[str]:
+        targets = [target] if target else list(self._pairs)
+        found = sorted(item for name in targets for item in self._pairs.get(name, ()))
+        return [record for _, record in found[-count:]]
+
+    async def changes(self) -> Any:
+        import asyncio
+
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        self._listeners.append(queue)
+        try:
+            while True:
+                try:
+                    yield await asyncio.wait_for(queue.get(), 1.0)
+                except TimeoutError:
+                    yield None
+        finally:
+            self._listeners.remove(queue)
+
+    async def close(self) -> None:
+        return None

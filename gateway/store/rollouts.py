@@ -1,0 +1,176 @@
+"""Rollout and shadow state in Redis: CAS'd rollout states, leader lock, cohort counters, arms, pair streams.
+
+A sibling of store.py (which was already near 500 lines): it reuses RedisStore's client construction
+and its exception translation (`_run` turns every redis error into `StoreError`), and adds only the
+operations of the `RolloutStore` contract below. `store_memory.MemoryRolloutStore` is its twin.
+
+    read_state(route) -> str | None                       the rollout's state as JSON
+    write_state(route, expected_gen, state_json, fence) -> bool
+                                                          compare-and-set on the generation (-1: absent);
+                                                          fence > 0 also requires the leader lock's token;
+                                                          publishes the route on CHANNEL when written
+    lead(owner, ttl_s) -> int | None                      take or renew the leader lock: the fencing token
+    count(key, fields, ttl_s) -> dict[str, int]           HINCRBY each field; the new totals
+    counts(key) -> dict[str, int]                         HGETALL
+    record_arm(key, value, ttl_s) -> str                  SET NX: the value that is now recorded
+    add_pair(target, record_json, maxlen)                 XADD MAXLEN ~ onto the target's stream
+    pairs(target | None, count) -> list[str]              newest last
+    changes() -> AsyncIterator[str | None]                routes published on CHANNEL; None every ~1 s
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+
+from gateway.store.redis_store import RedisStore, StoreError
+
+CHANNEL = "rollouts"
+ALL_TARGETS = "*"  # the stream of every target's pairs
+
+# write_state: KEYS[1]=state, KEYS[2]=leader lock; ARGV: expected generation (-1: absent), new state JSON,
+#   fencing token (0: a manual operation, no lock needed), channel, route -> 1 written, 0 refused
+WRITE_STATE = """
+local cur = redis.call('GET', KEYS[1])
+local gen = -1
+if cur then gen = tonumber(cjson.decode(cur)['generation']) end
+if gen ~= tonumber(ARGV[1]) then return 0 end
+if ARGV[3] ~= '0' then
+  local lock = redis.call('GET', KEYS[2])
+  if not lock or string.match(lock, ':(%d+)$') ~= ARGV[3] then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"""
+
+# lead: KEYS[1]=leader lock ("owner:token"), KEYS[2]=fence counter; ARGV: owner, ttl_ms
+#   -> the holder's fencing token if `owner` holds (or just took) the lock, else nil
+LEAD = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local owner, token = string.match(cur, '^(.*):(%d+)$')
+  if owner ~= ARGV[1] then return false end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(token)
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+return token
+"""
+
+
+class RolloutStore(Protocol):
+    async def read_state(self, route: str) -> str | None: ...
+    async def write_state(self, route: str, expected_gen: int, state_json: str, fence: int) -> bool: ...
+    async def lead(self, owner: str, ttl_s: float) -> int | None: ...
+    async def count(self, key: str, fields: Mapping[str, int], ttl_s: int) -> dict[str, int]: ...
+    async def counts(self, key: str) -> dict[str, int]: ...
+    async def record_arm(self, key: str, value: str, ttl_s: int) -> str: ...
+    async def add_pair(self, target: str, record_json: str, maxlen: int) -> None: ...
+    async def pairs(self, target: str | None, count: int) -> list[str]: ...
+    def changes(self) -> AsyncIterator[str | None]: ...
+    async def close(self) -> None: ...
+
+
+class RolloutKeys:
+    """Key names under the store's prefix; arm keys are hashed (a sticky key may be a user's e-mail)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def state(self, route: str) -> str:
+        return f"{self.prefix}:ro:state:{route}"
+
+    def lock(self) -> str:
+        return f"{self.prefix}:ro:lock"
+
+    def fence(self) -> str:
+        return f"{self.prefix}:ro:fence"
+
+    def channel(self) -> str:
+        return f"{self.prefix}:{CHANNEL}"
+
+    def samples(self, rollout_id: str, run: int, window: int) -> str:
+        return f"{self.prefix}:ro:n:{rollout_id}:{run}:{window}"
+
+    def arm(self, rollout_id: str, run: int, sticky_key: str) -> str:
+        digest = hashlib.sha256(sticky_key.encode()).hexdigest()[:32]
+        return f"{self.prefix}:ro:arm:{rollout_id}:{run}:{digest}"
+
+    def pairs(self, target: str) -> str:
+        return f"{self.prefix}:shadow:pairs:{target}"
+
+
+class RedisRolloutStore(RedisStore):
+    """RolloutStore on Redis; every command bounded by the store's timeout and translated to StoreError."""
+
+    def __init__(self, url: str, *, timeout_s: float = 0.25, prefix: str = "ag") -> None:
+        super().__init__(url, timeout_s=timeout_s, prefix=prefix)
+        self.keys = RolloutKeys(prefix)
+        self._write_state = self._redis.register_script(WRITE_STATE)
+        self._lead = self._redis.register_script(LEAD)
+
+    async def read_state(self, route: str) -> str | None:
+        raw = await self._run(self._redis.get(self.keys.state(route)))
+        return None if raw is None else str(raw)
+
+    async def write_state(self, route: str, expected_gen: int, state_json: str, fence: int) -> bool:
+        keys = [self.keys.state(route), self.keys.lock()]
+        args: list[str | int] = [expected_gen, state_json, fence, self.keys.channel(), route]
+        return bool(await self._run(self._write_state(keys=keys, args=args)))
+
+    async def lead(self, owner: str, ttl_s: float) -> int | None:
+        token = await self._run(self._lead(keys=[self.keys.lock(), self.keys.fence()],
+                                           args=[owner, int(ttl_s * 1000)]))
+        return None if token is None else int(token)
+
+    async def count(self, key: str, fields: Mapping[str, int], ttl_s: int) -> dict[str, int]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name, by in fields.items():
+                pipe.hincrby(key, name, by)
+            pipe.expire(key, ttl_s)
+            totals = await self._run(pipe.execute())
+        return {name: int(total) for name, total in zip(fields, totals, strict=False)}
+
+    async def counts(self, key: str) -> dict[str, int]:
+        raw = await self._run(self._redis.hgetall(key))
+        return {str(k): int(v) for k, v in raw.items()}
+
+    async def record_arm(self, key: str, value: str, ttl_s: int) -> str:
+        previous = await self._run(self._redis.set(key, value, nx=True, get=True, ex=ttl_s))
+        return value if previous is None else str(previous)
+
+    async def add_pair(self, target: str, record_json: str, maxlen: int) -> None:
+        # Also onto one stream of every target: stream ids only order the entries of a single stream.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream in (self.keys.pairs(target), self.keys.pairs(ALL_TARGETS)):
+                pipe.xadd(stream, {"r": record_json}, maxlen=maxlen, approximate=True)
+            await self._run(pipe.execute())
+
+    async def pairs(self, target: str | None, count: int) -> list[str]:
+        stream = self.keys.pairs(target or ALL_TARGETS)
+        entries: Any = await self._run(self._redis.xrevrange(stream, count=count))
+        return [str(fields["r"]) for _, fields in reversed(entries or [])]
+
+    async def changes(self) -> AsyncIterator[str | None]:
+        pubsub = self._redis.pubsub()
+        try:
+            try:
+                await pubsub.subscribe(self.keys.channel())
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    yield None if message is None else str(message["data"])
+            except (RedisError, OSError, TimeoutError) as exc:
+                raise StoreError(f"redis pub/sub: {type(exc).__name__}: {exc}") from exc
+        finally:
+            await _quietly_close(pubsub)
+
+
+async def _quietly_close(pubsub: Any) -> None:
+    with contextlib.suppress(RedisError, OSError, TimeoutError):  # the connection may already be gone
+        await pubsub.aclose()

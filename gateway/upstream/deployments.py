@@ -1,0 +1,173 @@
+"""Health and load of each deployment: active /health checks, /metrics scrapes and passive ejection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from gateway.decision.routing import DeploymentLoad
+from gateway.errors import GatewayError
+from gateway.policy.model import Deployment, Policy
+from gateway.upstream import forward as upstream
+from gateway.upstream.client import Pool
+
+log = logging.getLogger(__name__)
+
+# vLLM's Prometheus names (with the `vllm:` prefix) for the load figures the policy can use.
+VLLM_GAUGES = {
+    "vllm:num_requests_running": "requests_running",
+    "vllm:num_requests_waiting": "requests_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage",
+}
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
+
+
+@dataclass(slots=True)
+class Tracked:
+    """Mutable bookkeeping for one deployment; routing only ever sees the frozen DeploymentLoad."""
+
+    deployment: Deployment
+    load: DeploymentLoad
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0
+    probe_ok: bool = True
+    spec_acceptance: float | None = None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum the samples of the vLLM series we use, over all label sets (one engine or several)."""
+    wanted = {*VLLM_GAUGES, SPEC_ACCEPTED, SPEC_DRAFTED}
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        name = line[:name_end]
+        if name in wanted:
+            with contextlib.suppress(ValueError, IndexError):
+                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+class Backends:
+    """Keeps a current DeploymentLoad per deployment and counts in-flight requests."""
+
+    def __init__(self, client: Pool, on_change: Callable[[str, Tracked], None] | None = None):
+        self._client = client
+        self._tracked: dict[str, Tracked] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._on_change = on_change
+        self.in_flight: dict[str, int] = {}
+        self.load: dict[str, DeploymentLoad] = {}
+
+    def reconcile(self, policy: Policy) -> None:
+        """Follow a (re)loaded policy: start watching new deployments, stop watching removed ones."""
+        for name, dep in policy.deployments.items():
+            known = self._tracked.get(name)
+            if known is not None and known.deployment == dep:
+                continue
+            self._stop(name)
+            self._tracked[name] = Tracked(dep, known.load if known else DeploymentLoad())
+            self.in_flight.setdefault(name, 0)
+            self._tasks[name] = asyncio.get_running_loop().create_task(self._watch(name), name=f"watch-{name}")
+        for name in set(self._tracked) - set(policy.deployments):
+            self._stop(name)
+            del self._tracked[name]
+            self.load.pop(name, None)
+        self._publish_all()
+
+    def _stop(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def tracked(self, name: str) -> Tracked | None:
+        return self._tracked.get(name)
+
+    # Passive health: what real requests observe.
+    def record_success(self, name: str) -> None:
+        tracked = self._tracked.get(name)
+        if tracked is not None and tracked.consecutive_failures:
+            tracked.consecutive_failures = 0
+            self._publish(name)
+
+    def record_failure(self, name: str) -> None:
+        tracked = self._tracked.get(name)
+        if tracked is None:
+            return
+        tracked.consecutive_failures += 1
+        health = tracked.deployment.health
+        if tracked.consecutive_failures >= health.eject_after_failures:
+            tracked.ejected_until = time.monotonic() + health.cooldown_s
+            log.warning("deployment %s ejected for %.1fs after %d consecutive failures",
+                        name, health.cooldown_s, tracked.consecutive_failures)
+        self._publish(name)
+
+    def _publish_all(self) -> None:
+        for name in self._tracked:
+            self._publish(name)
+
+    def _publish(self, name: str) -> None:
+        tracked = self._tracked[name]
+        healthy = tracked.probe_ok and time.monotonic() >= tracked.ejected_until
+        tracked.load = replace(tracked.load, healthy=healthy)
+        self.load[name] = tracked.load
+        if self._on_change is not None:
+            self._on_change(name, tracked)
+
+    async def _watch(self, name: str) -> None:
+        """Probe /health and scrape /metrics; an ejection ends at the first good probe after its cool-down."""
+        tracked = self._tracked[name]
+        dep = tracked.deployment
+        period_s = min(dep.health.interval_s, dep.load.scrape_interval_s)
+        next_probe = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_probe:
+                await self._probe(name, tracked)
+                next_probe = now + dep.health.interval_s
+            if tracked.probe_ok:
+                await self._scrape(name, tracked)
+            self._publish(name)
+            await asyncio.sleep(period_s)
+
+    async def _probe(self, name: str, tracked: Tracked) -> None:
+        dep = tracked.deployment
+        try:
+            status, _ = await upstream.get(self._client, dep.url + dep.health.path, dep.health.timeout_s)
+            ok = status == 200
+        except GatewayError:
+            ok = False
+        if ok != tracked.probe_ok:
+            log.warning("deployment %s health check %s", name, "passes again" if ok else "fails")
+        tracked.probe_ok = ok
+        if ok and time.monotonic() >= tracked.ejected_until:
+            tracked.consecutive_failures = 0
+
+    async def _scrape(self, name: str, tracked: Tracked) -> None:
+        dep = tracked.deployment
+        try:
+            status, raw = await upstream.get(self._client, dep.url + dep.load.metrics_path, dep.health.timeout_s)
+        except GatewayError:
+            return
+        if status != 200:
+            return
+        figures = parse_metrics(raw.decode("utf-8", "replace"))
+        fields = {VLLM_GAUGES[k]: v for k, v in figures.items() if k in VLLM_GAUGES}
+        tracked.load = replace(tracked.load, **fields)  # type: ignore[arg-type]  # every field named is a float
+        drafted = figures.get(SPEC_DRAFTED)
+        if drafted:
+            tracked.spec_acceptance = figures.get(SPEC_ACCEPTED, 0.0) / drafted

@@ -1,0 +1,112 @@
+"""Sends requests to deployments over the pooled client (upstream/client.py); maps its errors to GatewayErrors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.policy.model import Deployment
+from gateway.upstream.client import ClientError, ConnectError, Disconnected, Pool, Response
+
+# RFC 9110 hop-by-hop headers, plus what the gateway sets itself or must never pass on.
+_NOT_FORWARDED = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+        "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+        "authorization", "cookie", "accept-encoding", "x-api-key",
+    }
+)
+
+
+def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
+    """Client headers that may go upstream (names lower-cased): no hop-by-hop headers, no credentials."""
+    lowered = ((k.lower(), v) for k, v in headers.items())
+    return {k: v for k, v in lowered if k not in _NOT_FORWARDED}
+
+
+def make_client(limit: int = 1024) -> Pool:
+    """The process's one pool of connections to deployments (owned by create_app's cleanup context)."""
+    return Pool(limit=limit)
+
+
+class Reply:
+    """An open response from a deployment, after its headers arrived."""
+
+    def __init__(self, response: Response, deployment: str) -> None:
+        self._response = response
+        self.deployment = deployment
+        self.status = response.status
+        self.headers: Mapping[str, str] = response.headers
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (TimeoutError, ClientError) as exc:
+            raise _translate(exc, self.deployment) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive; a broken or stalled stream raises a GatewayError."""
+        try:
+            async for chunk in self._response.iter_chunks():
+                yield chunk
+        except (TimeoutError, ClientError) as exc:
+            raise _translate(exc, self.deployment) from exc
+
+    def close(self) -> None:
+        """Abort: drop the connection so the deployment stops generating."""
+        self._response.close()
+
+    def release(self) -> None:
+        self._response.release()
+
+
+async def send(
+    client: Pool,
+    name: str,
+    deployment: Deployment,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+) -> Reply:
+    """POST to a deployment and wait for the response headers.
+
+    A connection error, a timeout or a 5xx raises (the caller may fail over); any other status is the
+    deployment's answer and is returned for the client to see.
+    """
+    t = deployment.timeouts
+    request_headers = {**headers, "content-type": "application/json"}
+    try:
+        response = await client.request("POST", deployment.url + path, body, request_headers,
+                                        connect_s=t.connect_s, read_s=t.read_s, total_s=t.total_s)
+    except (TimeoutError, ClientError) as exc:
+        raise _translate(exc, name) from exc
+    if response.status >= 500:
+        text = (await response.read_prefix(300, timeout_s=1.0)).decode("utf-8", "replace").strip()
+        detail = f": {text[:200]}" if text else ""
+        raise UpstreamError(f"Deployment {name!r} answered {response.status}{detail}", code="upstream_5xx")
+    return Reply(response, name)
+
+
+async def get(client: Pool, url: str, timeout_s: float) -> tuple[int, bytes]:
+    """A small GET (health checks, /metrics scrapes); errors raise UpstreamError/UpstreamTimeout."""
+    try:
+        response = await client.request("GET", url, connect_s=timeout_s, read_s=timeout_s, total_s=timeout_s)
+        return response.status, await response.read()
+    except (TimeoutError, ClientError) as exc:
+        raise _translate(exc, url) from exc
+
+
+def _translate(exc: BaseException, name: str) -> UpstreamError | UpstreamTimeout:
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout(f"Deployment {name!r} did not answer in time")
+    if isinstance(exc, ConnectError):
+        return UpstreamError(f"Cannot connect to deployment {name!r}", code="upstream_unreachable")
+    if isinstance(exc, Disconnected):
+        return UpstreamError(f"Deployment {name!r} closed the connection mid-response", code="upstream_disconnected")
+    return UpstreamError(f"Deployment {name!r} failed: {type(exc).__name__}")
+
+
+def reply_headers(reply: Reply) -> dict[str, Any]:
+    content_type = reply.headers.get("content-type", "application/json")
+    return {"content-type": content_type}

@@ -1,0 +1,163 @@
+"""The pure admission verdict, the worst-case estimate, and Budgets' 429s and idempotent settle/release."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.accounting.budgets import Budgets, usage_report, worst_case
+from gateway.errors import RateLimited
+from gateway.policy.model import Deployment, Price
+from gateway.policy.tenancy import (
+    AboveSoft,
+    Budget,
+    Cost,
+    SessionPolicy,
+    SessionState,
+    TenantPolicy,
+    TenantSnapshot,
+    Window,
+    WindowUsage,
+    admission,
+    bucket,
+    find_tenant,
+)
+from gateway.store.memory import MemoryStore
+
+NOW = 1_800_000_030.0  # 30 s into a minute
+COSTS = {"hq": Cost(0.30, 3000), "fast": Cost(0.03, 3000)}
+
+
+def snap(
+    usd: float = 0.0, tokens: int = 0, requests: int = 0, concurrent: int = 0, window: Window = Window.DAY
+) -> TenantSnapshot:
+    ends = bucket(window, NOW)[1]
+    usage = WindowUsage(window, spend_usd=usd, tokens=tokens, requests=requests, ends_at_s=ends)
+    minute = usage if window is Window.MINUTE else WindowUsage(Window.MINUTE, ends_at_s=NOW + 30)
+    return TenantSnapshot("acme", NOW, {window: usage, Window.MINUTE: minute}, concurrent)
+
+
+def tenant(**kw: object) -> TenantPolicy:
+    return TenantPolicy(name="acme", **kw)  # type: ignore[arg-type]
+
+
+DAY_BUDGET = (Budget(window=Window.DAY, soft_usd=5.0, hard_usd=10.0),)
+
+
+@pytest.mark.parametrize(
+    ("spent", "allowed", "prefer", "limit"),
+    [
+        (0.0, {"hq", "fast"}, None, None),
+        (5.0, {"hq", "fast"}, "fast", "usd_per_day"),  # soft: steer to fast
+        (9.8, {"fast"}, "fast", "usd_per_day"),  # hq's worst case would cross hard
+        (9.99, set(), None, "usd_per_day"),  # nothing fits: 429
+    ],
+)
+def test_usd_budget_levels(spent: float, allowed: set[str], prefer: str | None, limit: str | None) -> None:
+    verdict = admission(snap(usd=spent), tenant(budgets=DAY_BUDGET), COSTS)
+    assert (set(verdict.allowed), verdict.prefer, verdict.limit) == (allowed, prefer, limit)
+    if not allowed:
+        assert verdict.refused and verdict.retry_after_s == pytest.approx(bucket(Window.DAY, NOW)[1] - NOW)
+
+
+def test_refuse_hq_above_soft() -> None:
+    policy = tenant(budgets=DAY_BUDGET, above_soft=AboveSoft(route_to=None, refuse=("hq",)))
+    verdict = admission(snap(usd=6.0), policy, COSTS)
+    assert (set(verdict.allowed), verdict.prefer) == ({"fast"}, None)
+
+
+def test_token_budget_and_rates() -> None:
+    policy = tenant(
+        budgets=(Budget(window=Window.HOUR, hard_tokens=10_000),), requests_per_minute=10, max_concurrent=2
+    )
+    assert not admission(snap(tokens=8000, window=Window.HOUR), policy, COSTS).allowed
+    rpm = admission(snap(requests=10, window=Window.MINUTE), policy, COSTS)
+    assert (rpm.limit, rpm.retry_after_s) == ("requests_per_minute", 30.0)
+    conc = admission(snap(concurrent=2), policy, COSTS)
+    assert (conc.allowed, conc.limit, conc.retry_after_s) == (frozenset(), "concurrent", 1.0)
+
+
+def test_tokens_per_minute() -> None:
+    verdict = admission(snap(tokens=8000, window=Window.MINUTE), tenant(tokens_per_minute=10_000), COSTS)
+    assert (verdict.allowed, verdict.limit) == (frozenset(), "tokens_per_minute")
+
+
+def test_max_cost_header_keeps_the_cheapest() -> None:
+    assert set(admission(snap(), None, COSTS, max_cost_usd=0.1).allowed) == {"fast"}
+    verdict = admission(snap(), None, COSTS, max_cost_usd=0.001)
+    assert set(verdict.allowed) == {"fast"} and "cheapest" in verdict.reasons[-1]
+
+
+def test_session_cap_tight_loop_and_pin() -> None:
+    sessions = SessionPolicy(pin=True, tight_loop_steps_per_min=20, cost_cap_usd=1.0)
+    capped = admission(snap(), None, COSTS, session=SessionState("s", cost_usd=1.0), sessions=sessions)
+    assert (capped.refused, capped.limit) == (True, "session_usd")
+    looping = SessionState("s", steps=40, steps_per_min=30, pinned="hq")
+    assert admission(snap(), None, COSTS, session=looping, sessions=sessions).prefer == "fast"
+    calm = SessionState("s", steps=3, steps_per_min=2, pinned="hq")
+    assert admission(snap(), None, COSTS, session=calm, sessions=sessions).prefer == "hq"
+    # a budget that says fast beats the pin
+    soft = admission(snap(usd=5.0), tenant(budgets=DAY_BUDGET), COSTS, session=calm, sessions=sessions)
+    assert soft.prefer == "fast"
+
+
+def test_find_tenant_falls_back_to_template() -> None:
+    tenants = [tenant(max_concurrent=1), TenantPolicy(name="*", max_concurrent=9)]
+    assert find_tenant(tenants, "acme") is tenants[0]
+    assert find_tenant(tenants, "globex") is tenants[1]
+    assert find_tenant(tenants[:1], "globex") is None
+
+
+def test_policy_sections_validate() -> None:
+    with pytest.raises(ValidationError):
+        Budget(window=Window.DAY, soft_usd=5, hard_usd=1)
+    with pytest.raises(ValidationError):
+        tenant(budgets=(Budget(window=Window.DAY), Budget(window=Window.DAY)))
+    with pytest.raises(ValidationError):
+        tenant(unknown_field=1)
+    with pytest.raises(ValidationError):
+        TenantPolicy(name="bad name{}")
+
+
+def test_month_bucket_is_the_calendar_month() -> None:
+    dec_31 = 1798761599.0  # 2026-12-31T23:59:59Z
+    assert bucket(Window.MONTH, dec_31) == ("202612", 1798761600.0)
+    assert bucket(Window.MONTH, dec_31 + 1)[0] == "202701"
+
+
+def test_worst_case_uses_max_tokens_or_the_deployment_cap() -> None:
+    dep = Deployment(
+        url="http://x", served_model="m", price=Price(input_per_mtok_usd=3, output_per_mtok_usd=15),
+        default_max_tokens=1000, max_model_len=4096,
+    )  # fmt: skip
+    assert worst_case(dep, 1000, 200) == Cost(pytest.approx(0.006), 1200)
+    assert worst_case(dep, 1000, None) == Cost(pytest.approx(0.018), 2000)
+    assert worst_case(dep, 4000, 5000).tokens == 4096  # cannot generate past the context window
+
+
+async def test_budgets_raise_429_with_limit_and_retry_after() -> None:
+    budgets = Budgets(MemoryStore())
+    policy = tenant(budgets=(Budget(window=Window.MINUTE, hard_usd=0.1),))
+    await budgets.reserve("acme", policy, "hq", Cost(0.08, 10))
+    with pytest.raises(RateLimited) as info:
+        await budgets.reserve("acme", policy, "hq", Cost(0.08, 10))
+    err = info.value
+    assert (err.status, err.code) == (429, "budget_exceeded")
+    assert "usd_per_minute" in err.message and 1 <= int(err.headers["Retry-After"]) <= 60
+
+
+async def test_settle_and_release_are_idempotent() -> None:
+    store = MemoryStore()
+    budgets = Budgets(store)
+    price = Price(input_per_mtok_usd=1.0, output_per_mtok_usd=2.0)
+    held = await budgets.reserve("acme", None, "hq", Cost(0.5, 10))
+    await budgets.settle(held, price, 1000, 1000)
+    await budgets.settle(held, price, 1000, 1000)
+    await budgets.release(held)
+    day = (await store.snapshot("acme")).windows[Window.DAY]
+    assert (day.spend_usd, day.reserved_usd, day.tokens) == (0.003, 0.0, 2000)
+    report = await usage_report(store, "acme")
+    assert report["object"] == "usage"
+    assert {"tenant": "acme", "window": "day", "deployment": "hq", "spend_usd": 0.003}.items() <= next(
+        r for r in report["data"] if r["window"] == "day" and r["deployment"] == "hq"
+    ).items()

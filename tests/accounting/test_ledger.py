@@ -1,0 +1,276 @@
+"""Tenants, keys, budgets and sessions on the request path, with the embedded store (one gateway)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from gateway.accounting import keys
+from gateway.accounting.ledger import Accounting
+from gateway.cli.command import main
+from gateway.policy import model as policy_module
+from gateway.policy.tenancy import Window
+from gateway.server.exchange import SERVICES
+from tests.fixtures.fake_vllm import Fault
+from tests.fixtures.stack import ADMIN_TOKEN, Stack
+
+HELLO = [{"role": "user", "content": "hello there"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+# The fake deployments report 11 prompt and 8 completion tokens for every call.
+HQ_CALL_USD = (11 * 3 + 8 * 15) / 1e6
+
+
+def _accounting(stack: Stack) -> Accounting:
+    found = stack.gateway.app[SERVICES].accounting
+    assert found is not None
+    return found
+
+
+async def _chat(
+    stack: Stack, *, headers: dict[str, str] | None = None, api_key: str = "sk-client-secret", **body: Any
+) -> tuple[int, dict[str, Any], Mapping[str, str]]:
+    payload = {"model": "auto", "messages": HELLO, **body}
+    sent = {"Authorization": f"Bearer {api_key}", **(headers or {})}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(stack.base_url + "/chat/completions", json=payload, headers=sent) as resp,
+    ):
+        return resp.status, await resp.json(), resp.headers.copy()
+
+
+async def _reasons(stack: Stack, request_id: str) -> list[str]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(stack.gateway.make_url(f"/admin/requests/{request_id}/explain"), headers=ADMIN) as resp,
+    ):
+        return list((await resp.json())["reasons"])
+
+
+async def _day(stack: Stack, tenant: str = "anonymous") -> tuple[float, float]:
+    """(settled spend, reserved) of the tenant's current day."""
+    snap = await _accounting(stack).store.snapshot(tenant)
+    day = snap.windows[Window.DAY]
+    return day.spend_usd, day.reserved_usd
+
+
+async def test_soft_limit_routes_to_fast_and_says_why(make_stack: Any) -> None:
+    stack: Stack = await make_stack("""
+        tenants:
+          - name: anonymous
+            budgets: [{window: day, soft_usd: 0.0001}]
+    """)
+    status, _, first = await _chat(stack, tools=TOOLS)
+    assert status == 200 and first["x-gateway-deployment"] == "hq"
+    status, _, second = await _chat(stack, tools=TOOLS)
+    assert status == 200 and second["x-gateway-deployment"] == "fast"
+    reasons = await _reasons(stack, second["x-request-id"])
+    assert any("soft limit usd_per_day crossed" in r for r in reasons), reasons
+    assert (await _day(stack))[0] == pytest.approx(HQ_CALL_USD + (11 * 0.5 + 8 * 1.5) / 1e6)
+
+
+async def test_cost_cap_header_below_hq_worst_case_uses_fast(stack: Stack) -> None:
+    # HQ's worst case without max_tokens is about 1024 tokens at 15 USD/Mtok, fast's a tenth of that
+    status, _, capped = await _chat(stack, tools=TOOLS, headers={"x-gateway-max-cost-usd": "0.005"})
+    assert status == 200 and capped["x-gateway-deployment"] == "fast"
+    assert any("x-gateway-max-cost-usd" in r for r in await _reasons(stack, capped["x-request-id"]))
+    status, _, roomy = await _chat(stack, tools=TOOLS, headers={"x-gateway-max-cost-usd": "1"})
+    assert status == 200 and roomy["x-gateway-deployment"] == "hq"
+    status, body, _ = await _chat(stack, headers={"x-gateway-max-cost-usd": "lots"})
+    assert status == 400 and body["error"]["param"] == "x-gateway-max-cost-usd"
+
+
+async def test_tight_agent_loop_prefers_fast(make_stack: Any) -> None:
+    stack: Stack = await make_stack("""
+        sessions: {tight_loop_steps_per_min: 30, rate_window_s: 10}
+    """)
+    served = []
+    for _ in range(7):  # 6 steps in 10 s is 36 steps/min
+        status, _, headers = await _chat(stack, tools=TOOLS, headers={"x-session-id": "loop-1"})
+        assert status == 200
+        served.append(headers["x-gateway-deployment"])
+    assert served[:5] == ["hq"] * 5 and served[-1] == "fast"
+    _, _, other = await _chat(stack, tools=TOOLS, headers={"x-session-id": "calm-2"})
+    assert other["x-gateway-deployment"] == "hq"
+
+
+async def test_session_pin_and_cost_cap(make_stack: Any) -> None:
+    stack: Stack = await make_stack(f"""
+        sessions: {{pin: true, cost_cap_usd: {HQ_CALL_USD * 1.5}}}
+    """)
+    session = {"x-session-id": "agent-7"}
+    status, _, first = await _chat(stack, tools=TOOLS, headers=session)
+    assert status == 200 and first["x-gateway-deployment"] == "hq"
+    status, _, second = await _chat(stack, headers=session)  # no tools: the rules alone would pick fast
+    assert status == 200 and second["x-gateway-deployment"] == "hq"
+    assert any("session pinned to hq" in r for r in await _reasons(stack, second["x-request-id"]))
+    status, body, third = await _chat(stack, headers=session)
+    assert status == 429 and body["error"]["code"] == "budget_exceeded"
+    assert "session" in body["error"]["message"] and int(third["Retry-After"]) >= 1
+    status, _, _ = await _chat(stack, headers={"x-session-id": "agent-8"})
+    assert status == 200
+
+
+async def _clear_of_a_minute_boundary(margin_s: float = 5.0) -> None:
+    """Budget windows are calendar minutes: a test whose figures must stay in one waits out a near boundary."""
+    into_minute = time.time() % 60
+    if into_minute > 60 - margin_s:
+        await asyncio.sleep(60 - into_minute + 0.1)
+
+
+async def test_hard_limit_is_429_in_the_openai_envelope(make_stack: Any) -> None:
+    await _clear_of_a_minute_boundary()
+    stack: Stack = await make_stack("""
+        tenants:
+          - name: "*"
+            budgets: [{window: minute, hard_usd: 0.0004}]
+    """)
+    async with stack.client() as client:
+        await client.chat.completions.create(model="hq", messages=HELLO, max_tokens=8)
+        with pytest.raises(openai.RateLimitError) as caught:
+            for _ in range(5):
+                await client.chat.completions.create(model="hq", messages=HELLO, max_tokens=8)
+    err = caught.value
+    assert err.body["code"] == "budget_exceeded" and "usd_per_minute" in err.body["message"]  # type: ignore[index]
+    assert 1 <= int(err.response.headers["Retry-After"]) <= 60
+    spend, reserved = await _day(stack)
+    assert reserved == 0 and spend <= 0.0004
+
+
+async def test_streamed_usage_settles_and_failures_release(make_stack: Any) -> None:
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+    """)
+    async with stack.client() as client:
+        stream = await client.chat.completions.create(model="hq", messages=HELLO, stream=True)
+        _ = [chunk async for chunk in stream]
+        assert await _day(stack) == (pytest.approx(HQ_CALL_USD), 0)
+        stack.hq.faults += [Fault(status=500)]
+        stack.fast.faults += [Fault(status=500)]
+        with pytest.raises(openai.APIStatusError):
+            await client.chat.completions.create(model="hq", messages=HELLO)
+    assert await _day(stack) == (pytest.approx(HQ_CALL_USD), 0)
+
+
+async def test_client_disconnect_releases_the_hold(make_stack: Any) -> None:
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+    """)
+    stack.fast.chunks = 10_000
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(
+            stack.base_url + "/chat/completions", json={"model": "fast", "messages": HELLO, "stream": True}
+        )
+        await resp.content.readline()
+        assert (await _day(stack))[1] > 0
+        resp.close()
+    for _ in range(50):
+        if await _day(stack) == (0, 0):
+            break
+        await asyncio.sleep(0.05)
+    assert await _day(stack) == (0, 0)
+
+
+async def test_auth_keys_and_usage_endpoint(make_stack: Any) -> None:
+    stack: Stack = await make_stack("""
+        auth: {enabled: true}
+    """)
+    store = _accounting(stack).store
+    _, raw = await keys.create(store, "acme")
+    revoked, revoked_raw = await keys.create(store, "acme")
+    await keys.revoke(store, revoked.key_id)
+    for key in ("", "agk-00000000-wrong", revoked_raw):
+        status, body, _ = await _chat(stack, api_key=key)
+        assert status == 401 and body["error"]["type"] == "authentication_error", key
+        assert key == "" or key not in json.dumps(body)
+    status, _, _ = await _chat(stack, api_key=raw, tools=TOOLS)
+    assert status == 200
+    async with aiohttp.ClientSession() as http:
+        async with http.get(stack.base_url + "/models") as resp:
+            assert resp.status == 401
+        async with http.get(stack.gateway.make_url("/admin/usage?tenant=acme"), headers=ADMIN) as resp:
+            report = await resp.json()
+        async with http.get(stack.gateway.make_url("/admin/usage")) as resp:
+            assert resp.status == 401
+    rows = {(r["window"], r["deployment"]): r for r in report["data"]}
+    assert rows["day", "hq"]["spend_usd"] == pytest.approx(HQ_CALL_USD) and rows["day", "hq"]["requests"] == 1
+    assert {r["tenant"] for r in report["data"]} == {"acme"}
+    assert {w for w, _ in rows} == {"minute", "hour", "day", "month"}
+
+
+async def test_default_policy_never_touches_the_store(stack: Stack) -> None:
+    store = _accounting(stack).store
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=HELLO)
+    assert await store.usage() == []
+
+
+def test_policy_names_unknown_deployments_in_tenancy_sections() -> None:
+    text = """
+version: 1
+deployments:
+  hq: {url: "http://127.0.0.1:1", served_model: a}
+  fast: {url: "http://127.0.0.1:2", served_model: b}
+models: {auto: {route: rules}, hq: {pin: hq}, fast: {pin: fast}}
+default: fast
+tenants:
+  - name: acme
+    above_soft: {route_to: cheap, refuse: [gold]}
+sessions: {tight_loop_steps_per_min: 10, tight_loop_route_to: tiny}
+"""
+    with pytest.raises(policy_module.PolicyError) as caught:
+        policy_module.parse(text, "p.yaml")
+    problems = "\n".join(caught.value.problems)
+    assert "p.yaml:10: tenants[0].above_soft.route_to: unknown deployment 'cheap'" in problems
+
+
+def test_policy_explain_shows_budget_and_session_steers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": "auto", "messages": HELLO, "tools": TOOLS}))
+    example = str(Path(__file__).resolve().parents[2] / "policies" / "tenants-example.yaml")
+    base = ["policy", "explain", "--policy", example, "--request", str(request), "--json"]
+
+    def explain(*extra: str) -> dict[str, Any]:
+        assert main([*base, *extra]) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    assert explain("--tenant", "acme")["deployment"] == "hq"
+    soft = explain("--tenant", "acme", "--spent-usd", "day=45")
+    assert soft["deployment"] == "fast" and "admission: soft limit usd_per_day crossed" in soft["reasons"]
+    assert soft["admission"]["prefer"] == "fast"
+    assert explain("--session", "steps_per_min=45")["deployment"] == "fast"
+    capped = explain("--header", "x-gateway-max-cost-usd:0.001")
+    assert capped["deployment"] == "fast" and capped["admission"]["allowed"] == ["fast"]
+    assert main([*base, "--tenant", "acme", "--spent-usd", "day=50"]) == 2
+    assert "usd_per_day" in capsys.readouterr().err
+
+
+async def test_near_a_hard_limit_the_chosen_deployment_goes_without_failover(make_stack: Any) -> None:
+    # worst cases with max_tokens 8: fast about 21 µUSD, hq about 174; each fast call spends 17.5
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 0.0003}]}]
+    """)
+    served = 0
+    for _ in range(30):
+        status, body, headers = await _chat(stack, max_tokens=8)
+        if status != 200:
+            break
+        assert headers["x-gateway-deployment"] == "fast"
+        served += 1
+    assert status == 429 and "usd_per_day" in body["error"]["message"]
+    # holding fast+hq's failover worst case would have stopped at 8 calls; fast alone fits 16
+    assert served == 16
+    spend, reserved = await _day(stack)
+    assert reserved == 0 and spend == pytest.approx(served * 17.5e-6)
+    status, _, _ = await _chat(stack, max_tokens=1, model="hq")  # the chosen deployment must fit itself
+    assert status == 429

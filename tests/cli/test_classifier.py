@@ -1,0 +1,238 @@
+"""`classifier train|score|eval|calibrate` on small CSV files, including the bad ones."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.classifier.scoring import Calibration, Classifier
+from gateway.cli import classifier as classifier_cli
+from tests.fixtures.classifier_data import as_messages, synthetic_rows, write_csv
+
+SMALL = ("--min-df", "1")  # tiny data: every n-gram it has enters the vocabulary
+
+
+def run(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="agent-gateway")
+    classifier_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    code: int = args.func(args)
+    return code
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("classifier_cli")
+
+
+@pytest.fixture(scope="module")
+def data(workdir: Path) -> Path:
+    return write_csv(workdir / "train.csv.gz", synthetic_rows(240))
+
+
+@pytest.fixture(scope="module")
+def model(workdir: Path, data: Path) -> Path:
+    out = workdir / "model.json"
+    assert run("classifier", "train", "--data", str(data), "--out", str(out), *SMALL) == 0
+    return out
+
+
+def test_train_with_grouped_cv_prints_figures_and_records_them(
+    workdir: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = workdir / "cv-model.json"
+    code = run(
+        "classifier",
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--group-by",
+        "category",
+        "--cv",
+        "3",
+        *SMALL,
+    )
+    printed = capsys.readouterr()
+    assert code == 0
+    assert "fold 3/3" in printed.err  # progress goes to stderr
+    for router in ("classifier", "random", "prompt length"):
+        assert router in printed.out
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["cv"]["plain"]["classifier"]["apgr"] > meta["cv"]["plain"]["random"]["apgr"]
+    assert meta["rows"] == 240 and meta["group_by"] == "category"
+    assert "length_boost" not in meta["cv"]  # only with --tune-length-boost
+
+
+def test_train_can_tune_the_length_boost(
+    workdir: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = workdir / "boosted-model.json"
+    argv = ["--group-by", "category", "--cv", "2", "--tune-length-boost", *SMALL]
+    assert run("classifier", "train", "--data", str(data), "--out", str(out), *argv) == 0
+    assert "length boost" in capsys.readouterr().out
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["cv"]["length_boost"]["classifier"]["apgr"] >= meta["cv"]["plain"]["classifier"]["apgr"]
+
+
+def test_score_appends_a_score_column(workdir: Path, data: Path, model: Path) -> None:
+    out = workdir / "scored.csv"
+    assert run("classifier", "score", "--data", str(data), "--out", str(out), "--model", str(model)) == 0
+    with out.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    with gzip.open(data, "rt", newline="") as handle:
+        original = list(csv.DictReader(handle))
+    assert len(rows) == len(original)
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in original]  # multi-line prompts survive
+    assert list(rows[0]) == [*original[0], "score"]
+    scores = [float(r["score"]) for r in rows]
+    assert all(0.0 <= s <= 1.0 for s in scores) and len(set(scores)) > 10
+    hard = [s for r, s in zip(original, scores, strict=True) if r["q_weak"] == "0.0"]
+    easy = [s for r, s in zip(original, scores, strict=True) if r["q_weak"] == "1.0"]
+    assert sum(hard) / len(hard) > sum(easy) / len(easy)
+
+
+def test_score_reads_a_messages_column(workdir: Path, model: Path) -> None:
+    data = write_csv(workdir / "messages.csv", as_messages(synthetic_rows(20)))
+    out = workdir / "messages-scored.csv.gz"
+    assert run("classifier", "score", "--data", str(data), "--out", str(out), "--model", str(model)) == 0
+    with gzip.open(out, "rt", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 20 and "messages" in rows[0] and "score" in rows[0]
+
+
+def test_eval_with_a_model_writes_a_plot(
+    workdir: Path, data: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = workdir / "curve.png"
+    assert run("classifier", "eval", "--data", str(data), "--model", str(model), "--plot", str(png)) == 0
+    out = capsys.readouterr().out
+    assert "APGR" in out and "CPT(50%)" in out and "prompt length" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_cross_validates_by_group(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("classifier", "eval", "--data", str(data), "--cv", "2", "--group-by", "category", *SMALL) == 0
+    lines = capsys.readouterr().out.splitlines()
+    classifier_line = next(line for line in lines if line.startswith("classifier"))
+    assert float(classifier_line.split()[1]) > 0.55  # APGR well above random on this easy data
+
+
+def test_calibrate_prints_and_writes_the_threshold(
+    workdir: Path, data: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = workdir / "calibration.json"
+    code = run(
+        "classifier",
+        "calibrate",
+        "--data",
+        str(data),
+        "--target-hq-share",
+        "0.3",
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    threshold = float(printed.split()[1])
+    assert "to HQ" in printed
+    assert Calibration.load(out).threshold_for_share(0.3) == pytest.approx(threshold, abs=1e-4)
+    scores = [
+        Classifier.load(model).score(classifier_cli._features(r.body))
+        for r in classifier_cli.read_rows(str(data), labelled=False)
+    ]
+    assert sum(s >= threshold for s in scores) / len(scores) == pytest.approx(0.3, abs=0.02)
+
+
+def _bad(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("content", "fragments"),
+    [
+        ("prompt,q_strong,q_weak\nhello,1,0\nbye,high,0\n", ["row 2", "'q_strong'", "'high'"]),
+        ("prompt,q_strong\nhello,1\n", ["missing column", "q_weak"]),
+        ('messages,q_strong,q_weak\n"[{""role"": ",1,0\n', ["row 1", "'messages'", "not JSON"]),
+        ('messages,q_strong,q_weak\n"{""a"": 1}",1,0\n', ["row 1", "expected a JSON array"]),
+        ("prompt,q_strong,q_weak\n", ["no data rows"]),
+        ("prompt,q_strong,q_weak\nhello,1,nan\n", ["row 1", "'q_weak'", "'nan'"]),
+    ],
+)
+def test_bad_csv_exits_2_with_one_clear_line(
+    tmp_path: Path, content: str, fragments: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _bad(tmp_path, content)
+    assert run("classifier", "eval", "--data", str(path), "--cv", "2") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert str(path) in err
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_missing_file_and_pickled_model_exit_2(
+    tmp_path: Path, data: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "nope.csv")
+    assert (
+        run("classifier", "score", "--data", missing, "--out", str(tmp_path / "o.csv"), "--model", str(model))
+        == 2
+    )
+    assert "nope.csv" in capsys.readouterr().err
+    pickled = tmp_path / "model.json"
+    pickled.write_bytes(pickle.dumps(object))
+    code = run(
+        "classifier", "score", "--data", str(data), "--out", str(tmp_path / "o.csv"), "--model", str(pickled)
+    )
+    assert code == 2
+    assert "pickle" in capsys.readouterr().err
+
+
+def test_group_by_column_must_exist(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("classifier", "eval", "--data", str(data), "--cv", "2", "--group-by", "subject") == 2
+    assert "'subject'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "fragment"), [(("--min-df", "0"), "--min-df"), (("--ngram", "5", "3"), "--ngram")]
+)
+def test_bad_text_options_exit_2(
+    data: Path, option: tuple[str, ...], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("classifier", "eval", "--data", str(data), "--cv", "2", *option) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_ngram_sizes_reach_the_model(workdir: Path, data: Path) -> None:
+    out = workdir / "trigram-model.json"
+    assert run("classifier", "train", "--data", str(data), "--out", str(out), "--ngram", "3", "3", *SMALL) == 0
+    model = Classifier.load(out)
+    assert (model.text.ngram_min, model.text.ngram_max) == (3, 3)
+    assert all(len(gram) == 3 for gram in model.text_weights)
+
+
+def test_target_share_out_of_range(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("classifier", "calibrate", "--data", str(data), "--target-hq-share", "1.5") == 2
+    assert "--target-hq-share" in capsys.readouterr().err
+
+
+def test_building_the_cli_does_not_load_scikit_learn() -> None:
+    """`serve` builds the same parser as the classifier commands; the training stack stays unloaded."""
+    code = ("import sys, gateway.cli.command as c; c.build_parser(); "
+            "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

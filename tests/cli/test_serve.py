@@ -1,0 +1,85 @@
+"""`agent-gateway serve` as a real process: single and several workers, clean exit, clear CLI errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.fixtures.processes import free_port, spawn_gateway
+from tests.fixtures.stack import Stack
+
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+async def test_workers_share_the_port_and_stop_together(make_stack: Any) -> None:
+    stack: Stack = await make_stack()
+    port = free_port()
+    proc = spawn_gateway(stack.policy_path, port, {**os.environ, "AGENT_GATEWAY_LOG_LEVEL": "WARNING"},
+                         "--workers", "2")
+    try:
+        deadline = time.monotonic() + 30
+        async with aiohttp.ClientSession() as http:
+            served = 0
+            while served < 20:
+                assert time.monotonic() < deadline, "workers did not come up"
+                try:
+                    async with http.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                         json={"model": "auto", "messages": HELLO}) as resp:
+                        assert resp.status == 200
+                        served += 1
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.2)
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    assert proc.returncode == 0
+    deadline = time.monotonic() + 10  # multiprocessing's helper process exits a moment after its parent
+    while any(_alive(worker) for worker in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [worker for worker in workers if _alive(worker)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def test_serve_without_policy_is_a_clear_error(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_GATEWAY_")}
+    out = subprocess.run([sys.executable, "-m", "gateway", "serve"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "give --policy FILE" in out.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ndeployments: {}\nmodels: {}\ndefault: x\n")
+    out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(bad)],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and f"{bad}" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(bad)], capture_output=True,
+                         text=True, env={**env, "AGENT_GATEWAY_PORT": "eighty"})
+    assert out.returncode == 2 and "AGENT_GATEWAY_PORT='eighty' is not a valid int" in out.stderr
+
+
+def test_serve_with_a_bad_classifier_model_is_a_clear_error(tmp_path: Path) -> None:
+    policy = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+    model = tmp_path / "model.pkl"
+    model.write_bytes(b"\x80\x04K\x01.")
+    env = {**os.environ, "AGENT_GATEWAY_CLASSIFIER_MODEL": str(model)}
+    out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(policy)],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2 and "model.pkl" in out.stderr and "Traceback" not in out.stderr

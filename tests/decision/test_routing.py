@@ -1,0 +1,194 @@
+"""decide() as a table: rules, pins, load spill, health, KV cache, context window, embeddings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.classifier.scoring import Calibration
+from gateway.decision.routing import Context, DeploymentLoad, decide
+from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
+from gateway.features import extract
+from gateway.policy import model as policy_module
+from gateway.policy.tenancy import Admission
+
+POLICY = policy_module.parse((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())
+HEALTHY = {"hq": DeploymentLoad(), "fast": DeploymentLoad()}
+
+
+def _features(**body: object):  # type: ignore[no-untyped-def]
+    base: dict[str, object] = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
+    return extract({**base, **body}, "chat")
+
+
+def _ctx(**kw: object) -> Context:
+    return Context(**{"load": HEALTHY, **kw})  # type: ignore[arg-type]
+
+
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
+
+
+@pytest.mark.parametrize(
+    ("body", "ctx", "deployment", "rule"),
+    [
+        ({}, {}, "fast", "default"),
+        ({"tools": TOOLS}, {}, "hq", "tools-to-hq"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, {}, "hq",
+         "json-schema-to-hq"),
+        ({}, {"complexity": 0.9}, "hq", "hard-prompt-to-hq"),
+        ({}, {"complexity": 0.05}, "fast", "default"),
+        ({"model": "hq"}, {}, "hq", "pin:hq"),
+        ({"model": "fast", "tools": TOOLS}, {}, "fast", "pin:fast"),
+    ],
+)
+def test_rule_table(body: dict[str, object], ctx: dict[str, object], deployment: str, rule: str) -> None:
+    decision = decide(POLICY, _features(**body), _ctx(**ctx))
+    assert (decision.deployment, decision.rule) == (deployment, rule)
+    assert decision.attempts[0] == deployment
+
+
+def test_long_prompt_rule_uses_token_count() -> None:
+    long_text = "word " * 7000
+    decision = decide(POLICY, _features(messages=[{"role": "user", "content": long_text}]), _ctx())
+    assert decision.rule == "long-context-to-hq"
+
+
+def test_spill_and_its_reason() -> None:
+    load = {**HEALTHY, "fast": DeploymentLoad(requests_waiting=16)}
+    decision = decide(POLICY, _features(), _ctx(load=load))
+    assert decision.deployment == "hq"
+    assert any(r.startswith("spill: fast has 16 waiting >= 16") for r in decision.reasons)
+    assert decide(POLICY, _features(), _ctx(load={**HEALTHY, "fast": DeploymentLoad(requests_waiting=15)})
+                  ).deployment == "fast"
+
+
+def test_spill_not_to_an_unhealthy_target() -> None:
+    load = {"fast": DeploymentLoad(requests_waiting=50), "hq": DeploymentLoad(healthy=False)}
+    decision = decide(POLICY, _features(), _ctx(load=load))
+    assert decision.deployment == "fast" and decision.attempts == ("fast",)
+
+
+def test_unhealthy_and_full_deployments_are_skipped() -> None:
+    assert decide(POLICY, _features(tools=TOOLS), _ctx(load={**HEALTHY, "hq": DeploymentLoad(healthy=False)})
+                  ).deployment == "fast"
+    full = {**HEALTHY, "fast": DeploymentLoad(kv_cache_usage=0.99)}
+    decision = decide(POLICY, _features(), _ctx(load=full))
+    assert decision.deployment == "hq" and "skip fast: KV cache 99% full >= 97%" in decision.reasons
+    busy = decide(POLICY, _features(), _ctx(in_flight={"fast": 512}))
+    assert busy.deployment == "hq"
+
+
+def test_nothing_healthy_is_503() -> None:
+    with pytest.raises(NoHealthyDeployment):
+        decide(POLICY, _features(), _ctx(load={n: DeploymentLoad(healthy=False) for n in HEALTHY}))
+
+
+def test_unknown_model_is_404() -> None:
+    with pytest.raises(ModelNotFound):
+        decide(POLICY, _features(model="gpt-9"), _ctx())
+
+
+def test_context_window() -> None:
+    small = policy_module.Policy.model_validate({
+        **POLICY.model_dump(), "deployments": {
+            "hq": {**POLICY.deployments["hq"].model_dump(), "max_model_len": 4096},
+            "fast": {**POLICY.deployments["fast"].model_dump(), "max_model_len": 1024}}})
+    medium = _features(messages=[{"role": "user", "content": "word " * 900}], max_tokens=500)
+    decision = decide(small, medium, _ctx())
+    assert decision.deployment == "hq" and any("context window 1024 too small" in r for r in decision.reasons)
+    with pytest.raises(ContextTooLong) as caught:
+        decide(small, _features(max_tokens=5000), _ctx())
+    assert caught.value.status == 400 and "context window" in caught.value.message
+
+
+def test_embeddings_need_a_deployment_that_serves_them() -> None:
+    with pytest.raises(NotFound, match="no deployment serves embeddings"):
+        decide(POLICY, extract({"model": "auto", "input": "x"}, "embeddings"), _ctx())
+
+
+def test_explain_lists_every_rule_checked() -> None:
+    decision = decide(POLICY, _features(), _ctx(complexity=0.1), explain=True)
+    threshold = Calibration.default().threshold_for_share(0.2)  # the default policy's hq_share
+    assert decision.reasons[:4] == (
+        "rule tools-to-hq: no match (tools=False, wants True)",
+        "rule long-context-to-hq: no match (prompt_tokens=1, wants gte 6000)",
+        "rule json-schema-to-hq: no match (response_format=None, wants 'json_schema')",
+        f"rule hard-prompt-to-hq: no match (complexity=0.1, wants gte {threshold})",
+    )
+
+
+@given(st.floats(0, 1), st.floats(0, 40), st.booleans(), st.booleans())
+def test_decision_is_always_a_usable_deployment(score: float, waiting: float, hq_ok: bool, fast_ok: bool) -> None:
+    load = {"hq": DeploymentLoad(healthy=hq_ok), "fast": DeploymentLoad(healthy=fast_ok, requests_waiting=waiting)}
+    try:
+        decision = decide(POLICY, _features(), _ctx(load=load, complexity=score))
+    except NoHealthyDeployment:
+        assert not (hq_ok or fast_ok)
+        return
+    assert all(load[d].healthy for d in decision.attempts)
+    assert decision == decide(POLICY, _features(), replace(_ctx(load=load, complexity=score)))
+
+
+# --- budget and session verdicts (tenancy.admission) steer the decision -------------------------------
+
+BOTH = frozenset({"hq", "fast"})
+
+
+@pytest.mark.parametrize(
+    ("body", "verdict", "deployment", "reason"),
+    [
+        ({"tools": TOOLS}, Admission(BOTH, prefer="fast", reasons=("soft limit usd_per_day crossed",)),
+         "fast", "admission: soft limit usd_per_day crossed"),
+        ({"tools": TOOLS}, Admission(frozenset({"fast"}), reasons=("hq: worst case 0.02 USD > cap",)), "fast",
+         "skip hq: not admitted"),
+        ({}, Admission(BOTH, prefer="hq", reasons=("session pinned to hq",)), "hq",
+         "admission: use hq instead of fast"),
+        ({"model": "hq"}, Admission(BOTH, prefer="fast", reasons=("tight loop",)), "fast",
+         "admission: tight loop"),
+        ({"tools": TOOLS}, Admission(BOTH), "hq", "rule tools-to-hq"),
+    ],
+)
+def test_admission_table(body: dict[str, object], verdict: Admission, deployment: str, reason: str) -> None:
+    decision = decide(POLICY, _features(**body), _ctx(admission=verdict))
+    assert decision.deployment == deployment
+    assert set(decision.attempts) <= verdict.allowed
+    assert any(r.startswith(reason) for r in decision.reasons), decision.reasons
+
+
+@pytest.mark.parametrize(
+    ("limit", "code"),
+    [("usd_per_day", "budget_exceeded"), ("requests_per_minute", "rate_limit_exceeded"),
+     ("session_usd", "budget_exceeded")],
+)
+def test_refused_verdict_is_429_with_retry_after(limit: str, code: str) -> None:
+    verdict = Admission(frozenset(), limit=limit, retry_after_s=12.5)
+    with pytest.raises(RateLimited) as caught:
+        decide(POLICY, _features(), _ctx(admission=verdict, tenant="acme"))
+    assert caught.value.code == code and caught.value.headers["Retry-After"] == "13"
+    assert caught.value.status == 429
+
+
+def test_nothing_admitted_is_usable_when_the_allowed_one_is_unhealthy() -> None:
+    load = {**HEALTHY, "fast": DeploymentLoad(healthy=False)}
+    with pytest.raises(NoHealthyDeployment):
+        decide(POLICY, _features(), _ctx(admission=Admission(frozenset({"fast"})), load=load))
+
+
+@given(prefer=st.sampled_from([None, "hq", "fast"]), allowed=st.sampled_from([BOTH, {"hq"}, {"fast"}]),
+       tools=st.booleans(), fast_ok=st.booleans())
+def test_never_outside_allowed(prefer: str | None, allowed: set[str], tools: bool, fast_ok: bool) -> None:
+    load = {**HEALTHY, "fast": DeploymentLoad(healthy=fast_ok)}
+    verdict = Admission(frozenset(allowed), prefer=prefer if prefer in allowed else None)
+    try:
+        decision = decide(POLICY, _features(**({"tools": TOOLS} if tools else {})),
+                          _ctx(admission=verdict, load=load))
+    except NoHealthyDeployment:
+        assert allowed == {"fast"} and not fast_ok
+        return
+    assert set(decision.attempts) <= verdict.allowed
+    if verdict.prefer is not None and (verdict.prefer != "fast" or fast_ok):
+        assert decision.deployment == verdict.prefer

@@ -1,0 +1,133 @@
+"""Policy files: every shipped file loads, errors are located (file, line, field, value), schema in sync."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.cli.command import main
+from gateway.policy import model as policy
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY_FILES = sorted((ROOT / "policies").glob("*.yaml"))
+
+
+def test_there_are_policy_files() -> None:
+    assert any(p.name == "default.yaml" for p in POLICY_FILES)
+
+
+@pytest.mark.parametrize("path", POLICY_FILES, ids=lambda p: p.name)
+def test_every_shipped_policy_loads(path: Path) -> None:
+    loaded = policy.load(path)
+    assert {"auto", "hq", "fast"} <= set(loaded.models)
+
+
+def test_json_schema_file_is_current() -> None:
+    assert (ROOT / "policies" / "policy.schema.json").read_text() == policy.json_schema(), (
+        "regenerate with: agent-gateway policy schema > policies/policy.schema.json")
+
+
+BASE = (ROOT / "policies" / "default.yaml").read_text()
+
+
+def _problems(text: str) -> list[str]:
+    with pytest.raises(policy.PolicyError) as caught:
+        policy.parse(text, "p.yaml")
+    return caught.value.problems
+
+
+def test_unknown_field_is_named_with_its_line() -> None:
+    text = BASE.replace("    max_in_flight: 256\n", "    max_in_flight: 256\n    max_inflight: 3\n", 1)
+    line = text.splitlines().index("    max_inflight: 3") + 1
+    (problem,) = _problems(text)
+    assert problem.startswith(f"p.yaml:{line}: deployments.hq.max_inflight: Extra inputs are not permitted")
+    assert "(value: 3)" in problem
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    text = BASE.replace("max_in_flight: 256", "max_in_flight: -1").replace("cooldown_s: 10", "cooldown_s: soon", 1)
+    problems = _problems(text)
+    assert len(problems) == 2
+    assert any("deployments.hq.max_in_flight" in p and "(value: -1)" in p for p in problems)
+    assert any("deployments.hq.health.cooldown_s" in p and "'soon'" in p for p in problems)
+
+
+def test_dangling_deployment_reference_is_named() -> None:
+    (problem,) = _problems(BASE.replace("    use: hq\n", "    use: hq-v9\n", 1))
+    assert "rules[0].use: unknown deployment 'hq-v9'" in problem
+
+
+def test_bad_yaml_names_the_line() -> None:
+    (problem,) = _problems("version: 1\ndeployments:\n  hq: [unclosed\n")
+    assert problem.startswith("p.yaml:") and "not valid YAML" in problem
+
+
+def test_non_mapping_is_rejected() -> None:
+    assert "must be a YAML mapping" in _problems("- just\n- a list\n")[0]
+
+
+def test_cli_validate_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(BASE)
+    bad.write_text(BASE.replace("default: fast", "default: fastest"))
+    assert main(["policy", "validate", str(good)]) == 0
+    assert main(["policy", "validate", str(good), str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:" in err and "default: unknown deployment 'fastest'" in err
+
+
+def test_cli_validate_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "validate", str(tmp_path / "nope.yaml")]) == 1
+    assert "nope.yaml: cannot read" in capsys.readouterr().err
+
+
+def test_cli_explain_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "req.json"
+    request.write_text('{"model": "auto", "messages": [{"role": "user", "content": "hi"}],'
+                       ' "tools": [{"type": "function", "function": {"name": "f"}}]}')
+    assert main(["policy", "explain", "--policy", str(ROOT / "policies/default.yaml"),
+                 "--request", str(request)]) == 0
+    out = capsys.readouterr().out
+    assert "deployment: hq" in out and "rule: tools-to-hq" in out
+    assert main(["policy", "explain", "--policy", str(ROOT / "policies/default.yaml"), "--request", str(request),
+                 "--load", "hq:healthy=0"]) == 0
+    out = capsys.readouterr().out
+    assert "deployment: fast" in out and "skip hq: unhealthy" in out
+
+
+def test_cli_explain_bad_request_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "req.json"
+    request.write_text("{broken")
+    assert main(["policy", "explain", "--policy", str(ROOT / "policies/default.yaml"),
+                 "--request", str(request)]) == 2
+    assert "req.json: The request body is not valid JSON" in capsys.readouterr().err
+
+
+def test_version_flag() -> None:
+    out = subprocess.run([sys.executable, "-m", "gateway", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("agent-gateway ")
+
+
+def test_target_hq_share_becomes_a_calibrated_threshold(tmp_path: Path) -> None:
+    from gateway.classifier.scoring import Calibration
+
+    loaded = policy.load(ROOT / "policies" / "complexity-share.yaml")
+    rule = next(r for r in loaded.rules if r.name == "top-30-percent-to-hq")
+    assert isinstance(rule.when.complexity, policy.Range)
+    assert rule.when.complexity.gte == pytest.approx(Calibration.default().threshold_for_share(0.3))
+    assert 0 < rule.when.complexity.gte < 1
+
+
+def test_missing_calibration_file_is_located(tmp_path: Path) -> None:
+    text = (ROOT / "policies" / "complexity-share.yaml").read_text().replace(
+        "{hq_share: 0.3}", "{hq_share: 0.3, calibration: nope.json}")
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(policy.PolicyError) as caught:
+        policy.load(path)
+    (problem,) = caught.value.problems
+    line = text.splitlines().index("    when: {complexity: {hq_share: 0.3, calibration: nope.json}}") + 1
+    assert problem.startswith(f"{path}:{line}: rules[1].when.complexity") and "nope.json" in problem

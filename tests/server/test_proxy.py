@@ -1,0 +1,268 @@
+"""The request path through real aiohttp servers with the openai SDK as the client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from tests.fixtures.fake_vllm import Fault
+from tests.fixtures.stack import ADMIN_TOKEN, Stack
+
+HELLO = [{"role": "user", "content": "hello there"}]
+WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}}
+TOOLS = [{"type": "function",
+          "function": {"name": "get_weather", "description": "weather", "parameters": WEATHER_PARAMETERS}}]
+
+
+async def test_chat_auto_goes_to_default_fast_and_headers_name_the_decision(stack: Stack) -> None:
+    async with stack.client() as client:
+        raw = await client.chat.completions.with_raw_response.create(model="auto", messages=HELLO)
+    completion = raw.parse()
+    assert completion.model == "fake-fast"
+    assert raw.headers["x-gateway-deployment"] == "fast"
+    assert raw.headers["x-gateway-rule"] == "default"
+    assert len(raw.headers["x-request-id"]) >= 16
+    assert completion.usage is not None and completion.usage.completion_tokens == 8
+
+
+async def test_every_response_names_its_request_and_proxied_ones_the_decision(stack: Stack) -> None:
+    body = {"model": "hq", "messages": HELLO, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/chat/completions", json=body) as stream:
+            assert stream.status == 200 and "[DONE]" in await stream.text()
+            assert (stream.headers["x-gateway-deployment"], stream.headers["x-gateway-rule"]) == ("hq", "pin:hq")
+            assert stream.headers["x-request-id"]
+        for path in ("/models", "/no-such-path"):
+            async with http.get(stack.base_url + path) as resp:
+                assert resp.headers["x-request-id"] and "x-gateway-deployment" not in resp.headers
+        async with http.post(stack.base_url + "/chat/completions", json={"model": "nope", "messages": HELLO}) as resp:
+            assert resp.status == 404 and resp.headers["x-gateway-deployment"] == "none"
+
+
+async def test_pinned_models_reach_their_deployment(stack: Stack) -> None:
+    async with stack.client() as client:
+        hq = await client.chat.completions.create(model="hq", messages=HELLO)
+        fast = await client.chat.completions.create(model="fast", messages=HELLO, tools=TOOLS)
+    assert hq.model == "fake-hq"
+    # A pin wins over the tools rule: rules only apply to `auto` unless they override pins.
+    assert fast.model == "fake-fast"
+
+
+async def test_tool_calls_pass_through_and_route_by_rule(stack: Stack) -> None:
+    async with stack.client() as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, tools=TOOLS, tool_choice="auto")
+    completion = raw.parse()
+    assert raw.headers["x-gateway-rule"] == "tools-to-hq"
+    call = completion.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+async def test_body_reaches_deployment_unchanged_except_model(stack: Stack) -> None:
+    extra: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": False}, "top_k": 5,
+                             "unknown_future_field": [1, {"x": None}]}
+    async with stack.client() as client:
+        await client.chat.completions.create(
+            model="auto", messages=HELLO, tools=TOOLS, tool_choice="none", seed=7, n=1, logprobs=True,
+            response_format={"type": "json_object"}, extra_body=extra, extra_headers={"x-custom": "kept"})
+    sent = stack.hq.received[-1]
+    assert sent["model"] == "fake-hq"
+    for key, value in {**extra, "seed": 7, "n": 1, "logprobs": True, "tool_choice": "none", "tools": TOOLS,
+                       "response_format": {"type": "json_object"}, "messages": HELLO}.items():
+        assert sent[key] == value, key
+    headers = {k.lower(): v for k, v in stack.hq.headers_seen[-1].items()}
+    assert "authorization" not in headers and "sk-client-secret" not in json.dumps(headers)
+    assert headers["x-custom"] == "kept"
+
+
+async def test_json_edge_values_reach_deployment_as_json_writes_them(stack: Stack) -> None:
+    """The fast codec refuses a lone surrogate escape; json's leniency and encoding still hold for it,
+    and for NaN, big integers and repeated keys (the last one wins)."""
+    raw = ('{"model": "auto", "messages": [{"role": "user", "content": "half \\ud83d"}], "temperature": 0.5,'
+           ' "seed": 123456789012345678901234567890, "x": NaN, "top_k": 1, "top_k": 2}')
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/chat/completions", data=raw.encode(),
+                             headers={"content-type": "application/json"}) as resp:
+            assert resp.status == 200, await resp.text()
+    sent = stack.fast.received[-1]
+    assert sent["messages"][0]["content"] == "half \ud83d"
+    assert sent["seed"] == 123456789012345678901234567890 and sent["top_k"] == 2
+    assert sent["x"] != sent["x"]  # NaN
+    assert sent["temperature"] == 0.5 and sent["model"] == "fake-fast"
+
+
+async def test_streaming_relays_chunks_and_hides_usage_the_client_did_not_ask_for(stack: Stack) -> None:
+    async with stack.client() as client:
+        stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
+        chunks = [chunk async for chunk in stream]
+    assert stack.fast.received[-1]["stream_options"] == {"include_usage": True}
+    assert all(chunk.usage is None for chunk in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).count("tok") == 8
+    assert await _metric(stack, 'gateway_tokens_total{deployment="fast",direction="output"}') == 8.0
+
+
+async def test_streaming_keeps_usage_when_asked(stack: Stack) -> None:
+    async with stack.client() as client:
+        stream = await client.chat.completions.create(
+            model="fast", messages=HELLO, stream=True, stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in stream]
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 11
+
+
+async def test_completions_and_embeddings_and_models(stack: Stack) -> None:
+    async with stack.client() as client:
+        completion = await client.completions.create(model="hq", prompt="Say hi")
+        embedding = await client.embeddings.create(model="fast", input="hi")
+        models = await client.models.list()
+    assert completion.model == "fake-hq"
+    assert embedding.model == "fake-fast" and embedding.data[0].embedding == [0.1, 0.2]
+    assert {m.id for m in models.data} == {"auto", "hq", "fast"}
+
+
+async def test_embeddings_to_a_deployment_without_them_is_a_clear_404(stack: Stack) -> None:
+    async with stack.client() as client:
+        with pytest.raises(openai.NotFoundError) as caught:
+            await client.embeddings.create(model="hq", input="hi")
+    assert "embeddings" in caught.value.message
+
+
+async def test_failover_before_first_byte_on_5xx(stack: Stack) -> None:
+    stack.fast.faults.append(Fault(status=503))
+    async with stack.client() as client:
+        raw = await client.chat.completions.with_raw_response.create(model="auto", messages=HELLO)
+    assert raw.parse().model == "fake-hq"
+    assert raw.headers["x-gateway-deployment"] == "hq"
+    assert await _metric(stack, 'gateway_failovers_total{from_deployment="fast",reason="upstream_5xx"}') == 1.0
+
+
+async def test_failover_on_timeout(make_stack: Any) -> None:
+    stack: Stack = await make_stack(read_s="0.3")
+    stack.fast.faults.append(Fault(stall_s=1.0))
+    async with stack.client() as client:
+        completion = await client.chat.completions.create(model="auto", messages=HELLO)
+    assert completion.model == "fake-hq"
+
+
+async def test_timeout_everywhere_is_504(make_stack: Any) -> None:
+    stack: Stack = await make_stack(read_s="0.2")
+    stack.fast.faults.append(Fault(stall_s=1.0))
+    stack.hq.faults.append(Fault(stall_s=1.0))
+    async with stack.client() as client:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(model="auto", messages=HELLO)
+    assert caught.value.status_code == 504
+    assert caught.value.body["type"] == "timeout_error"  # type: ignore[index]
+
+
+async def test_failure_after_first_byte_ends_with_one_sse_error_event(stack: Stack) -> None:
+    stack.fast.faults.append(Fault(drop_after_chunks=3))
+    async with stack.client() as client:
+        stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
+        received = []
+        with pytest.raises(openai.APIError) as caught:
+            async for chunk in stream:
+                received.append(chunk)
+    assert len(received) == 3
+    assert "mid-response" in caught.value.message or "before [DONE]" in caught.value.message
+    assert len(stack.hq.received) == 0  # no failover once bytes reached the client
+
+
+async def test_truncated_stream_is_never_a_silent_200(stack: Stack) -> None:
+    stack.fast.faults.append(Fault(truncate_after_chunks=2))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/chat/completions",
+                             json={"model": "fast", "messages": HELLO, "stream": True}) as resp:
+            text = await resp.text()
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert len(events) == 3
+    assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == "upstream_truncated"
+
+
+async def test_client_disconnect_cancels_upstream(make_stack: Any) -> None:
+    stack: Stack = await make_stack()
+    stack.fast.chunks = 10_000
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(stack.base_url + "/chat/completions",
+                               json={"model": "fast", "messages": HELLO, "stream": True})
+        await resp.content.readline()
+        resp.close()
+    for _ in range(50):
+        if stack.fast.cancelled:
+            break
+        await asyncio.sleep(0.05)
+    assert stack.fast.cancelled == 1
+
+
+async def test_dead_deployment_is_ejected_and_traffic_fails_over(make_stack: Any, fake_pair: Any) -> None:
+    stack: Stack = await make_stack()
+    _, _, _, fast_server = fake_pair
+    await fast_server.close()
+    async with stack.client() as client:
+        for _ in range(3):
+            completion = await client.chat.completions.create(model="auto", messages=HELLO)
+            assert completion.model == "fake-hq"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(stack.gateway.make_url("/readyz")) as resp:
+            ready = await resp.json()
+    assert ready["healthy_deployments"] == ["hq"]
+
+
+async def test_no_healthy_deployment_is_503(stack: Stack) -> None:
+    stack.fast.healthy = stack.hq.healthy = False
+    await asyncio.sleep(0.5)  # a few health-check intervals
+    async with stack.client() as client:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(model="auto", messages=HELLO)
+    assert caught.value.status_code == 503
+    async with aiohttp.ClientSession() as http:
+        async with http.get(stack.gateway.make_url("/readyz")) as resp:
+            assert resp.status == 503
+            assert "no deployment is healthy" in (await resp.json())["problems"][0]
+
+
+async def test_deep_queue_on_fast_spills_to_hq(stack: Stack) -> None:
+    stack.fast.waiting = 20
+    await asyncio.sleep(0.4)  # scrape interval is 0.1 s
+    async with stack.client() as client:
+        raw = await client.chat.completions.with_raw_response.create(model="auto", messages=HELLO)
+    assert raw.headers["x-gateway-deployment"] == "hq"
+    async with aiohttp.ClientSession() as http:
+        explained = await _admin_get(http, stack, f"/admin/requests/{raw.headers['x-request-id']}/explain")
+    assert any("spill: fast has 20 waiting" in r for r in explained["reasons"])
+    assert explained["load"]["fast"]["requests_waiting"] == 20
+
+
+async def test_explain_live_request_shows_rule_trail(stack: Stack) -> None:
+    async with stack.client() as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, extra_headers={"x-priority": "high"})
+    request_id = raw.headers["x-request-id"]
+    async with aiohttp.ClientSession() as http:
+        explained = await _admin_get(http, stack, f"/admin/requests/{request_id}/explain")
+        async with http.get(stack.gateway.make_url(f"/admin/requests/{request_id}/explain")) as denied:
+            assert denied.status == 401
+    assert explained["deployment"] == "hq" and explained["rule"] == "priority-header"
+    assert explained["reasons"][0].startswith("rule tools-to-hq: no match (tools=False")
+    assert explained["reasons"][1].startswith("rule long-to-hq: no match (prompt_tokens=")
+
+
+async def _admin_get(http: aiohttp.ClientSession, stack: Stack, path: str) -> Any:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with http.get(stack.gateway.make_url(path), headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def _metric(stack: Stack, series: str) -> float:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(stack.gateway.make_url("/metrics")) as resp:
+            text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not in /metrics")

@@ -1,0 +1,227 @@
+"""Redis-only behaviour: several replicas on one Redis, a Redis that dies, hangs and comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import random
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import pytest
+
+from gateway.accounting.budgets import Budgets
+from gateway.errors import RateLimited, StoreUnavailable
+from gateway.policy.tenancy import Budget, Cost, SessionPolicy, TenantPolicy, Window
+from gateway.store.fallback import FallbackStore
+from gateway.store.memory import MemoryStore
+from gateway.store.redis_store import Hold, RedisStore, Reservation, Spend, StoreError
+from tests.fixtures.redis_server import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
+
+pytestmark = pytest.mark.redis
+
+WORST = Cost(0.05, 500)
+POLICY = TenantPolicy(
+    name="acme",
+    budgets=(Budget(window=Window.DAY, hard_usd=1.0),),
+    max_concurrent=25,
+    requests_per_minute=280,
+)
+
+
+async def _replica(url: str, prefix: str, n: int, start_at: float, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    store = RedisStore(url, timeout_s=2.0, prefix=prefix)
+    budgets = Budgets(store)
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+
+    async def one() -> dict[str, Any]:
+        await asyncio.sleep(rng.uniform(0, 1.0))  # arrivals spread so that settles free budget for later ones
+        try:
+            held = await budgets.reserve("acme", POLICY, "hq", WORST)
+        except RateLimited as exc:
+            return {"ok": False, "code": exc.code, "retry_after_s": exc.retry_after_s,
+                    "header": exc.headers.get("Retry-After"), "message": exc.message}  # fmt: skip
+        concurrent = (await store.snapshot("acme")).concurrent
+        await asyncio.sleep(rng.uniform(0, 0.02))
+        actual = round(WORST.usd * rng.uniform(0.3, 1.0), 9)
+        await store.settle(held, Spend(actual, 100, 200))
+        return {"ok": True, "usd": actual, "concurrent": concurrent}
+
+    try:
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+    finally:
+        await store.close()
+
+
+def replica_process(url: str, prefix: str, n: int, start_at: float, seed: int) -> list[dict[str, Any]]:
+    """One gateway replica's budget traffic, in its own process with its own Redis connections."""
+    return asyncio.run(_replica(url, prefix, n, start_at, seed))
+
+
+def test_300_concurrent_reservations_from_three_processes_never_overspend(
+    redis_server: RedisServer,  # noqa: F811
+    key_prefix: str,  # noqa: F811
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start_at = time.time() + 3.0  # all three processes start firing together
+    with ProcessPoolExecutor(3, mp_context=ctx) as pool:
+        futures = [
+            pool.submit(replica_process, redis_server.url, key_prefix, 100, start_at, i) for i in range(3)
+        ]
+        results = [r for f in futures for r in f.result(timeout=120)]
+    assert len(results) == 300
+    admitted = [r for r in results if r["ok"]]
+    refused = [r for r in results if not r["ok"]]
+    assert admitted and refused
+    for r in refused:
+        assert r["code"] in {"budget_exceeded", "rate_limit_exceeded"}
+        assert r["retry_after_s"] > 0 and int(r["header"]) >= 1
+        assert any(limit in r["message"] for limit in ("usd_per_day", "concurrent", "requests_per_minute"))
+    assert max(r["concurrent"] for r in admitted) <= POLICY.max_concurrent
+
+    async def recorded() -> float:
+        store = RedisStore(redis_server.url, prefix=key_prefix)
+        snap = await store.snapshot("acme")
+        await store.close()
+        assert snap.concurrent == 0 and snap.windows[Window.DAY].reserved_usd == 0
+        return snap.windows[Window.DAY].spend_usd
+
+    spend = asyncio.run(recorded())
+    assert spend == pytest.approx(sum(r["usd"] for r in admitted), abs=1e-9)
+    assert 0.5 < spend <= 1.0 + WORST.usd
+
+
+async def test_session_pin_is_seen_by_another_replica(redis_server: RedisServer, key_prefix: str) -> None:  # noqa: F811
+    a = RedisStore(redis_server.url, prefix=key_prefix)
+    b = RedisStore(redis_server.url, prefix=key_prefix)
+    try:
+        await a.step("acme", "agent-7", 30.0, 3600)
+        await a.reserve(Hold("acme", "hq", Cost(0.01, 10), session_id="agent-7"))
+        state = await b.step("acme", "agent-7", 30.0, 3600)
+        assert (state.steps, state.pinned) == (2, "hq")
+        await b.reserve(Hold("acme", "fast", Cost(0.01, 10), session_id="agent-7"))
+        assert (await a.step("acme", "agent-7", 30.0, 3600)).pinned == "hq"
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_scripts_reload_after_restart(private_redis: RedisServer) -> None:  # noqa: F811
+    store = RedisStore(private_redis.url, timeout_s=0.5)
+    try:
+        assert isinstance(await store.reserve(Hold("acme", "hq", Cost(0.01, 10))), Reservation)
+        private_redis.restart()  # same port, empty script cache, stale pooled connections
+        assert isinstance(await store.reserve(Hold("acme", "hq", Cost(0.01, 10))), Reservation)
+    finally:
+        await store.close()
+
+
+async def test_dead_redis_raises_store_error_fast(private_redis: RedisServer) -> None:  # noqa: F811
+    store = RedisStore(private_redis.url, timeout_s=0.2)
+    await store.ping()
+    private_redis.kill()
+    started = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        await store.reserve(Hold("acme", "hq", Cost(0.01, 10)))
+    assert time.monotonic() - started < 1.0
+    assert info.value.__cause__ is not None
+    await store.close()
+
+
+async def test_hung_redis_times_out(private_redis: RedisServer) -> None:  # noqa: F811
+    store = RedisStore(private_redis.url, timeout_s=0.2)
+    await store.ping()
+    private_redis.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreError):
+            await store.snapshot("acme")
+        assert time.monotonic() - started < 1.0
+    finally:
+        private_redis.resume()
+        await store.close()
+
+
+def _fallback(server: RedisServer, mode: str) -> tuple[FallbackStore, MemoryStore]:
+    local = MemoryStore()
+    shared = RedisStore(server.url, timeout_s=0.2)
+    return FallbackStore(shared, local, on_unavailable=mode, retry_s=0.2), local  # type: ignore[arg-type]
+
+
+async def test_allow_keeps_serving_locally_and_replays_spend_after_restart(
+    private_redis: RedisServer,  # noqa: F811
+) -> None:
+    store, _ = _fallback(private_redis, "allow")
+    budgets = Budgets(store)
+    limits = TenantPolicy(name="acme", budgets=(Budget(window=Window.DAY, hard_usd=1.0),))
+    before = await budgets.reserve("acme", limits, "hq", Cost(0.1, 10))
+    assert before.origin == "shared"
+    private_redis.kill()
+    started = time.monotonic()
+    during = await asyncio.gather(*(budgets.reserve("acme", limits, "hq", Cost(0.1, 10)) for _ in range(5)))
+    assert time.monotonic() - started < 1.0
+    assert {r.origin for r in during} == {"local"} and store.degraded
+    with pytest.raises(RateLimited):  # local accounting still enforces the limits
+        await asyncio.gather(*(budgets.reserve("acme", limits, "hq", Cost(0.1, 10)) for _ in range(6)))
+    await budgets.settle(before, _price(), 1000, 0)  # shared hold, settled while Redis is down: queued
+    for r in during:
+        await budgets.settle(r, _price(), 1000, 0)
+    assert store.pending_settles == 6
+    private_redis.restart()
+    await asyncio.sleep(0.3)
+    after = await budgets.reserve("acme", limits, "hq", Cost(0.1, 10))
+    assert after.origin == "shared" and not store.degraded
+    for _ in range(50):
+        if store.pending_settles == 0:
+            break
+        await asyncio.sleep(0.02)
+    day = (await store.snapshot("acme")).windows[Window.DAY]
+    assert day.spend_usd == pytest.approx(6 * 0.001)  # the outage's spend reached the shared ledger
+    await store.close()
+
+
+async def test_reject_raises_store_unavailable_quickly_and_recovers(private_redis: RedisServer) -> None:  # noqa: F811
+    store, _ = _fallback(private_redis, "reject")
+    budgets = Budgets(store)
+    held = await budgets.reserve("acme", None, "hq", Cost(0.1, 10))
+    private_redis.pause()  # hung, the slow way to fail
+    started = time.monotonic()
+    for _ in range(20):
+        with pytest.raises(StoreUnavailable) as info:
+            await budgets.reserve("acme", None, "hq", Cost(0.1, 10))
+        assert info.value.status == 503
+    await budgets.settle(held, _price(), 10, 10)  # never raises
+    assert time.monotonic() - started < 1.5  # one timed-out probe, the rest refused at once
+    private_redis.resume()
+    private_redis.restart()
+    await asyncio.sleep(0.3)
+    assert (await budgets.reserve("acme", None, "hq", Cost(0.1, 10))).origin == "shared"
+    await store.close()
+
+
+def _price() -> Any:
+    from gateway.policy.model import Price
+
+    return Price(input_per_mtok_usd=1.0, output_per_mtok_usd=2.0)
+
+
+async def test_allow_under_a_hung_redis_serves_every_request_without_waiting(
+    private_redis: RedisServer,  # noqa: F811
+) -> None:
+    store, _ = _fallback(private_redis, "allow")
+    budgets = Budgets(store)
+    await budgets.observe("acme", "s", SessionPolicy())
+    private_redis.pause()
+    try:
+        started = time.monotonic()
+        seen = await asyncio.gather(*(budgets.observe("acme", "s", SessionPolicy()) for _ in range(50)))
+        held = await asyncio.gather(
+            *(budgets.reserve("acme", POLICY, "hq", Cost(0.01, 10)) for _ in range(20))
+        )
+        assert time.monotonic() - started < 1.5  # only the first probe waits for the timeout
+        assert all(s.session is not None for s in seen) and {r.origin for r in held} == {"local"}
+    finally:
+        private_redis.resume()
+    await store.close()

