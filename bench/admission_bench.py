@@ -21,11 +21,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gateway.accounting.budgets import Budgets
+from gateway.decision.admission import Cost
 from gateway.decision.sessions import Sessions
 from gateway.policy.model import Price
-from gateway.policy.tenancy import Budget, Cost, SessionPolicy, TenantPolicy, Window
+from gateway.policy.tenancy import Budget, SessionPolicy, TenantPolicy, Window
+from gateway.store.contract import Store
 from gateway.store.memory import MemoryStore
-from gateway.store.redis_store import RedisStore, Store
+from gateway.store.redis_store import RedisStore
 
 POLICY = TenantPolicy(
     name="bench",

@@ -27,23 +27,15 @@ import dataclasses
 import logging
 from typing import Any
 
+from gateway.decision.admission import Cost, TenantSnapshot
 from gateway.errors import RateLimited
-from gateway.policy.model import Deployment, Price
-from gateway.policy.tenancy import Cost, SessionPolicy, TenantPolicy, TenantSnapshot
-from gateway.store.redis_store import Hold, Limits, Observation, Refusal, Reservation, Spend, Store, StoreError
+from gateway.policy.model import Price
+from gateway.policy.tenancy import SessionPolicy, TenantPolicy
+from gateway.store.contract import Hold, Limits, Observation, Refusal, Reservation, Spend, Store, StoreError
 
 log = logging.getLogger(__name__)
 
 RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})
-
-
-def worst_case(deployment: Deployment, prompt_tokens: int, max_tokens: int | None) -> Cost:
-    """Prompt tokens at the input price plus max_tokens (or the deployment's cap) at the output price."""
-    completion = max_tokens if max_tokens is not None else deployment.default_max_tokens
-    if deployment.max_model_len is not None:
-        # the deployment cannot generate past its context window, whatever max_tokens says
-        completion = max(0, min(completion, deployment.max_model_len - prompt_tokens))
-    return Cost(deployment.price.cost_usd(prompt_tokens, completion), prompt_tokens + completion)
 
 
 class Budgets:
@@ -137,4 +129,4 @@ async def usage_report(store: Store, tenant: str | None = None) -> dict[str, Any
     return {"object": "usage", "data": [row.as_dict() for row in rows]}
 
 
-__all__ = ["Budgets", "StoreError", "usage_report", "worst_case"]
+__all__ = ["Budgets", "StoreError", "usage_report"]

@@ -4,7 +4,7 @@ Contract for the core:
 
     ring = KeyRing(store)                                # one per process, owned by create_app
     tenant = await ring.tenant(request.headers.get("Authorization"))   # raises errors.Unauthorized (401)
-    check_admin(request.headers.get("Authorization"), policy.auth)     # admin endpoints; 401 / 403
+    check_admin(request.headers.get("Authorization"), policy.auth, settings.admin_token)  # 401 / 403
 
 The digest is HMAC-SHA256 keyed by the `AGENT_GATEWAY_KEY_PEPPER` environment variable when it is
 set (changing it invalidates every key), else SHA-256: keys are 160-bit random, so a plain hash
@@ -23,9 +23,10 @@ from collections.abc import Mapping
 
 from gateway.errors import Forbidden, StoreUnavailable, Unauthorized
 from gateway.policy.tenancy import AuthPolicy
-from gateway.store.redis_store import KeyRecord, Store
+from gateway.store.contract import KeyRecord, Store
 
 PEPPER_ENV = "AGENT_GATEWAY_KEY_PEPPER"
+ADMIN_TOKEN_ENV = "AGENT_GATEWAY_ADMIN_TOKEN"
 # tenant names end up inside store keys ({tenant} hash tags): no braces, spaces or wildcards
 TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 KEY_PREFIX = "agk"
@@ -103,13 +104,18 @@ class KeyRing:
         self._cache[d] = entry
 
 
-def check_admin(authorization: str | None, auth: AuthPolicy, environ: Mapping[str, str] = os.environ) -> None:
-    """Admin endpoints need the admin token from the env var `auth.admin_token_env`; unset means none."""
-    expected = environ.get(auth.admin_token_env)
+def check_admin(
+    authorization: str | None, auth: AuthPolicy, default_token: str = "", environ: Mapping[str, str] = os.environ
+) -> None:
+    """The one admin check: a bearer token equal to the one in the variable `auth.admin_token_env` names
+    (for the default AGENT_GATEWAY_ADMIN_TOKEN, the value the process read at start); unset means disabled."""
+    env = auth.admin_token_env
+    expected = default_token if env == ADMIN_TOKEN_ENV else environ.get(env, "")
     if not expected:
-        raise Forbidden(f"Admin endpoints are disabled: set {auth.admin_token_env}")
-    given = bearer(authorization)
-    if given is None:
-        raise Unauthorized("Missing admin token: send 'Authorization: Bearer <token>'")
+        raise Forbidden("The admin API is disabled: set its token's environment variable "
+                        "(AGENT_GATEWAY_ADMIN_TOKEN, or the policy's auth.admin_token_env)")
+    given = bearer(authorization) or ""
     if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise Unauthorized("Invalid admin token")
+        raise Unauthorized(
+            "A valid admin token is required (Authorization: Bearer <token>)", code="invalid_admin_token"
+        )

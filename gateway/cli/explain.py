@@ -10,10 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from gateway import openai
+from gateway.decision.admission import (
+    ANONYMOUS,
+    Admission,
+    SessionState,
+    TenantSnapshot,
+    WindowUsage,
+    costs_of,
+    judge,
+    steered,
+)
+from gateway.decision.admission import window_bucket as bucket
+from gateway.decision.explain import explanation
 from gateway.decision.routing import Context, DeploymentLoad, decide, needs_complexity
 from gateway.features import extract
 from gateway.policy import model as policy_module
-from gateway.policy.tenancy import Admission, SessionState, TenantSnapshot, Window, WindowUsage, bucket
+from gateway.policy.tenancy import Window
 
 
 class ExplainInputError(ValueError):
@@ -44,7 +56,6 @@ def offline(
     ctx = Context(headers=given, tenant=tenant, complexity=complexity,
                   load=_loads(policy.deployments, loads), admission=verdict, session=state)
     decision = decide(policy, features, ctx, explain=True)
-    from gateway.server.admin import explanation
 
     report = explanation(decision, features, ctx)
     report["top_features"] = [[name, round(weight, 4)] for name, weight in top]
@@ -66,9 +77,7 @@ def _admission(
     spent: Sequence[str], session: Sequence[str],
 ) -> tuple[Admission | None, SessionState | None]:
     """The budget verdict with assumed spend (`--spent-usd day=45`) and session (`--session pinned=hq`)."""
-    from gateway.accounting import ledger as accounting
-
-    if not (accounting.steered(policy, headers) or spent or session):
+    if not (steered(policy, headers) or spent or session):
         return None, None
     now_s = time.time()
     windows = {}
@@ -80,10 +89,10 @@ def _admission(
         except ValueError as exc:
             raise ExplainInputError(f"--spent-usd {item!r}: expected WINDOW=USD, WINDOW one of "
                                     f"{', '.join(Window)}") from exc
-    snapshot = TenantSnapshot(tenant or accounting.ANONYMOUS, now_s, windows)
+    snapshot = TenantSnapshot(tenant or ANONYMOUS, now_s, windows)
     state = _session(session) if session else None
-    costs = accounting.costs_of(policy, features, body_bytes)
-    return accounting.judge(policy, costs, headers, snapshot, state), state
+    costs = costs_of(policy, features, body_bytes)
+    return judge(policy, costs, headers, snapshot, state), state
 
 
 def _session(items: Sequence[str]) -> SessionState:

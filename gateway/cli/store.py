@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.accounting import keys
 from gateway.accounting.budgets import usage_report
-from gateway.store.redis_store import RedisStore, StoreError, UsageRow
+from gateway.store.contract import StoreError, UsageRow
+from gateway.store.redis_store import RedisStore
 
 REDIS_URL_ENV = "AGENT_GATEWAY_REDIS_URL"
 

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.decision.admission import Admission, SessionState
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
 from gateway.policy.model import Policy, Range, When
-from gateway.policy.tenancy import Admission, SessionState
 
 RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})  # the rest are budgets
 

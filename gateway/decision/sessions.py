@@ -1,10 +1,8 @@
-"""Agent session identity and its per-step state (steps, step rate, running cost, pinned deployment).
-
-Contract for the core:
+"""Agent session identity: which session a request belongs to (its state lives in the store).
 
     sid = session_id(headers, body)          # pure; None when the request carries nothing to go by
-    state = await sessions.step(tenant, sid)  # one atomic store call: counts this step, returns the state
-    tenancy.admission(..., session=state, sessions=policy.sessions)
+    state = (await budgets.observe(tenant, sid, rules)).session   # one atomic store call counts the step
+    admission(..., session=state, sessions=policy.sessions)       # decision/admission.py
 
 The pin is written by the reserve of the session's first admitted step (`Budgets.reserve(...,
 session_id=sid)`) and the running cost by its settle, both inside the same atomic store scripts, so a
@@ -16,9 +14,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from typing import Any
-
-from gateway.policy.tenancy import SessionPolicy, SessionState
-from gateway.store.redis_store import Store
 
 HEADER = "x-session-id"
 MAX_ID_CHARS = 256
@@ -61,12 +56,3 @@ def _text(content: Any) -> str:
             if isinstance(part, Mapping) and part.get("type") == "text"
         )
     return ""
-
-
-class Sessions:
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    async def step(self, tenant: str, sid: str, policy: SessionPolicy) -> SessionState:
-        """Count one step of the session and return its state (raises StoreUnavailable under `reject`)."""
-        return await self._store.step(tenant, sid, policy.rate_window_s, policy.idle_ttl_s)

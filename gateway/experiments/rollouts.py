@@ -20,8 +20,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from prometheus_client import CollectorRegistry, Gauge
-
 from gateway.policy.model import Policy
 from gateway.rollout.assignment import Assignment, assign_session
 from gateway.rollout.samples import Cohort, Observations, PairOutcome, Sample, counter_fields, pair_field
@@ -29,8 +27,9 @@ from gateway.rollout.spec import RolloutSpec, ShadowSpec
 from gateway.rollout.state import Arm, InvalidTransition, RolloutState, StaleGeneration
 from gateway.rollout.stats import breaches_slo
 from gateway.rollout.step import abort, start, step
-from gateway.store.redis_store import StoreError
+from gateway.store.contract import StoreError
 from gateway.store.rollouts import RolloutKeys, RolloutStore
+from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,7 @@ class Rollouts:
         self,
         store: RolloutStore,
         current: Callable[[], Policy],
-        registry: CollectorRegistry,
+        metrics: Metrics,
         *,
         prefix: str = "ag",
         clock: Callable[[], float] = time.time,
@@ -82,17 +81,7 @@ class Rollouts:
         self._specs: dict[str, tuple[str, RolloutSpec]] = {}  # samples key -> (route, spec), for aborts
         self._arms: OrderedDict[str, Assignment] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
-        self.stale = Gauge(
-            "gateway_rollout_state_stale",
-            "1 while this replica serves stable for lack of a fresh rollout state",
-            registry=registry,
-        )
-        self.weight = Gauge(
-            "gateway_rollout_weight_pct",
-            "Candidate weight as this replica applies it",
-            ["route"],
-            registry=registry,
-        )
+        self.stale, self.weight = metrics.rollout_stale, metrics.rollout_weight
 
     def index(self, policy: Policy) -> Index:
         seen, found = self._indexed
@@ -166,8 +155,7 @@ class Rollouts:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         with contextlib.suppress(StoreError):
-            await self.flush()
-        await self.store.close()
+            await self.flush()  # the store itself is closed by its owner (create_app's cleanup)
 
     async def _every(self, period_s: float, job: Callable[[], Awaitable[None]]) -> None:
         while True:

@@ -16,15 +16,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
-
 from gateway import openai
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.policy.model import Deployment, Timeouts
 from gateway.rollout.comparison import Capture, compare
 from gateway.rollout.samples import PairOutcome
-from gateway.store.redis_store import StoreError
+from gateway.store.contract import StoreError
 from gateway.store.rollouts import RolloutStore
+from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
 from gateway.upstream.client import Pool
 
@@ -106,21 +105,13 @@ class Shadows:
         self,
         client: Pool,
         store: RolloutStore,
-        registry: CollectorRegistry,
+        metrics: Metrics,
         on_outcome: Callable[[str, PairOutcome], None] | None = None,
     ) -> None:
         self._client, self._store, self._on_outcome = client, store, on_outcome
         self._targets: dict[str, Target] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.dropped = Counter(
-            "gateway_shadow_dropped", "Shadows not sent, by reason", ["target", "reason"], registry=registry
-        )
-        self.sent = Counter(
-            "gateway_shadow_requests", "Shadows sent, by result", ["target", "result"], registry=registry
-        )
-        self.outcomes = Counter(
-            "gateway_shadow_pairs", "Compared pairs, by outcome", ["target", "outcome"], registry=registry
-        )
+        self.dropped, self.sent, self.outcomes = metrics.shadow_dropped, metrics.shadow_sent, metrics.shadow_pairs
 
     def drop(self, target: str, reason: str) -> None:
         self.dropped.labels(target, reason).inc()

@@ -11,8 +11,6 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -20,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.frozen import Frozen
 from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy
 from gateway.rollout import spec as rollout_spec
 from gateway.rollout.spec import RolloutSpec, ShadowSpec
@@ -27,9 +26,6 @@ from gateway.rollout.spec import RolloutSpec, ShadowSpec
 ENDPOINTS = ("chat", "completions", "embeddings")
 Endpoint = Literal["chat", "completions", "embeddings"]
 
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Price(Frozen):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -124,17 +124,3 @@ def record(counts: Counter[str], cohort: Cohort, sample: Sample) -> None:
     """The in-memory twin of the request path's HINCRBYs."""
     for name in counter_fields(cohort, sample):
         counts[name] += 1
-
-
-def scripted(
-    candidate: Iterable[Sample] = (), control: Iterable[Sample] = (), pairs: Iterable[PairOutcome] = ()
-) -> Observations:
-    """Observations from explicit sample lists: what tests and offline replays feed step()."""
-    counts: Counter[str] = Counter()
-    for sample in candidate:
-        record(counts, Cohort.CANDIDATE, sample)
-    for sample in control:
-        record(counts, Cohort.CONTROL, sample)
-    for outcome in pairs:
-        counts[pair_field(outcome)] += 1
-    return Observations.from_counts(counts)

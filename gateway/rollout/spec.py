@@ -6,8 +6,9 @@ import re
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from gateway.frozen import Frozen
 from gateway.rollout.stats import FINAL_ALPHA, INTERIM_ALPHA
 
 _TARGET = re.compile(r"^(deployment|policy):[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -21,8 +22,8 @@ Target = Annotated[
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Model(Frozen):
+    pass
 
 
 def _check_target(value: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import os
@@ -13,8 +12,10 @@ from typing import TypeVar
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from gateway.errors import Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
-from gateway.server.exchange import EXCHANGE, REQUEST_ID, SERVICES, SPAN_NAMES, TENANT, Exchange, Services
+from gateway.accounting.keys import check_admin
+from gateway.errors import GatewayError, NotFound, PayloadTooLarge
+from gateway.server.resources import ACCOUNTING, EXCHANGE, POLICY, REQUEST_ID, SETTINGS, TELEMETRY, TENANT
+from gateway.telemetry.exchange import SPAN_NAMES, Exchange
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,6 @@ _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Status of a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
-ADMIN_TOKEN_ENV = "AGENT_GATEWAY_ADMIN_TOKEN"
 
 
 def error_response(err: GatewayError) -> web.Response:
@@ -43,18 +43,19 @@ def _request_id(request: web.Request) -> str:
 
 @web.middleware
 async def exchange_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    svc = request.app[SERVICES]
+    telemetry = request.app[TELEMETRY]
     request_id = _request_id(request)
     request[REQUEST_ID] = request_id
     endpoint = _ENDPOINTS.get(request.path)
     ex = None
     if endpoint is not None:
-        trace = svc.spans.begin(SPAN_NAMES[endpoint], request.headers.get("traceparent")) if svc.spans else None
+        spans = telemetry.spans
+        trace = spans.begin(SPAN_NAMES[endpoint], request.headers.get("traceparent")) if spans else None
         ex = Exchange(request_id, endpoint, trace)
         request[EXCHANGE] = ex
     status = 500
     try:
-        response = await _respond(request, handler, svc, ex)
+        response = await _respond(request, handler, ex)
         status = response.status
         if not response.prepared:  # a stream set its headers before its first byte (proxy._relay_stream)
             add_gateway_headers(request, response)
@@ -64,16 +65,19 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
         raise
     finally:
         if ex is not None:
-            ex.finish(status, svc.metrics, svc.spans)
+            ex.finish(status, telemetry.metrics, telemetry.spans)
 
 
-async def _respond(request: web.Request, handler: Handler, svc: Services, ex: Exchange | None) -> web.StreamResponse:
+async def _respond(request: web.Request, handler: Handler, ex: Exchange | None) -> web.StreamResponse:
     """The handler's response, or its error as the OpenAI envelope."""
+    app = request.app
     try:
         if request.path.startswith("/admin/"):
-            _check_admin(request, _admin_token(svc))
-        elif request.path.startswith("/v1/") and svc.policy.current.auth.enabled:
-            request[TENANT] = await _tenant(request, svc)
+            auth = app[POLICY].current.auth
+            check_admin(request.headers.get("authorization"), auth, app[SETTINGS].admin_token)
+        elif request.path.startswith("/v1/") and app[POLICY].current.auth.enabled:
+            # the caller's tenant from its API key (401 without a valid one); the key itself is never logged
+            request[TENANT] = await app[ACCOUNTING].tenant(request.headers.get("authorization"))
         return await handler(request)
     except GatewayError as exc:
         if ex is not None:
@@ -86,30 +90,6 @@ async def _respond(request: web.Request, handler: Handler, svc: Services, ex: Ex
         request_id = request[REQUEST_ID]
         log.exception("unhandled error in request %s", request_id)
         return error_response(GatewayError(f"Internal error; quote request id {request_id}"))
-
-
-async def _tenant(request: web.Request, svc: Services) -> str:
-    """The caller's tenant from its API key (401 without a valid one); the key itself is never logged."""
-    if svc.accounting is None:
-        raise GatewayError("The key store is not open")
-    return await svc.accounting.tenant(request.headers.get("authorization"))
-
-
-def _admin_token(svc: Services) -> str:
-    """AGENT_GATEWAY_ADMIN_TOKEN, or the variable the policy's `auth.admin_token_env` names instead."""
-    env = svc.policy.current.auth.admin_token_env
-    return svc.settings.admin_token if env == ADMIN_TOKEN_ENV else os.environ.get(env, "")
-
-
-def _check_admin(request: web.Request, token: str) -> None:
-    if not token:
-        raise Forbidden("The admin API is disabled: set its token's environment variable "
-                        "(AGENT_GATEWAY_ADMIN_TOKEN, or the policy's auth.admin_token_env)")
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise Unauthorized(
-            "A valid admin token is required (Authorization: Bearer <token>)", code="invalid_admin_token"
-        )
 
 
 def _from_http(exc: web.HTTPException) -> GatewayError:

@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from gateway import openai
-from gateway.accounting.ledger import steered
-from gateway.decision.routing import Decision, decide
+from gateway.classifier.scoring import Classifier
+from gateway.decision.admission import Admission, SessionState, steered
+from gateway.decision.routing import Context, Decision, decide, needs_complexity
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
 from gateway.features import Features, extract
 from gateway.policy.model import Policy
-from gateway.server.exchange import EXCHANGE, SERVICES, Exchange, Services
 from gateway.server.middleware import add_gateway_headers
+from gateway.server.resources import (
+    ACCOUNTING,
+    CLASSIFIER,
+    DEPLOYMENTS,
+    EXCHANGE,
+    EXPERIMENTS,
+    POLICY,
+    POOL,
+    RECENT,
+    SETTINGS,
+    TELEMETRY,
+    TENANT,
+)
+from gateway.telemetry.exchange import Exchange
+from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
+from gateway.upstream.deployments import Deployments
 
 STREAM_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 
@@ -32,35 +50,60 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 
 async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
-    svc = request.app[SERVICES]
-    ex: Exchange = request[EXCHANGE]
-    raw = await read_body(request, svc.settings.max_body_bytes)
+    app, ex = request.app, request[EXCHANGE]
+    raw = await read_body(request, app[SETTINGS].max_body_bytes)
     body = openai.decode(raw)
     openai.check(body, endpoint)
-    policy = svc.policy.current
+    policy = app[POLICY].current
     features = extract(body, endpoint)
-    accounting = svc.accounting if steered(policy, request.headers) else None
+    tenant = request.get(TENANT)
+    accounting = app[ACCOUNTING] if steered(policy, request.headers) else None
     admitted = None
     if accounting is not None:  # tenancy configured, or a cost cap asked for: budget and session verdict
-        admitted = await accounting.admit(request, policy, features, body, len(raw))
-        ctx = svc.context(request, features, policy, admitted.verdict, admitted.session)
+        admitted = await accounting.admit(tenant, request.headers, policy, features, body, len(raw))
+        ctx = context(app, request.headers, tenant, features, policy, admitted.verdict, admitted.session)
     else:
-        ctx = svc.context(request, features, policy)
+        ctx = context(app, request.headers, tenant, features, policy)
     decision = decide(policy, features, ctx)
-    trials, trial = svc.trials, None
-    if trials is not None and trials.engaged(policy):
-        trial = await trials.begin(request, policy, features, ctx, decision, body)
-        decision = trial.decision  # a rollout's candidate arm
-    svc.recent.remember(ex.request_id, policy, features, ctx)
+    experiments, enrollment = app[EXPERIMENTS], None
+    if experiments.engaged(policy):
+        enrollment = await experiments.begin(ex, request.headers, policy, features, ctx, decision, body)
+        decision = enrollment.decision  # a rollout's candidate arm
+    app[RECENT].remember(ex.request_id, policy, features, ctx)
     ex.decided(features, decision, ctx.complexity)
     if accounting is not None and admitted is not None:
         forwarded = accounting.follow(admitted, policy, decision, ex,
-                                      lambda held: _forward(request, svc, policy, held, body, features))
+                                      lambda held: _forward(request, policy, held, body, features))
     else:
-        forwarded = _forward(request, svc, policy, decision, body, features)
-    if trial is not None:
-        return await trial.follow(forwarded)
+        forwarded = _forward(request, policy, decision, body, features)
+    if enrollment is not None:
+        return await enrollment.follow(forwarded)
     return await forwarded
+
+
+def context(
+    app: web.Application,
+    headers: Mapping[str, str],
+    tenant: str | None,
+    features: Features,
+    policy: Policy,
+    admission: Admission | None = None,
+    session: SessionState | None = None,
+) -> Context:
+    """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict."""
+    complexity = _score(app[CLASSIFIER], app[TELEMETRY].metrics, features) if needs_complexity(policy) else None
+    deployments = app[DEPLOYMENTS]
+    return Context(headers=headers, tenant=tenant, complexity=complexity, load=dict(deployments.load),
+                   in_flight=dict(deployments.in_flight), admission=admission, session=session)
+
+
+def _score(classifier: Classifier, metrics: Metrics, features: Features) -> float:
+    started = time.perf_counter()
+    score = classifier.score(features)
+    cost = metrics.scoring
+    cost.seconds += time.perf_counter() - started
+    cost.scores += 1
+    return score
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -91,10 +134,11 @@ async def _read_chunked(request: web.Request, limit: int) -> bytes:
 
 
 async def _forward(
-    request: web.Request, svc: Services, policy: Policy, decision: Decision, body: dict[str, Any], features: Features
+    request: web.Request, policy: Policy, decision: Decision, body: dict[str, Any], features: Features
 ) -> web.StreamResponse:
     """Try the decision's deployments in order; fail over only before the first byte reaches the client."""
-    ex: Exchange = request[EXCHANGE]
+    ex, pool, deployments = request[EXCHANGE], request.app[POOL], request.app[DEPLOYMENTS]
+    metrics = request.app[TELEMETRY].metrics
     headers = upstream.forwardable(request.headers)
     headers["x-request-id"] = ex.request_id
     if ex.trace is not None:  # the deployment's spans become children of this request's span
@@ -103,38 +147,40 @@ async def _forward(
     for name in decision.attempts:
         dep = policy.deployments[name]
         payload, client_wants_usage = openai.upstream_body(body, dep.served_model)
-        svc.backends.in_flight[name] = svc.backends.in_flight.get(name, 0) + 1
+        deployments.in_flight[name] = deployments.in_flight.get(name, 0) + 1
         try:
             try:
-                reply = await upstream.send(svc.client, name, dep, openai.PATHS[features.endpoint], payload, headers)
+                reply = await upstream.send(pool, name, dep, openai.PATHS[features.endpoint], payload, headers)
             except (UpstreamError, UpstreamTimeout) as exc:
-                svc.backends.record_failure(name)
-                svc.metrics.failovers.labels(name, exc.code or exc.error_type).inc()
+                deployments.record_failure(name)
+                metrics.failovers.labels(name, exc.code or exc.error_type).inc()
                 last = exc
                 continue
             ex.attempted(name, dep.served_model)
             if features.stream and reply.status == 200:
-                return await _relay_stream(request, svc, reply, client_wants_usage)
-            return await _relay_body(request, svc, reply)
+                return await _relay_stream(request, deployments, metrics, reply, client_wants_usage)
+            return await _relay_body(request, deployments, metrics, reply)
         finally:
-            svc.backends.in_flight[name] -= 1
+            deployments.in_flight[name] -= 1
     raise last or UpstreamError("No deployment was tried")
 
 
-async def _relay_body(request: web.Request, svc: Services, reply: upstream.Reply) -> web.Response:
+async def _relay_body(
+    request: web.Request, deployments: Deployments, metrics: Metrics, reply: upstream.Reply
+) -> web.Response:
     ex: Exchange = request[EXCHANGE]
     ex_headers = upstream.reply_headers(reply)
     raw = await reply.read()
     if ex.tap is not None:
         ex.tap.append(raw)
     if reply.status == 200:
-        svc.backends.record_success(reply.deployment)
-        svc.settle(ex, openai.usage_in_body(raw))
+        deployments.record_success(reply.deployment)
+        ex.settle(openai.usage_in_body(raw), metrics)
     return web.Response(body=raw, status=reply.status, headers=ex_headers)
 
 
 async def _relay_stream(
-    request: web.Request, svc: Services, reply: upstream.Reply, client_wants_usage: bool
+    request: web.Request, deployments: Deployments, metrics: Metrics, reply: upstream.Reply, client_wants_usage: bool
 ) -> web.StreamResponse:
     """Relay SSE events as they arrive; learn usage; a failure after the first byte becomes one error event."""
     ex: Exchange = request[EXCHANGE]
@@ -155,15 +201,15 @@ async def _relay_stream(
             raise UpstreamError(f"Deployment {reply.deployment!r} ended the stream before [DONE]",
                                 code="upstream_truncated")
         finished = True
-        svc.backends.record_success(reply.deployment)
+        deployments.record_success(reply.deployment)
     except GatewayError as exc:
-        svc.backends.record_failure(reply.deployment)
+        deployments.record_failure(reply.deployment)
         ex.failed_mid_stream(exc)
         await response.write(openai.error_event(exc))
     finally:
         # An unfinished stream (error, client gone, cancelled) must stop the deployment's generation too.
         reply.release() if finished else reply.close()
-        svc.settle(ex, relay.usage)
+        ex.settle(relay.usage, metrics)
     await response.write_eof()
     return response
 
@@ -199,7 +245,7 @@ class _StreamRelay:
 
 
 async def models(request: web.Request) -> web.Response:
-    policy = request.app[SERVICES].policy.current
+    policy = request.app[POLICY].current
     data = [{"id": name, "object": "model", "owned_by": "agent-gateway", "created": 0,
              "description": model.description} for name, model in policy.models.items()]
     return web.json_response({"object": "list", "data": data})

@@ -9,13 +9,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import BadRequest, NotFound, StoreUnavailable
-from gateway.experiments.runtime import Trials
+from gateway.errors import BadRequest, NotFound
+from gateway.experiments.hook import Experiments
 from gateway.rollout import step as rollout
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.state import RolloutState
-from gateway.server.exchange import SERVICES
-from gateway.store.redis_store import StoreError
+from gateway.server.resources import EXPERIMENTS, POLICY
+from gateway.store.contract import reported_as_unavailable
 
 PAIRS_LIMIT = 10_000
 
@@ -33,16 +33,13 @@ OPERATIONS: dict[str, Operation] = {
 }
 
 
-def _trials(request: web.Request) -> Trials:
-    trials = request.app[SERVICES].trials
-    if trials is None:
-        raise StoreUnavailable("Rollouts are not running in this process")
-    return trials
+def _experiments(request: web.Request) -> Experiments:
+    return request.app[EXPERIMENTS]
 
 
 def _spec(request: web.Request, route: str) -> RolloutSpec:
-    policy = request.app[SERVICES].policy.current
-    spec = _trials(request).rollouts.index(policy).rollouts.get(route)
+    policy = request.app[POLICY].current
+    spec = _experiments(request).rollouts.index(policy).rollouts.get(route)
     if spec is None:
         routes = ", ".join(r.route or "" for r in policy.rollouts) or "none"
         raise NotFound(
@@ -52,22 +49,20 @@ def _spec(request: web.Request, route: str) -> RolloutSpec:
     return spec
 
 
-async def _status(trials: Trials, route: str, spec: RolloutSpec) -> dict[str, Any]:
-    try:
-        state = await trials.rollouts.current(route, spec)
-        obs = await trials.rollouts.observe(state)
-    except StoreError as exc:
-        raise StoreUnavailable(f"The rollout store is unreachable: {exc}") from exc
+async def _status(experiments: Experiments, route: str, spec: RolloutSpec) -> dict[str, Any]:
+    with reported_as_unavailable("The rollout store"):
+        state = await experiments.rollouts.current(route, spec)
+        obs = await experiments.rollouts.observe(state)
     return {
         "route": route,
         **rollout.status(spec, state, obs, time.time()),
-        "replica": _applied(trials, spec),
+        "replica": _applied(experiments, spec),
     }
 
 
-def _applied(trials: Trials, spec: RolloutSpec) -> dict[str, Any]:
+def _applied(experiments: Experiments, spec: RolloutSpec) -> dict[str, Any]:
     """What this replica serves by right now (its last read of the state), to check replicas agree."""
-    ro = trials.rollouts
+    ro = experiments.rollouts
     served = ro.state(spec)
     return {
         "id": ro.owner,
@@ -80,23 +75,21 @@ def _applied(trials: Trials, spec: RolloutSpec) -> dict[str, Any]:
 
 
 async def list_rollouts(request: web.Request) -> web.Response:
-    trials = _trials(request)
-    specs = trials.rollouts.index(request.app[SERVICES].policy.current).rollouts
-    return web.json_response({route: await _status(trials, route, spec) for route, spec in specs.items()})
+    experiments = _experiments(request)
+    specs = experiments.rollouts.index(request.app[POLICY].current).rollouts
+    return web.json_response({route: await _status(experiments, route, spec) for route, spec in specs.items()})
 
 
 async def show_rollout(request: web.Request) -> web.Response:
     route = request.match_info["route"]
-    return web.json_response(await _status(_trials(request), route, _spec(request, route)))
+    return web.json_response(await _status(_experiments(request), route, _spec(request, route)))
 
 
 async def history(request: web.Request) -> web.Response:
     route = request.match_info["route"]
     spec = _spec(request, route)
-    try:
-        state = await _trials(request).rollouts.current(route, spec)
-    except StoreError as exc:
-        raise StoreUnavailable(f"The rollout store is unreachable: {exc}") from exc
+    with reported_as_unavailable("The rollout store"):
+        state = await _experiments(request).rollouts.current(route, spec)
     return web.json_response([t.to_dict() for t in state.history])
 
 
@@ -110,14 +103,12 @@ async def act(request: web.Request) -> web.Response:
         )
     spec = _spec(request, route)
     actor, reason, generation = _action_body(await request.read())
-    trials = _trials(request)
-    try:
-        await trials.rollouts.operate(
+    experiments = _experiments(request)
+    with reported_as_unavailable("The rollout store"):
+        await experiments.rollouts.operate(
             route, spec, lambda st: operation(spec, st, actor, reason, generation, time.time())
         )
-    except StoreError as exc:
-        raise StoreUnavailable(f"The rollout store is unreachable: {exc}") from exc
-    return web.json_response(await _status(trials, route, spec))
+    return web.json_response(await _status(experiments, route, spec))
 
 
 def _action_body(raw: bytes) -> tuple[str, str, int]:
@@ -143,11 +134,10 @@ async def shadow_pairs(request: web.Request) -> web.StreamResponse:
     target = request.query.get("target") or None
     try:
         limit = min(int(request.query.get("limit", PAIRS_LIMIT)), PAIRS_LIMIT)
-        records = await _trials(request).rollouts.store.pairs(target, limit)
     except ValueError:
         raise BadRequest("`limit` must be an integer", param="limit") from None
-    except StoreError as exc:
-        raise StoreUnavailable(f"The shadow pair store is unreachable: {exc}") from exc
+    with reported_as_unavailable("The shadow pair store"):
+        records = await _experiments(request).rollouts.store.pairs(target, limit)
     if request.query.get("format") == "jsonl":
         body = "".join(r + "\n" for r in records)
         return web.Response(text=body, content_type="application/x-ndjson")
@@ -156,13 +146,13 @@ async def shadow_pairs(request: web.Request) -> web.StreamResponse:
 
 async def policy_shadow(request: web.Request) -> web.Response:
     """The candidate policy's agreement with the live one on this replica, and its recent disagreements."""
-    trials = _trials(request)
-    section = request.app[SERVICES].policy.current.policy_shadow
+    experiments = _experiments(request)
+    section = request.app[POLICY].current.policy_shadow
     return web.json_response(
         {
             "candidate": None if section is None else section.candidate,
-            "decisions": dict(trials.agreement),
-            "disagreements": list(trials.disagreements),
+            "decisions": dict(experiments.agreement),
+            "disagreements": list(experiments.disagreements),
         }
     )
 

@@ -18,14 +18,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
+from gateway.decision.admission import SessionState, TenantSnapshot
 from gateway.errors import StoreUnavailable
-from gateway.policy.tenancy import SessionState, StorePolicy, TenantSnapshot
-from gateway.store.memory import MemoryStore
-from gateway.store.redis_store import (
+from gateway.store.contract import (
     Hold,
     KeyRecord,
     Observation,
-    RedisStore,
     Refusal,
     Reservation,
     Spend,
@@ -185,13 +183,3 @@ class FallbackStore:
     @property
     def pending_settles(self) -> int:
         return len(self._pending)
-
-
-def open_store(policy: StorePolicy, *, prefix: str = "ag") -> Store:
-    """The store a gateway process uses: embedded memory without `redis_url`, else Redis with fallback."""
-    if policy.redis_url is None:
-        return MemoryStore(prefix=prefix)
-    shared = RedisStore(policy.redis_url, timeout_s=policy.timeout_s, prefix=prefix)
-    return FallbackStore(
-        shared, MemoryStore(prefix=prefix), on_unavailable=policy.on_unavailable, retry_s=policy.retry_s
-    )

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, cast
 
-from gateway.policy.tenancy import WINDOWS, SessionState, TenantSnapshot, bucket
-from gateway.store.redis_store import (
+from gateway.decision.admission import SessionState, TenantSnapshot
+from gateway.decision.admission import window_bucket as bucket
+from gateway.policy.tenancy import WINDOWS
+from gateway.store.contract import (
     NANO,
     Hold,
     KeyRecord,

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from gateway.store.redis_store import RedisStore, StoreError
+from gateway.store.contract import StoreError
+from gateway.store.redis_store import RedisStore
 
 CHANNEL = "rollouts"
 ALL_TARGETS = "*"  # the stream of every target's pairs

@@ -1,8 +1,9 @@
-"""Span attribute names (GenAI semantic conventions) and the Prometheus metrics. Spans: gateway/telemetry/spans.py."""
+"""Span attribute names (GenAI semantic conventions) and every Prometheus series the gateway exports."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,13 @@ class Metrics:
     deployment_kv_cache: Gauge
     deployment_spec_acceptance: Gauge
     in_flight: Gauge
+    shadow_dropped: Counter
+    shadow_sent: Counter
+    shadow_pairs: Counter
+    rollout_requests: Counter
+    rollout_stale: Gauge
+    rollout_weight: Gauge
+    policy_shadow_decisions: Counter
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
@@ -160,4 +168,31 @@ def make_metrics() -> Metrics:
         deployment_spec_acceptance=Gauge("gateway_deployment_spec_decode_acceptance_ratio",
                                          "Accepted / drafted speculative tokens", dep, registry=r),
         in_flight=Gauge("gateway_deployment_in_flight", "Requests the gateway has open", dep, registry=r),
+        shadow_dropped=Counter("gateway_shadow_dropped", "Shadows not sent, by reason", ["target", "reason"],
+                               registry=r),
+        shadow_sent=Counter("gateway_shadow_requests", "Shadows sent, by result", ["target", "result"], registry=r),
+        shadow_pairs=Counter("gateway_shadow_pairs", "Compared pairs, by outcome", ["target", "outcome"],
+                             registry=r),
+        rollout_requests=Counter("gateway_rollout_requests", "Requests by rollout arm", ["route", "arm"],
+                                 registry=r),
+        rollout_stale=Gauge("gateway_rollout_state_stale",
+                            "1 while this replica serves stable for lack of a fresh rollout state", registry=r),
+        rollout_weight=Gauge("gateway_rollout_weight_pct", "Candidate weight as this replica applies it", ["route"],
+                             registry=r),
+        policy_shadow_decisions=Counter("gateway_policy_shadow_decisions", "Candidate policy decisions on live traffic",
+                                        ["candidate", "agreement"], registry=r),
     )
+
+
+def watch(metrics: Metrics, series: tuple[str, str], read: Callable[[], float]) -> None:
+    """A gauge read at scrape time from a resource's own count (the store's degraded flag, spans exported)."""
+    name, help_text = series
+    Gauge(name, help_text, registry=metrics.registry).set_function(read)
+
+
+# The gauges that `watch` adds, named here so the one metrics module lists every series.
+STORE_DEGRADED = ("gateway_store_degraded", "1 while the shared store (Redis) is unreachable")
+STORE_PENDING_SETTLES = ("gateway_store_pending_settles", "Settles kept locally until the shared store answers again")
+STORE_DROPPED_SETTLES = ("gateway_store_dropped_settles", "Settles dropped because the pending queue was full")
+SPANS_EXPORTED = ("gateway_spans_exported", "Spans posted to the OTLP endpoint")
+SPANS_DROPPED = ("gateway_spans_dropped", "Spans dropped: the export queue was full")

@@ -55,7 +55,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
-class Backends:
+class Deployments:
     """Keeps a current DeploymentLoad per deployment and counts in-flight requests."""
 
     def __init__(self, client: Pool, on_change: Callable[[str, Tracked], None] | None = None):

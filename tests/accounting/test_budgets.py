@@ -5,23 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gateway.accounting.budgets import Budgets, usage_report, worst_case
+from gateway.accounting.budgets import Budgets, usage_report
+from gateway.decision.admission import Cost, SessionState, TenantSnapshot, WindowUsage, admission, worst_case
+from gateway.decision.admission import window_bucket as bucket
 from gateway.errors import RateLimited
 from gateway.policy.model import Deployment, Price
-from gateway.policy.tenancy import (
-    AboveSoft,
-    Budget,
-    Cost,
-    SessionPolicy,
-    SessionState,
-    TenantPolicy,
-    TenantSnapshot,
-    Window,
-    WindowUsage,
-    admission,
-    bucket,
-    find_tenant,
-)
+from gateway.policy.tenancy import AboveSoft, Budget, SessionPolicy, TenantPolicy, Window, find_tenant
 from gateway.store.memory import MemoryStore
 
 NOW = 1_800_000_030.0  # 30 s into a minute

@@ -14,9 +14,10 @@ from gateway.accounting import keys
 from gateway.cli import store as store_cli
 from gateway.errors import Forbidden, StoreUnavailable, Unauthorized
 from gateway.policy.tenancy import AuthPolicy
+from gateway.store.contract import Store
 from gateway.store.fallback import FallbackStore
 from gateway.store.memory import MemoryStore
-from gateway.store.redis_store import RedisStore, Store
+from gateway.store.redis_store import RedisStore
 from tests.fixtures.redis_server import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
 
 
@@ -95,11 +96,11 @@ async def test_cached_keys_survive_a_store_outage(private_redis: RedisServer) ->
 
 def test_check_admin() -> None:
     auth = AuthPolicy(admin_token_env="TEST_ADMIN")
-    keys.check_admin("Bearer s3cret", auth, {"TEST_ADMIN": "s3cret"})
+    keys.check_admin("Bearer s3cret", auth, environ={"TEST_ADMIN": "s3cret"})
     with pytest.raises(Unauthorized):
-        keys.check_admin("Bearer nope", auth, {"TEST_ADMIN": "s3cret"})
+        keys.check_admin("Bearer nope", auth, environ={"TEST_ADMIN": "s3cret"})
     with pytest.raises(Forbidden):
-        keys.check_admin("Bearer s3cret", auth, {})
+        keys.check_admin("Bearer s3cret", auth, environ={})
 
 
 def _cli(*argv: str) -> int:

@@ -18,7 +18,7 @@ from gateway.accounting.ledger import Accounting
 from gateway.cli.command import main
 from gateway.policy import model as policy_module
 from gateway.policy.tenancy import Window
-from gateway.server.exchange import SERVICES
+from gateway.server.resources import ACCOUNTING
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
@@ -30,9 +30,7 @@ HQ_CALL_USD = (11 * 3 + 8 * 15) / 1e6
 
 
 def _accounting(stack: Stack) -> Accounting:
-    found = stack.gateway.app[SERVICES].accounting
-    assert found is not None
-    return found
+    return stack.gateway.app[ACCOUNTING]
 
 
 async def _chat(

@@ -14,10 +14,9 @@ import pytest
 
 from gateway.cli.rollout import register
 from gateway.rollout.comparison import Capture, compare
-from gateway.rollout.samples import scripted
 from gateway.rollout.state import start
 from gateway.rollout.step import status
-from tests.fixtures.rollout_scripts import samples, spec_of
+from tests.fixtures.rollout_scripts import samples, scripted, spec_of
 
 SPEC = spec_of("steps: [{set_weight: 10}, {pause: {}}, {set_weight: 100}]")
 STATE = start(SPEC.id, 0)

@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.classifier.scoring import Calibration
+from gateway.decision.admission import Admission
 from gateway.decision.routing import Context, DeploymentLoad, decide
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import extract
 from gateway.policy import model as policy_module
-from gateway.policy.tenancy import Admission
 
 POLICY = policy_module.parse((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())
 HEALTHY = {"hq": DeploymentLoad(), "fast": DeploymentLoad()}

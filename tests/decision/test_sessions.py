@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.decision.sessions import Sessions, session_id
+from gateway.decision.sessions import session_id
 from gateway.policy.tenancy import SessionPolicy
 from gateway.store.memory import MemoryStore
 
@@ -48,8 +48,8 @@ def test_odd_shapes_never_raise() -> None:
 
 
 async def test_step_counts_through_the_store() -> None:
-    sessions = Sessions(MemoryStore())
+    store = MemoryStore()
     policy = SessionPolicy(rate_window_s=60)
-    await sessions.step("acme", "h:1", policy)
-    state = await sessions.step("acme", "h:1", policy)
+    await store.step("acme", "h:1", policy.rate_window_s, policy.idle_ttl_s)
+    state = await store.step("acme", "h:1", policy.rate_window_s, policy.idle_ttl_s)
     assert (state.session_id, state.steps, state.steps_per_min) == ("h:1", 2, 2.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.rollout.analysis import evaluate
-from gateway.rollout.samples import Observations, Sample, scripted
+from gateway.rollout.samples import Observations, Sample
 from gateway.rollout.stats import Status
 from gateway.rollout.step import (
     InvalidTransition,
@@ -22,7 +22,7 @@ from gateway.rollout.step import (
     step,
     undo,
 )
-from tests.fixtures.rollout_scripts import EMPTY, drive, healthy, samples, spec_of
+from tests.fixtures.rollout_scripts import EMPTY, drive, healthy, samples, scripted, spec_of
 
 STEPS = """
 steps:

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 from gateway.accounting.budgets import Budgets
+from gateway.decision.admission import Cost
 from gateway.errors import RateLimited, StoreUnavailable
-from gateway.policy.tenancy import Budget, Cost, SessionPolicy, TenantPolicy, Window
+from gateway.policy.tenancy import Budget, SessionPolicy, TenantPolicy, Window
+from gateway.store.contract import Hold, Reservation, Spend, StoreError
 from gateway.store.fallback import FallbackStore
 from gateway.store.memory import MemoryStore
-from gateway.store.redis_store import Hold, RedisStore, Reservation, Spend, StoreError
+from gateway.store.redis_store import RedisStore
 from tests.fixtures.redis_server import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
 
 pytestmark = pytest.mark.redis

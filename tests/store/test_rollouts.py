@@ -12,8 +12,8 @@ import pytest
 from gateway.experiments.shadows import BREAKER_FAILURES, Breaker, shadow_body
 from gateway.rollout.samples import Observations
 from gateway.rollout.step import RolloutState, abort, start
+from gateway.store.contract import StoreError
 from gateway.store.memory import MemoryRolloutStore
-from gateway.store.redis_store import StoreError
 from gateway.store.rollouts import RedisRolloutStore, RolloutStore
 from tests.fixtures.redis_server import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
 

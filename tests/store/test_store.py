@@ -7,9 +7,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.policy.tenancy import Cost, Window
+from gateway.decision.admission import Cost
+from gateway.policy.tenancy import Window
+from gateway.store.contract import Hold, Limits, Refusal, Reservation, Spend, Store
 from gateway.store.memory import MemoryStore
-from gateway.store.redis_store import Hold, Limits, RedisStore, Refusal, Reservation, Spend, Store
+from gateway.store.redis_store import RedisStore
 from tests.fixtures.redis_server import RedisServer, key_prefix, redis_server  # noqa: F401
 
 # A fixed instant in the future (so Redis EXPIREAT never lands in the past): 5 s into tomorrow, UTC.
@@ -220,7 +222,7 @@ async def test_usage_rows_per_deployment(store: Store) -> None:
 
 
 async def test_keys_put_find_list_delete(store: Store) -> None:
-    from gateway.store.redis_store import KeyRecord
+    from gateway.store.contract import KeyRecord
 
     rec = KeyRecord("1a2b3c4d", "acme", "agk-1a2b3c4d", "d" * 64, 1700000000.5, "ci")
     await store.put_key(rec)

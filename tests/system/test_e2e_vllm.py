@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.launcher import ServerCommand, free_port, stop_groups
 from serving.up import fill_policy
-from tests import vllm_fixtures
+from tests.fixtures import vllm_pair as vllm_fixtures
 from tests.fixtures.vllm_pair import PairSupervisor, VllmPair
 
 # Fixtures used here by name (assigned rather than imported so parameters may share the names).

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from serving.launcher import free_port
-from tests import vllm_fixtures
+from tests.fixtures import vllm_pair as vllm_fixtures
 
 # Fixtures used here by name (assigned rather than imported so parameters may share the names).
 vllm_supervisor = vllm_fixtures.vllm_supervisor

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-from gateway.server.exchange import SERVICES
+from gateway.server.resources import TELEMETRY
 from gateway.settings import Settings
 from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
 from gateway.telemetry.otlp import otlp_json
@@ -31,7 +31,7 @@ HELLO = [{"role": "user", "content": "hi"}]
 
 def _capture(stack: Stack) -> InMemorySpanExporter:
     exporter = InMemorySpanExporter()
-    stack.gateway.app[SERVICES].spans = Spans(SimpleSpanProcessor(exporter))
+    stack.gateway.app[TELEMETRY].spans = Spans(SimpleSpanProcessor(exporter))
     return exporter
 
 
@@ -91,7 +91,7 @@ async def test_without_a_valid_traceparent_the_gateway_starts_the_trace(stack: S
 
 
 async def test_with_spans_off_the_callers_traceparent_goes_upstream_as_sent(stack: Stack) -> None:
-    stack.gateway.app[SERVICES].spans = None
+    stack.gateway.app[TELEMETRY].spans = None
     sent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
     async with stack.client() as client:
         await client.chat.completions.create(model="auto", messages=HELLO, extra_headers={"traceparent": sent})
@@ -195,7 +195,7 @@ async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: 
         for i in range(3):
             await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5, extra_headers={
                 "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"} if i == 0 else None)
-    spans = stack.gateway.app[SERVICES].spans
+    spans = stack.gateway.app[TELEMETRY].spans
     assert isinstance(spans.processor, LoopExport)
     await spans.processor.flush()  # the batch is not full yet: send it now rather than after the delay
     async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:

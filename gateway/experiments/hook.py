@@ -1,7 +1,7 @@
 """A request's part in rollouts, shadows, the policy shadow and the request log: the request path's one hook.
 
-`Trials.begin` runs after the live decision (it may swap in the candidate's decision and starts any
-shadow), `Trial.follow` wraps the forward and, once the client has its answer, records the cohort sample,
+`Experiments.begin` runs after the live decision (it may swap in the candidate's decision and starts any
+shadow), `Enrollment.follow` wraps the forward and, once the client has its answer, records the cohort sample,
 hands the primary's capture to the shadows and queues the request-log line. Nothing here delays or
 alters what the client receives beyond choosing the rollout arm.
 """
@@ -12,12 +12,8 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
-
-from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client import Counter as PromCounter
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from gateway import openai
 from gateway.classifier.scoring import Classifier
@@ -34,75 +30,75 @@ from gateway.rollout.comparison import Capture
 from gateway.rollout.samples import Cohort, Sample
 from gateway.rollout.spec import RolloutSpec, ShadowSpec
 from gateway.rollout.state import Arm, RolloutState
-from gateway.server.exchange import EXCHANGE, SERVICES, TENANT, Exchange
-from gateway.settings import Settings
-from gateway.store.memory import MemoryRolloutStore
-from gateway.store.rollouts import RedisRolloutStore, RolloutStore
-from gateway.telemetry.metrics import COMPLEXITY
+from gateway.telemetry.exchange import Exchange
+from gateway.telemetry.metrics import COMPLEXITY, Metrics
 
 CLIENT_CLOSED = 499
 DISAGREEMENTS_MAX = 1000
 DEFAULT_KEY = ("header:x-session-id", "user", "api_key")
 
 
-class Trials:
+class Answered(Protocol):
+    """A response, as far as the experiments read it."""
+
+    @property
+    def status(self) -> int: ...
+
+
+Response = TypeVar("Response", bound=Answered)
+
+
+class Experiments:
     """The process's rollouts, shadows, policy-shadow record and request log, for the request path."""
 
     def __init__(
         self,
         rollouts: Rollouts,
         shadows: Shadows,
-        registry: CollectorRegistry,
+        metrics: Metrics,
         request_log: RequestLog | None = None,
         classifier: Classifier | None = None,
     ) -> None:
         self.rollouts, self.shadows, self.log, self.classifier = rollouts, shadows, request_log, classifier
         self.disagreements: deque[dict[str, Any]] = deque(maxlen=DISAGREEMENTS_MAX)
         self.agreement: Counter[str] = Counter()
-        self.policy_decisions = PromCounter(
-            "gateway_policy_shadow_decisions",
-            "Candidate policy decisions on live traffic",
-            ["candidate", "agreement"],
-            registry=registry,
-        )
-        self.arms = PromCounter(
-            "gateway_rollout_requests", "Requests by rollout arm", ["route", "arm"], registry=registry
-        )
+        self.policy_decisions, self.arms = metrics.policy_shadow_decisions, metrics.rollout_requests
 
     def engaged(self, policy: Policy) -> bool:
         return policy.experimental or self.log is not None
 
     async def begin(
         self,
-        request: web.Request,
+        ex: Exchange,
+        headers: Mapping[str, str],
         policy: Policy,
         features: Features,
         ctx: Context,
         decision: Decision,
         body: dict[str, Any],
-    ) -> Trial:
-        trial = Trial(self, request[EXCHANGE], policy, features, decision, body, request)
+    ) -> Enrollment:
+        enrollment = Enrollment(self, ex, policy, features, decision, body, headers, ctx.tenant)
         if not policy.experimental:
-            return trial
+            return enrollment
         route = features.requested_model
         index = self.rollouts.index(policy)
         spec, shadows = index.rollouts.get(route), index.shadows.get(route, ())
-        key = _key(spec.key if spec else DEFAULT_KEY, request, body, ctx) if spec or shadows else None
+        key = _key(spec.key if spec else DEFAULT_KEY, headers, body, ctx) if spec or shadows else None
         if spec is not None:
-            await self._rollout(trial, spec, key, ctx)
+            await self._rollout(enrollment, spec, key, ctx)
         for shadow in shadows:
             if _sampled(shadow, key):
                 self._mirror(
-                    trial,
+                    enrollment,
                     shadow.target,
                     ctx,
                     Limits(shadow.max_in_flight, shadow.timeout_s, shadow.max_tokens),
                 )
         if policy.policy_shadow is not None:
-            self._shadow_policy(trial, ctx)
-        return trial
+            self._shadow_policy(enrollment, ctx)
+        return enrollment
 
-    async def _rollout(self, trial: Trial, spec: RolloutSpec, key: str | None, ctx: Context) -> None:
+    async def _rollout(self, enrollment: Enrollment, spec: RolloutSpec, key: str | None, ctx: Context) -> None:
         state = self.rollouts.state(spec)
         if state is None:  # no rollout running, or this replica's view is stale: stable, unmeasured
             known = self.rollouts.states.get(spec.route or "")
@@ -112,27 +108,27 @@ class Trials:
         arm = (await self.rollouts.arm(state, key)).arm
         self.arms.labels(spec.route or "", arm.value).inc()
         if arm is Arm.CANDIDATE:
-            trial.decision = self._candidate(trial, spec.candidate, ctx)
-            trial.measure(spec, state, Cohort.CANDIDATE)
+            enrollment.decision = self._candidate(enrollment, spec.candidate, ctx)
+            enrollment.measure(spec, state, Cohort.CANDIDATE)
         elif arm is Arm.CONTROL:
-            trial.measure(spec, state, Cohort.CONTROL)
+            enrollment.measure(spec, state, Cohort.CONTROL)
         if shadow_sampled(state, arm, key):
-            self._mirror(trial, spec.candidate, ctx, Limits(), self.rollouts.samples_key(state))
+            self._mirror(enrollment, spec.candidate, ctx, Limits(), self.rollouts.samples_key(state))
 
-    def _candidate(self, trial: Trial, target: str, ctx: Context) -> Decision:
+    def _candidate(self, enrollment: Enrollment, target: str, ctx: Context) -> Decision:
         kind, _, name = target.partition(":")
-        live = trial.decision
+        live = enrollment.decision
         if kind == "policy":
-            found = decide(trial.policy.candidate_policy(name), trial.features, ctx)
+            found = decide(enrollment.policy.candidate_policy(name), enrollment.features, ctx)
             return Decision(found.deployment, f"{target}/{found.rule}", found.attempts, found.reasons)
-        trial.candidate_deployment = name
-        attempts = (name, *(a for a in live.attempts if a != name))[: trial.policy.max_attempts]
+        enrollment.candidate_deployment = name
+        attempts = (name, *(a for a in live.attempts if a != name))[: enrollment.policy.max_attempts]
         return Decision(name, f"rollout:{name}", attempts, (*live.reasons, f"rollout candidate {target}"))
 
     def _mirror(
-        self, trial: Trial, target: str, ctx: Context, limits: Limits, samples_key: str | None = None
+        self, enrollment: Enrollment, target: str, ctx: Context, limits: Limits, samples_key: str | None = None
     ) -> None:
-        if trial.features.endpoint == "embeddings":
+        if enrollment.features.endpoint == "embeddings":
             return
         if not self.rollouts.fresh():
             self.shadows.drop(target, "stale_state")  # a replica that lost the store stops shadows
@@ -140,34 +136,34 @@ class Trials:
         kind, _, name = target.partition(":")
         if kind == "policy":
             try:
-                name = decide(trial.policy.candidate_policy(name), trial.features, ctx).deployment
+                name = decide(enrollment.policy.candidate_policy(name), enrollment.features, ctx).deployment
             except GatewayError:
                 self.shadows.drop(target, "no_decision")
                 return
-        if name == trial.decision.deployment:
+        if name == enrollment.decision.deployment:
             self.shadows.drop(target, "same_deployment")
             return
         self.shadows.mirror(
             target,
             name,
-            trial.policy.deployments[name],
-            openai.PATHS[trial.features.endpoint],
-            trial.body,
-            trial.ex.request_id,
+            enrollment.policy.deployments[name],
+            openai.PATHS[enrollment.features.endpoint],
+            enrollment.body,
+            enrollment.ex.request_id,
             limits,
-            trial.primary,  # only a sent shadow makes the relay copy the primary's bytes
+            enrollment.primary,  # only a sent shadow makes the relay copy the primary's bytes
             samples_key,
         )
 
-    def _shadow_policy(self, trial: Trial, ctx: Context) -> None:
+    def _shadow_policy(self, enrollment: Enrollment, ctx: Context) -> None:
         """Decide with the candidate policy too and keep only the decision and any disagreement."""
-        section = trial.policy.policy_shadow
+        section = enrollment.policy.policy_shadow
         assert section is not None
         if section.percent < 100 and random.random() * 100 >= section.percent:
             return
-        live = trial.decision
+        live = enrollment.decision
         try:
-            found = decide(trial.policy.candidate_policy(section.candidate), trial.features, ctx)
+            found = decide(enrollment.policy.candidate_policy(section.candidate), enrollment.features, ctx)
             got, rule = found.deployment, found.rule
         except GatewayError as exc:
             got, rule = f"error:{exc.code}", ""
@@ -178,53 +174,53 @@ class Trials:
             self.disagreements.append(
                 {
                     "at": round(time.time(), 3),
-                    "request_id": trial.ex.request_id,
-                    "model": trial.features.requested_model,
+                    "request_id": enrollment.ex.request_id,
+                    "model": enrollment.features.requested_model,
                     "candidate": section.candidate,
                     "live": {"deployment": live.deployment, "rule": live.rule},
                     "decision": {"deployment": got, "rule": rule},
                 }
             )
 
-    def finished(self, trial: Trial, status: int) -> None:
-        ex = trial.ex
+    def finished(self, enrollment: Enrollment, status: int) -> None:
+        ex = enrollment.ex
         total_ms = (time.perf_counter() - ex.started) * 1000
         ttft_ms = None if ex.first_byte_at is None else (ex.first_byte_at - ex.started) * 1000
-        if trial.future is not None and not trial.future.done():
+        if enrollment.future is not None and not enrollment.future.done():
             if status == CLIENT_CLOSED:
-                trial.future.cancel()
+                enrollment.future.cancel()
             else:
                 raw = b"".join(ex.tap or ())
-                trial.future.set_result(parse_capture(status, total_ms, ttft_ms, raw, trial.features.stream))
-        if trial.cohort is not None and status != CLIENT_CLOSED:
-            self._sample(trial, status, total_ms, ttft_ms)
+                enrollment.future.set_result(parse_capture(status, total_ms, ttft_ms, raw, enrollment.features.stream))
+        if enrollment.cohort is not None and status != CLIENT_CLOSED:
+            self._sample(enrollment, status, total_ms, ttft_ms)
         if self.log is not None:
-            self.log.write(self._log_record(trial, status, total_ms, ttft_ms))
+            self.log.write(self._log_record(enrollment, status, total_ms, ttft_ms))
 
-    def _sample(self, trial: Trial, status: int, total_ms: float, ttft_ms: float | None) -> None:
-        ex, spec, state, cohort = trial.ex, trial.spec, trial.state, trial.cohort
+    def _sample(self, enrollment: Enrollment, status: int, total_ms: float, ttft_ms: float | None) -> None:
+        ex, spec, state, cohort = enrollment.ex, enrollment.spec, enrollment.state, enrollment.cohort
         assert spec is not None and state is not None and cohort is not None
-        failed_over = trial.candidate_deployment is not None and ex.deployment != trial.candidate_deployment
+        failed_over = enrollment.candidate_deployment is not None and ex.deployment != enrollment.candidate_deployment
         error = status >= 500 or ex.error is not None or failed_over
         tokens = ex.usage.completion_tokens if ex.usage is not None else 0
         tpot = (total_ms - ttft_ms) / (tokens - 1) if ttft_ms is not None and tokens >= 2 else None
         sample = Sample(
-            error, trial.features.prompt_tokens, ttft_ms if ttft_ms is not None else total_ms, tpot
+            error, enrollment.features.prompt_tokens, ttft_ms if ttft_ms is not None else total_ms, tpot
         )
         self.rollouts.record(spec.route or "", spec, state, cohort, sample)
 
     def _log_record(
-        self, trial: Trial, status: int, total_ms: float, ttft_ms: float | None
+        self, enrollment: Enrollment, status: int, total_ms: float, ttft_ms: float | None
     ) -> dict[str, Any]:
-        ex, f, d = trial.ex, trial.features, trial.decision
+        ex, f, d = enrollment.ex, enrollment.features, enrollment.decision
         features = {k: getattr(f, k) for k in f.__slots__ if k != "last_user_text" or self.log_prompts}
         complexity = ex.attributes.get(COMPLEXITY)
         if complexity is None and self.classifier is not None:
             complexity = self.classifier.score(f)
         usage = ex.usage
         price = (
-            trial.policy.deployments[ex.deployment].price
-            if ex.deployment in trial.policy.deployments
+            enrollment.policy.deployments[ex.deployment].price
+            if ex.deployment in enrollment.policy.deployments
             else None
         )
         record: dict[str, Any] = {
@@ -232,13 +228,13 @@ class Trials:
             "request_id": ex.request_id,
             "endpoint": f.endpoint,
             "model": f.requested_model,
-            "tenant": trial.request.get(TENANT),
-            "headers": loggable_headers(trial.request.headers),
+            "tenant": enrollment.tenant,
+            "headers": loggable_headers(enrollment.headers),
             "features": features,
             "complexity": complexity,
             "decision": {"deployment": d.deployment, "rule": d.rule, "attempts": list(d.attempts)},
             "served_by": ex.deployment,
-            "arm": trial.cohort.value if trial.cohort else None,
+            "arm": enrollment.cohort.value if enrollment.cohort else None,
             "status": status,
             "usage": None
             if usage is None
@@ -250,7 +246,7 @@ class Trials:
             "ttft_ms": None if ttft_ms is None else round(ttft_ms, 3),
         }
         if self.log_prompts:
-            record["body"] = trial.body
+            record["body"] = enrollment.body
         return record
 
     @property
@@ -258,8 +254,8 @@ class Trials:
         return self.log is not None and self.log.prompts
 
 
-class Trial:
-    """One request's arm, cohort, shadow rendezvous and what the log needs."""
+class Enrollment:
+    """One request's part in the experiments: its arm, cohort, shadow rendezvous and what the log needs."""
 
     __slots__ = (
         "body",
@@ -267,27 +263,29 @@ class Trial:
         "cohort",
         "decision",
         "ex",
+        "experiments",
         "features",
         "future",
+        "headers",
         "policy",
-        "request",
         "spec",
         "state",
-        "trials",
+        "tenant",
     )
 
     def __init__(
         self,
-        trials: Trials,
+        experiments: Experiments,
         ex: Exchange,
         policy: Policy,
         features: Features,
         decision: Decision,
         body: dict[str, Any],
-        request: web.Request,
+        headers: Mapping[str, str],
+        tenant: str | None,
     ) -> None:
-        self.trials, self.ex, self.policy, self.features = trials, ex, policy, features
-        self.decision, self.body, self.request = decision, body, request
+        self.experiments, self.ex, self.policy, self.features = experiments, ex, policy, features
+        self.decision, self.body, self.headers, self.tenant = decision, body, headers, tenant
         self.spec: RolloutSpec | None = None
         self.state: RolloutState | None = None
         self.cohort: Cohort | None = None
@@ -304,7 +302,7 @@ class Trial:
             self.ex.tap = []
         return self.future
 
-    async def follow(self, forwarded: Awaitable[web.StreamResponse]) -> web.StreamResponse:
+    async def follow(self, forwarded: Awaitable[Response]) -> Response:
         status = 500
         try:
             response = await forwarded
@@ -317,19 +315,19 @@ class Trial:
             status = CLIENT_CLOSED
             raise
         finally:
-            self.trials.finished(self, status)
+            self.experiments.finished(self, status)
 
 
-def _key(chain: tuple[str, ...], request: web.Request, body: Mapping[str, Any], ctx: Context) -> str | None:
-    auth = request.headers.get("authorization", "")
+def _key(chain: tuple[str, ...], headers: Mapping[str, str], body: Mapping[str, Any], ctx: Context) -> str | None:
+    auth = headers.get("authorization", "")
     user = body.get("user")
     return sticky_key(
         chain,
-        headers=request.headers,
+        headers=headers,
         user=user if isinstance(user, str) else None,
         api_key=auth.removeprefix("Bearer ").strip() or None,
         tenant=ctx.tenant,
-        session=session_id(request.headers, body) if "session" in chain else None,
+        session=session_id(headers, body) if "session" in chain else None,
     )
 
 
@@ -339,38 +337,3 @@ def _sampled(shadow: ShadowSpec, key: str | None) -> bool:
     if shadow.sample_by == "key" and key is not None:
         return bucket(f"shadow/{shadow.target}", key) * 100 < shadow.percent
     return random.random() * 100 < shadow.percent
-
-
-def open_store(settings: Settings, policy: Policy) -> RolloutStore:
-    """Redis when the policy's `store.redis_url` (or AGENT_GATEWAY_REDIS_URL) names one, else in memory."""
-    section = getattr(policy, "store", None)
-    url = getattr(section, "redis_url", None) or settings.redis_url
-    if not url:
-        return MemoryRolloutStore()
-    return RedisRolloutStore(url, timeout_s=getattr(section, "timeout_s", 0.25))
-
-
-def lifecycle(settings: Settings) -> Callable[[web.Application], AsyncIterator[None]]:
-    """create_app's cleanup context for the rollout tasks, the shadows' tasks and the request log."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        svc = app[SERVICES]
-        registry = svc.metrics.registry
-        rollouts = Rollouts(open_store(settings, svc.policy.current), lambda: svc.policy.current, registry)
-        shadows = Shadows(svc.client, rollouts.store, registry, on_outcome=rollouts.record_outcome)
-        request_log = None
-        if settings.request_log:
-            request_log = RequestLog(settings.request_log, prompts=bool(settings.request_log_prompts))
-            request_log.start()
-        svc.trials = Trials(rollouts, shadows, registry, request_log, svc.classifier)
-        rollouts.start_tasks()
-        try:
-            yield
-        finally:
-            svc.trials = None
-            await shadows.close()
-            await rollouts.close()
-            if request_log is not None:
-                await request_log.close()
-
-    return ctx

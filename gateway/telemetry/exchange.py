@@ -1,98 +1,16 @@
-"""What a request handler reaches: the app's shared resources (Services) and one request's record (Exchange)."""
+"""One client request as the gateway saw it (the request record): timings, decision, outcome, usage."""
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from aiohttp import web
-
-from gateway.classifier.scoring import Classifier
-from gateway.decision.routing import Context, Decision, needs_complexity
+from gateway.decision.routing import Decision
 from gateway.errors import GatewayError
 from gateway.features import Features
 from gateway.openai import OPERATION, Usage
-from gateway.policy.file import PolicyFile
-from gateway.policy.model import Policy
-from gateway.settings import Settings
 from gateway.telemetry import metrics as t
 from gateway.telemetry.spans import Spans, TraceContext
-from gateway.upstream.client import Pool
-from gateway.upstream.deployments import Backends
-
-if TYPE_CHECKING:
-    from gateway.accounting.ledger import Accounting
-    from gateway.experiments.runtime import Trials
-    from gateway.policy.tenancy import Admission, SessionState
-
-
-
-class Recent:
-    """The inputs of the last N decisions, so their full trail can be recomputed on demand (decide is pure)."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._items: OrderedDict[str, tuple[Policy, Features, Context]] = OrderedDict()
-
-    def remember(self, request_id: str, policy: Policy, features: Features, ctx: Context) -> None:
-        self._items[request_id] = (policy, features, ctx)
-        if len(self._items) > self._size:
-            self._items.popitem(last=False)
-
-    def get(self, request_id: str) -> tuple[Policy, Features, Context] | None:
-        return self._items.get(request_id)
-
-
-@dataclass
-class Services:
-    settings: Settings
-    policy: PolicyFile
-    backends: Backends
-    client: Pool  # the one pool of connections to deployments
-    metrics: t.Metrics
-    spans: Spans | None  # None when no exporter consumes spans (AGENT_GATEWAY_TRACES=none)
-    classifier: Classifier
-    recent: Recent
-    trials: Trials | None = None  # rollouts, shadows, request log: set by its cleanup ctx
-    accounting: Accounting | None = None  # store, keys, budgets (gateway/accounting/ledger.py), by its cleanup ctx
-
-    def context(
-        self,
-        request: web.Request,
-        features: Features,
-        policy: Policy,
-        admission: Admission | None = None,
-        session: SessionState | None = None,
-    ) -> Context:
-        """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict."""
-        complexity = self._score(features) if needs_complexity(policy) else None
-        return Context(
-            headers=request.headers,
-            tenant=request.get(TENANT),
-            complexity=complexity,
-            load=dict(self.backends.load),
-            in_flight=dict(self.backends.in_flight),
-            admission=admission,
-            session=session,
-        )
-
-    def _score(self, features: Features) -> float:
-        started = time.perf_counter()
-        score = self.classifier.score(features)
-        cost = self.metrics.scoring
-        cost.seconds += time.perf_counter() - started
-        cost.scores += 1
-        return score
-
-    def settle(self, ex: Exchange, usage: Usage | None) -> None:
-        """Account a finished exchange's tokens (usage comes from the deployment, exact)."""
-        ex.usage = usage
-        if usage is None or ex.deployment is None:
-            return
-        self.metrics.count_tokens(ex.deployment, usage.prompt_tokens, usage.completion_tokens)
-
 
 SPAN_NAMES = {endpoint: f"gateway {endpoint}" for endpoint in OPERATION}
 
@@ -100,7 +18,7 @@ SPAN_NAMES = {endpoint: f"gateway {endpoint}" for endpoint in OPERATION}
 class Exchange:
     """One client request as the gateway saw it: timings, decision, outcome; ends as one span and metrics.
 
-    The span is recorded once at the end with every attribute (start time back-dated); see gateway/telemetry/spans.py.
+    The span is recorded once at the end with every attribute (start time back-dated; see telemetry/spans.py).
     """
 
     __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "request_id", "rule",
@@ -142,6 +60,12 @@ class Exchange:
         if self.first_byte_at is None:
             self.first_byte_at = time.perf_counter()
 
+    def settle(self, usage: Usage | None, metrics: t.Metrics) -> None:
+        """Keep a finished exchange's usage (exact, from the deployment) and count its tokens."""
+        self.usage = usage
+        if usage is not None and self.deployment is not None:
+            metrics.count_tokens(self.deployment, usage.prompt_tokens, usage.completion_tokens)
+
     def failed_mid_stream(self, err: GatewayError) -> None:
         self.error = err
 
@@ -169,9 +93,3 @@ class Exchange:
         failed = status >= 500 or self.error is not None
         error = (self.error.message if self.error else str(status)) if failed else None
         spans.record(SPAN_NAMES[self.endpoint], self.started_ns, attrs, error, self.trace)
-
-
-SERVICES = web.AppKey("services", Services)
-EXCHANGE = web.RequestKey("exchange", Exchange)
-REQUEST_ID = web.RequestKey("request_id", str)
-TENANT = web.RequestKey("tenant", str)

@@ -1,0 +1,26 @@
+"""The explanation trail of one decision, as the admin API and `policy explain` show it (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.decision.routing import Context, Decision
+from gateway.features import Features
+
+
+def explanation(decision: Decision, features: Features, ctx: Context) -> dict[str, Any]:
+    """The decision trail as JSON: what was chosen, why, and every input the decision read."""
+    return {
+        "deployment": decision.deployment,
+        "rule": decision.rule,
+        "attempts": list(decision.attempts),
+        "reasons": list(decision.reasons),
+        "complexity": ctx.complexity,
+        "admission": None if ctx.admission is None else {
+            "allowed": sorted(ctx.admission.allowed), "prefer": ctx.admission.prefer,
+            "limit": ctx.admission.limit, "reasons": list(ctx.admission.reasons)},
+        "features": {k: getattr(features, k) for k in features.__slots__ if k != "last_user_text"},
+        "load": {name: {"healthy": load.healthy, "requests_waiting": load.requests_waiting,
+                        "requests_running": load.requests_running, "kv_cache_usage": load.kv_cache_usage}
+                 for name, load in ctx.load.items()},
+    }

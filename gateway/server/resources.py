@@ -1,0 +1,64 @@
+"""The app's resources, one typed AppKey each (created and closed in create_app's cleanup contexts), and the
+per-request keys the middleware sets."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.accounting.ledger import Accounting
+from gateway.classifier.scoring import Classifier
+from gateway.decision.routing import Context
+from gateway.experiments.hook import Experiments
+from gateway.features import Features
+from gateway.policy.file import PolicyFile
+from gateway.policy.model import Policy
+from gateway.settings import Settings
+from gateway.store.opening import Stores
+from gateway.telemetry.exchange import Exchange
+from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.spans import Spans
+from gateway.upstream.client import Pool
+from gateway.upstream.deployments import Deployments
+
+
+class Recent:
+    """The inputs of the last N decisions, so their full trail can be recomputed on demand (decide is pure)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, tuple[Policy, Features, Context]] = OrderedDict()
+
+    def remember(self, request_id: str, policy: Policy, features: Features, ctx: Context) -> None:
+        self._items[request_id] = (policy, features, ctx)
+        if len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def get(self, request_id: str) -> tuple[Policy, Features, Context] | None:
+        return self._items.get(request_id)
+
+
+@dataclass(slots=True)
+class Telemetry:
+    """The metrics registry and the span exporter (None when AGENT_GATEWAY_TRACES=none)."""
+
+    metrics: Metrics
+    spans: Spans | None
+
+
+SETTINGS = web.AppKey("settings", Settings)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
+POOL = web.AppKey("pool", Pool)  # the one pool of connections to the deployments
+POLICY = web.AppKey("policy", PolicyFile)
+DEPLOYMENTS = web.AppKey("deployments", Deployments)
+CLASSIFIER = web.AppKey("classifier", Classifier)
+STORES = web.AppKey("stores", Stores)
+RECENT = web.AppKey("recent", Recent)
+ACCOUNTING = web.AppKey("accounting", Accounting)
+EXPERIMENTS = web.AppKey("experiments", Experiments)
+
+EXCHANGE = web.RequestKey("exchange", Exchange)
+REQUEST_ID = web.RequestKey("request_id", str)
+TENANT = web.RequestKey("tenant", str)

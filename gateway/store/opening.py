@@ -1,0 +1,37 @@
+"""open_stores(): the one place a process opens its stores, in memory or in Redis, from the policy and env."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.policy.tenancy import StorePolicy
+from gateway.store.contract import Store
+from gateway.store.fallback import FallbackStore
+from gateway.store.memory import MemoryRolloutStore, MemoryStore
+from gateway.store.redis_store import RedisStore
+from gateway.store.rollouts import RedisRolloutStore, RolloutStore
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """Accounting state (budgets, sessions, keys) and rollout state (states, cohorts, pairs)."""
+
+    accounting: Store
+    rollouts: RolloutStore
+
+    async def close(self) -> None:
+        await self.accounting.close()
+        await self.rollouts.close()
+
+
+def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefix: str = "ag") -> Stores:
+    """Embedded memory without a Redis URL (the policy's `store.redis_url`, else AGENT_GATEWAY_REDIS_URL);
+    with one, Redis for both, accounting behind the degraded-mode fallback."""
+    url = section.redis_url or env_redis_url
+    if not url:
+        return Stores(MemoryStore(prefix=prefix), MemoryRolloutStore())
+    shared = RedisStore(url, timeout_s=section.timeout_s, prefix=prefix)
+    accounting = FallbackStore(
+        shared, MemoryStore(prefix=prefix), on_unavailable=section.on_unavailable, retry_s=section.retry_s
+    )
+    return Stores(accounting, RedisRolloutStore(url, timeout_s=section.timeout_s, prefix=prefix))

@@ -1,0 +1,94 @@
+"""The package map holds: imports only go down the layers, the pure core imports no I/O library, no cycles."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+GATEWAY = Path(__file__).resolve().parents[1] / "gateway"
+# Lowest first: a module may import its own package and the packages before it, never one after it.
+LAYERS = ["frozen", "errors", "settings", "openai", "features", "classifier", "rollout", "policy", "decision",
+          "store", "upstream", "telemetry", "accounting", "experiments", "server", "cli"]
+PURE = {"frozen", "errors", "settings", "openai", "features", "classifier", "rollout", "policy", "decision"}
+IO_LIBRARIES = ("aiohttp", "redis", "opentelemetry", "prometheus_client")
+# One module per foreign library translates its errors and owns its objects.
+OWNERS = {"redis": {"gateway.store.redis_store", "gateway.store.rollouts"},
+          "prometheus_client": {"gateway.telemetry.metrics"}}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in GATEWAY.rglob("*.py"):
+        parts = path.relative_to(GATEWAY.parent).with_suffix("").parts
+        name = ".".join(parts).removesuffix(".__init__")
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every module an import statement anywhere in the file names (TYPE_CHECKING and function-level too)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                yield submodule if submodule in MODULES else node.module
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: {m for m in _imports(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def test_every_package_is_in_a_layer() -> None:
+    packages = {_layer(m) for m in MODULES} - {"", "__main__"}
+    assert packages <= set(LAYERS), f"add {sorted(packages - set(LAYERS))} to LAYERS"
+
+
+def test_imports_only_go_down() -> None:
+    upward = [f"{a} -> {b}" for a, targets in _graph().items() for b in targets
+              if _layer(a) in LAYERS and _layer(b) in LAYERS and LAYERS.index(_layer(b)) > LAYERS.index(_layer(a))]
+    assert upward == []
+
+
+def test_the_pure_core_imports_no_io_library() -> None:
+    found = [f"{name} imports {imported}" for name, path in MODULES.items() if _layer(name) in PURE
+             for imported in _imports(path) if imported.split(".")[0] in IO_LIBRARIES]
+    assert found == []
+
+
+@pytest.mark.parametrize("library", sorted(OWNERS))
+def test_one_module_owns_each_library(library: str) -> None:
+    users = {name for name, path in MODULES.items() if any(m.split(".")[0] == library for m in _imports(path))}
+    assert users == OWNERS[library]
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    # a package's __init__ re-exporting its own submodule is not a cycle of meaning
+    graph = {a: {b for b in targets if not (a == b.rpartition(".")[0] and MODULES[a].name == "__init__.py")}
+             for a, targets in graph.items()}
+    assert [cycle for root in sorted(graph) if (cycle := _cycle_from(root, graph, [], set()))] == []
+
+
+def _cycle_from(node: str, graph: dict[str, set[str]], path: list[str], done: set[str]) -> list[str]:
+    """A cycle reachable from `node` as the list of its modules, else [] (depth first; the graph is small)."""
+    if node in path:
+        return [*path[path.index(node):], node]
+    if node in done:
+        return []
+    for child in sorted(graph[node]):
+        if cycle := _cycle_from(child, graph, [*path, node], done):
+            return cycle
+    done.add(node)
+    return []
