@@ -19,8 +19,8 @@ from gateway.decision.admission import (
     costs_of,
     judge,
     steered,
+    window_bucket,
 )
-from gateway.decision.admission import window_bucket as bucket
 from gateway.decision.explain import explanation
 from gateway.decision.routing import Context, DeploymentLoad, decide, needs_complexity
 from gateway.features import extract
@@ -85,7 +85,7 @@ def _admission(
         window, _, usd = item.partition("=")
         try:
             windows[Window(window)] = WindowUsage(Window(window), spend_usd=float(usd),
-                                                  ends_at_s=bucket(Window(window), now_s)[1])
+                                                  ends_at_s=window_bucket(Window(window), now_s)[1])
         except ValueError as exc:
             raise ExplainInputError(f"--spent-usd {item!r}: expected WINDOW=USD, WINDOW one of "
                                     f"{', '.join(Window)}") from exc

@@ -22,7 +22,7 @@ from gateway.decision.sessions import session_id
 from gateway.errors import GatewayError
 from gateway.experiments.request_log import RequestLog, loggable_headers
 from gateway.experiments.rollouts import Rollouts
-from gateway.experiments.shadows import Limits, Shadows, parse_capture
+from gateway.experiments.shadows import ShadowLimits, Shadows, parse_capture
 from gateway.features import Features
 from gateway.policy.model import Policy
 from gateway.rollout.assignment import bucket, shadow_sampled, sticky_key
@@ -92,7 +92,7 @@ class Experiments:
                     enrollment,
                     shadow.target,
                     ctx,
-                    Limits(shadow.max_in_flight, shadow.timeout_s, shadow.max_tokens),
+                    ShadowLimits(shadow.max_in_flight, shadow.timeout_s, shadow.max_tokens),
                 )
         if policy.policy_shadow is not None:
             self._shadow_policy(enrollment, ctx)
@@ -113,7 +113,7 @@ class Experiments:
         elif arm is Arm.CONTROL:
             enrollment.measure(spec, state, Cohort.CONTROL)
         if shadow_sampled(state, arm, key):
-            self._mirror(enrollment, spec.candidate, ctx, Limits(), self.rollouts.samples_key(state))
+            self._mirror(enrollment, spec.candidate, ctx, ShadowLimits(), self.rollouts.samples_key(state))
 
     def _candidate(self, enrollment: Enrollment, target: str, ctx: Context) -> Decision:
         kind, _, name = target.partition(":")
@@ -126,7 +126,7 @@ class Experiments:
         return Decision(name, f"rollout:{name}", attempts, (*live.reasons, f"rollout candidate {target}"))
 
     def _mirror(
-        self, enrollment: Enrollment, target: str, ctx: Context, limits: Limits, samples_key: str | None = None
+        self, enrollment: Enrollment, target: str, ctx: Context, limits: ShadowLimits, samples_key: str | None = None
     ) -> None:
         if enrollment.features.endpoint == "embeddings":
             return

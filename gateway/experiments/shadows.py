@@ -47,7 +47,7 @@ PRIMARY_WAIT_S = 600.0  # a pair whose primary never finishes (client gone) is n
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class ShadowLimits:
     """A shadow's isolation limits (from a ShadowSpec, or the defaults for a rollout's shadow step)."""
 
     max_in_flight: int = 8
@@ -79,7 +79,7 @@ class Breaker:
 
 
 @dataclass(slots=True)
-class Target:
+class TargetState:
     in_flight: int = 0
     breaker: Breaker = field(default_factory=Breaker)
 
@@ -109,7 +109,7 @@ class Shadows:
         on_outcome: Callable[[str, PairOutcome], None] | None = None,
     ) -> None:
         self._client, self._store, self._on_outcome = client, store, on_outcome
-        self._targets: dict[str, Target] = {}
+        self._targets: dict[str, TargetState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.dropped, self.sent, self.outcomes = metrics.shadow_dropped, metrics.shadow_sent, metrics.shadow_pairs
 
@@ -124,12 +124,12 @@ class Shadows:
         path: str,
         body: Mapping[str, Any],
         request_id: str,
-        limits: Limits,
+        limits: ShadowLimits,
         primary: Callable[[], asyncio.Future[Capture]],
         samples_key: str | None = None,
     ) -> bool:
         """Start one shadow unless the target is saturated or its circuit is open; never waits."""
-        state = self._targets.setdefault(target, Target())
+        state = self._targets.setdefault(target, TargetState())
         if state.in_flight >= limits.max_in_flight:
             self.drop(target, "in_flight_cap")
             return False
@@ -152,7 +152,7 @@ class Shadows:
         path: str,
         body: Mapping[str, Any],
         request_id: str,
-        limits: Limits,
+        limits: ShadowLimits,
         primary: asyncio.Future[Capture],
         samples_key: str | None,
     ) -> None:
@@ -171,7 +171,7 @@ class Shadows:
         await self._record(target, body, primary_capture, capture, request_id, samples_key)
 
     async def _call(
-        self, name: str, dep: Deployment, path: str, body: Mapping[str, Any], request_id: str, limits: Limits
+        self, name: str, dep: Deployment, path: str, body: Mapping[str, Any], request_id: str, limits: ShadowLimits
     ) -> Capture:
         payload, _ = openai.upstream_body(shadow_body(body, limits.max_tokens), dep.served_model)
         headers = {TAG_HEADER: "1", "x-request-id": f"{request_id}-shadow"}

@@ -33,8 +33,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
-from gateway.decision.admission import Cost, SessionState, TenantSnapshot, WindowUsage
-from gateway.decision.admission import window_bucket as bucket
+from gateway.decision.admission import Cost, SessionState, TenantSnapshot, WindowUsage, window_bucket
 from gateway.errors import StoreUnavailable
 from gateway.policy.tenancy import WINDOWS, TenantPolicy, Window
 
@@ -256,7 +255,7 @@ def _buckets(prefix: str, tenant: str, minute: int) -> tuple[tuple[Window, str, 
     # the hot path asks for the same keys all minute long: build them once per tenant and minute
     layout, out = Layout(prefix), []
     for window in WINDOWS:
-        bucket_id, ends_at_s = bucket(window, minute * 60.0)
+        bucket_id, ends_at_s = window_bucket(window, minute * 60.0)
         out.append(
             (
                 window,

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, cast
 
-from gateway.decision.admission import SessionState, TenantSnapshot
-from gateway.decision.admission import window_bucket as bucket
+from gateway.decision.admission import SessionState, TenantSnapshot, window_bucket
 from gateway.policy.tenancy import WINDOWS
 from gateway.store.contract import (
     NANO,
@@ -230,7 +229,7 @@ class MemoryStore:
         rows: list[UsageRow] = []
         for t in tenants:
             for window in WINDOWS:
-                bucket_id, _ = bucket(window, now_s)
+                bucket_id, _ = window_bucket(window, now_s)
                 fields = self._ks.get(self._layout.bucket(t, window, bucket_id)) or {}
                 rows += usage_rows(t, window, bucket_id, fields)
         return rows

@@ -6,8 +6,15 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.accounting.budgets import Budgets, usage_report
-from gateway.decision.admission import Cost, SessionState, TenantSnapshot, WindowUsage, admission, worst_case
-from gateway.decision.admission import window_bucket as bucket
+from gateway.decision.admission import (
+    Cost,
+    SessionState,
+    TenantSnapshot,
+    WindowUsage,
+    admission,
+    window_bucket,
+    worst_case,
+)
 from gateway.errors import RateLimited
 from gateway.policy.model import Deployment, Price
 from gateway.policy.tenancy import AboveSoft, Budget, SessionPolicy, TenantPolicy, Window, find_tenant
@@ -20,7 +27,7 @@ COSTS = {"hq": Cost(0.30, 3000), "fast": Cost(0.03, 3000)}
 def snap(
     usd: float = 0.0, tokens: int = 0, requests: int = 0, concurrent: int = 0, window: Window = Window.DAY
 ) -> TenantSnapshot:
-    ends = bucket(window, NOW)[1]
+    ends = window_bucket(window, NOW)[1]
     usage = WindowUsage(window, spend_usd=usd, tokens=tokens, requests=requests, ends_at_s=ends)
     minute = usage if window is Window.MINUTE else WindowUsage(Window.MINUTE, ends_at_s=NOW + 30)
     return TenantSnapshot("acme", NOW, {window: usage, Window.MINUTE: minute}, concurrent)
@@ -46,7 +53,7 @@ def test_usd_budget_levels(spent: float, allowed: set[str], prefer: str | None, 
     verdict = admission(snap(usd=spent), tenant(budgets=DAY_BUDGET), COSTS)
     assert (set(verdict.allowed), verdict.prefer, verdict.limit) == (allowed, prefer, limit)
     if not allowed:
-        assert verdict.refused and verdict.retry_after_s == pytest.approx(bucket(Window.DAY, NOW)[1] - NOW)
+        assert verdict.refused and verdict.retry_after_s == pytest.approx(window_bucket(Window.DAY, NOW)[1] - NOW)
 
 
 def test_refuse_hq_above_soft() -> None:
@@ -110,8 +117,8 @@ def test_policy_sections_validate() -> None:
 
 def test_month_bucket_is_the_calendar_month() -> None:
     dec_31 = 1798761599.0  # 2026-12-31T23:59:59Z
-    assert bucket(Window.MONTH, dec_31) == ("202612", 1798761600.0)
-    assert bucket(Window.MONTH, dec_31 + 1)[0] == "202701"
+    assert window_bucket(Window.MONTH, dec_31) == ("202612", 1798761600.0)
+    assert window_bucket(Window.MONTH, dec_31 + 1)[0] == "202701"
 
 
 def test_worst_case_uses_max_tokens_or_the_deployment_cap() -> None:

@@ -18,11 +18,11 @@ from gateway.store.contract import Store
 from gateway.store.fallback import FallbackStore
 from gateway.store.memory import MemoryStore
 from gateway.store.redis_store import RedisStore
-from tests.fixtures.redis_server import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
+from tests.fixtures.redis_server import RedisServer
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-async def store(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Store]:  # noqa: F811
+async def store(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore(prefix=key_prefix)
         return
@@ -47,7 +47,7 @@ async def _everything_in_redis(url: str) -> list[str]:
     return out
 
 
-async def test_raw_key_is_never_stored(store: Store, redis_server: RedisServer) -> None:  # noqa: F811
+async def test_raw_key_is_never_stored(store: Store, redis_server: RedisServer) -> None:
     record, raw = await keys.create(store, "acme", "ci")
     assert raw.startswith(f"{record.prefix}-") and record.digest == keys.digest(raw)
     secret = raw.rsplit("-", 1)[1]
@@ -81,7 +81,7 @@ def test_pepper_changes_the_digest(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.redis
-async def test_cached_keys_survive_a_store_outage(private_redis: RedisServer) -> None:  # noqa: F811
+async def test_cached_keys_survive_a_store_outage(private_redis: RedisServer) -> None:
     store = FallbackStore(RedisStore(private_redis.url, timeout_s=0.2), MemoryStore(), retry_s=5)
     _, raw = await keys.create(store, "acme")
     _, unseen = await keys.create(store, "acme")
@@ -111,7 +111,7 @@ def _cli(*argv: str) -> int:
 
 
 @pytest.mark.redis
-def test_cli_create_list_revoke_usage(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_cli_create_list_revoke_usage(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
     url = redis_server.url
     assert _cli("keys", "create", "--tenant", "cli-tenant", "--name", "laptop", "--redis-url", url) == 0
     raw = capsys.readouterr().out.strip()

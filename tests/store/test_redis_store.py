@@ -19,7 +19,7 @@ from gateway.store.contract import Hold, Reservation, Spend, StoreError
 from gateway.store.fallback import FallbackStore
 from gateway.store.memory import MemoryStore
 from gateway.store.redis_store import RedisStore
-from tests.fixtures.redis_server import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
+from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -63,8 +63,8 @@ def replica_process(url: str, prefix: str, n: int, start_at: float, seed: int) -
 
 
 def test_300_concurrent_reservations_from_three_processes_never_overspend(
-    redis_server: RedisServer,  # noqa: F811
-    key_prefix: str,  # noqa: F811
+    redis_server: RedisServer,
+    key_prefix: str,
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
     start_at = time.time() + 3.0  # all three processes start firing together
@@ -95,7 +95,7 @@ def test_300_concurrent_reservations_from_three_processes_never_overspend(
     assert 0.5 < spend <= 1.0 + WORST.usd
 
 
-async def test_session_pin_is_seen_by_another_replica(redis_server: RedisServer, key_prefix: str) -> None:  # noqa: F811
+async def test_session_pin_is_seen_by_another_replica(redis_server: RedisServer, key_prefix: str) -> None:
     a = RedisStore(redis_server.url, prefix=key_prefix)
     b = RedisStore(redis_server.url, prefix=key_prefix)
     try:
@@ -110,7 +110,7 @@ async def test_session_pin_is_seen_by_another_replica(redis_server: RedisServer,
         await b.close()
 
 
-async def test_scripts_reload_after_restart(private_redis: RedisServer) -> None:  # noqa: F811
+async def test_scripts_reload_after_restart(private_redis: RedisServer) -> None:
     store = RedisStore(private_redis.url, timeout_s=0.5)
     try:
         assert isinstance(await store.reserve(Hold("acme", "hq", Cost(0.01, 10))), Reservation)
@@ -120,7 +120,7 @@ async def test_scripts_reload_after_restart(private_redis: RedisServer) -> None:
         await store.close()
 
 
-async def test_dead_redis_raises_store_error_fast(private_redis: RedisServer) -> None:  # noqa: F811
+async def test_dead_redis_raises_store_error_fast(private_redis: RedisServer) -> None:
     store = RedisStore(private_redis.url, timeout_s=0.2)
     await store.ping()
     private_redis.kill()
@@ -132,7 +132,7 @@ async def test_dead_redis_raises_store_error_fast(private_redis: RedisServer) ->
     await store.close()
 
 
-async def test_hung_redis_times_out(private_redis: RedisServer) -> None:  # noqa: F811
+async def test_hung_redis_times_out(private_redis: RedisServer) -> None:
     store = RedisStore(private_redis.url, timeout_s=0.2)
     await store.ping()
     private_redis.pause()
@@ -153,7 +153,7 @@ def _fallback(server: RedisServer, mode: str) -> tuple[FallbackStore, MemoryStor
 
 
 async def test_allow_keeps_serving_locally_and_replays_spend_after_restart(
-    private_redis: RedisServer,  # noqa: F811
+    private_redis: RedisServer,
 ) -> None:
     store, _ = _fallback(private_redis, "allow")
     budgets = Budgets(store)
@@ -184,7 +184,7 @@ async def test_allow_keeps_serving_locally_and_replays_spend_after_restart(
     await store.close()
 
 
-async def test_reject_raises_store_unavailable_quickly_and_recovers(private_redis: RedisServer) -> None:  # noqa: F811
+async def test_reject_raises_store_unavailable_quickly_and_recovers(private_redis: RedisServer) -> None:
     store, _ = _fallback(private_redis, "reject")
     budgets = Budgets(store)
     held = await budgets.reserve("acme", None, "hq", Cost(0.1, 10))
@@ -210,7 +210,7 @@ def _price() -> Any:
 
 
 async def test_allow_under_a_hung_redis_serves_every_request_without_waiting(
-    private_redis: RedisServer,  # noqa: F811
+    private_redis: RedisServer,
 ) -> None:
     store, _ = _fallback(private_redis, "allow")
     budgets = Budgets(store)

@@ -15,11 +15,11 @@ from gateway.rollout.step import RolloutState, abort, start
 from gateway.store.contract import StoreError
 from gateway.store.memory import MemoryRolloutStore
 from gateway.store.rollouts import RedisRolloutStore, RolloutStore
-from tests.fixtures.redis_server import RedisServer, key_prefix, private_redis, redis_server  # noqa: F401
+from tests.fixtures.redis_server import RedisServer
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def store(request: Any, key_prefix: str) -> AsyncIterator[RolloutStore]:  # noqa: F811
+async def store(request: Any, key_prefix: str) -> AsyncIterator[RolloutStore]:
     if request.param == "memory":
         yield MemoryRolloutStore()
         return
@@ -86,8 +86,8 @@ async def _next_route(changes: AsyncIterator[str | None]) -> str:
 
 @pytest.mark.redis
 async def test_one_leader_and_fencing_tokens_that_only_grow(
-    redis_server: RedisServer,  # noqa: F811
-    key_prefix: str,  # noqa: F811
+    redis_server: RedisServer,
+    key_prefix: str,
 ) -> None:
     a = RedisRolloutStore(redis_server.url, prefix=key_prefix)
     b = RedisRolloutStore(redis_server.url, prefix=key_prefix)
@@ -109,7 +109,7 @@ async def test_one_leader_and_fencing_tokens_that_only_grow(
 
 
 @pytest.mark.redis
-async def test_unreachable_redis_raises_store_error(private_redis: RedisServer) -> None:  # noqa: F811
+async def test_unreachable_redis_raises_store_error(private_redis: RedisServer) -> None:
     store = RedisRolloutStore(private_redis.url, timeout_s=0.2)
     private_redis.kill()
     with pytest.raises(StoreError):

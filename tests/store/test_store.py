@@ -12,7 +12,7 @@ from gateway.policy.tenancy import Window
 from gateway.store.contract import Hold, Limits, Refusal, Reservation, Spend, Store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis_store import RedisStore
-from tests.fixtures.redis_server import RedisServer, key_prefix, redis_server  # noqa: F401
+from tests.fixtures.redis_server import RedisServer
 
 # A fixed instant in the future (so Redis EXPIREAT never lands in the past): 5 s into tomorrow, UTC.
 T0 = (int(time.time()) // 86400 + 1) * 86400 + 5.0
@@ -35,7 +35,7 @@ def clock() -> Clock:
 async def store(
     request: pytest.FixtureRequest,
     clock: Clock,
-    key_prefix: str,  # noqa: F811
+    key_prefix: str,
 ) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore(prefix=key_prefix, clock=clock)
@@ -245,7 +245,7 @@ async def test_observe_reads_windows_and_steps_the_session_at_once(store: Store)
 
 
 @pytest.mark.redis
-async def test_redis_and_memory_agree_on_a_random_history(redis_server: RedisServer, key_prefix: str) -> None:  # noqa: F811
+async def test_redis_and_memory_agree_on_a_random_history(redis_server: RedisServer, key_prefix: str) -> None:
     """The twin is only useful if it is a twin: replay one random history on both and compare every read."""
     import random
 

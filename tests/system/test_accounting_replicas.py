@@ -19,7 +19,7 @@ from gateway.policy.tenancy import Window
 from gateway.store.redis_store import RedisStore
 from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.processes import spawn_gateway, stop
-from tests.fixtures.redis_server import RedisServer, free_port, private_redis  # noqa: F401
+from tests.fixtures.redis_server import RedisServer, free_port
 from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml
 
 pytestmark = pytest.mark.redis
@@ -130,7 +130,7 @@ async def cli(redis_url: str, *args: str) -> tuple[int, str, str]:
 async def test_three_replicas_keys_pinned_sessions_and_a_budget_under_300_concurrent_requests(
     spawn: Callable[..., list[Gateway]],
     fakes: tuple[str, str],
-    private_redis: RedisServer,  # noqa: F811
+    private_redis: RedisServer,
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "policy.yaml"
@@ -240,7 +240,7 @@ async def _usage_is_reported(g: Gateway, redis_url: str, spend_usd: float, reque
 async def test_redis_killed_and_restarted_allow_serves_reject_fails_fast(
     spawn: Callable[..., list[Gateway]],
     fakes: tuple[str, str],
-    private_redis: RedisServer,  # noqa: F811
+    private_redis: RedisServer,
     tmp_path: Path,
 ) -> None:
     gateways = []

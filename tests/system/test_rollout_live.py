@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from gateway.cli.command import main
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from tests.fixtures.fake_vllm import FakeVLLM, Fault
-from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml
+from tests.fixtures.stack import ADMIN_TOKEN, fake_server, three_deployments
 
 HELLO = [{"role": "user", "content": "hello there"}]
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -34,23 +33,6 @@ rollouts:
       - set_weight: 50
       - pause: {duration_s: 600}
 """
-
-
-def three_deployments(hq: str, fast: str, v2: str, extra: str) -> str:
-    """The shared test policy plus an `hq-v2` deployment (the candidate)."""
-    text = policy_yaml(hq, fast, extra)
-    candidate = textwrap.indent(
-        textwrap.dedent(f"""
-        hq-v2:
-          url: {v2}
-          served_model: fake-hq-v2
-          price: {{input_per_mtok_usd: 3, output_per_mtok_usd: 15}}
-          timeouts: {{connect_s: 1, read_s: 5, total_s: 10}}
-          health: {{interval_s: 0.2, timeout_s: 0.5, eject_after_failures: 1000, cooldown_s: 1}}
-    """),
-        "  ",
-    )
-    return text.replace("\nmodels:\n", candidate + "\nmodels:\n", 1)
 
 
 class Live:
@@ -82,11 +64,6 @@ class Live:
             for line in text.splitlines()
             if line.startswith(name + "{") and all(w in line for w in wanted)
         )
-
-
-async def fake_server(fake: FakeVLLM, aiohttp_server: Callable[..., Any]) -> str:
-    server = await aiohttp_server(fake.app())
-    return str(server.make_url("")).rstrip("/")
 
 
 @pytest.fixture

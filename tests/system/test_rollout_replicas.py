@@ -16,9 +16,8 @@ import pytest
 from gateway.rollout.step import bucket
 from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.processes import spawn_gateway, stop
-from tests.fixtures.redis_server import RedisServer, free_port, private_redis  # noqa: F401
-from tests.fixtures.stack import ADMIN_TOKEN
-from tests.system.test_rollout_live import fake_server, three_deployments
+from tests.fixtures.redis_server import RedisServer, free_port
+from tests.fixtures.stack import ADMIN_TOKEN, fake_server, three_deployments
 
 pytestmark = pytest.mark.redis
 
@@ -117,7 +116,7 @@ def _sessions(arm_candidate: bool, n: int) -> list[str]:
 
 
 async def test_three_replicas_agree_on_abort_and_fail_safe_without_redis(
-    spawn: Callable[[Path, str], list[Replica]], fakes: Any, private_redis: RedisServer,  # noqa: F811
+    spawn: Callable[[Path, str], list[Replica]], fakes: Any, private_redis: RedisServer,
     tmp_path: Path,
 ) -> None:
     (hq, _fast, v2), urls = fakes
