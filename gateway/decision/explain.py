@@ -16,6 +16,7 @@ def explanation(decision: Decision, features: Features, ctx: Context) -> dict[st
         "attempts": list(decision.attempts),
         "reasons": list(decision.reasons),
         "complexity": ctx.complexity,
+        "share_thresholds": {f"{share:g}": threshold for share, threshold in ctx.share_thresholds.items()},
         "admission": None if ctx.admission is None else {
             "allowed": sorted(ctx.admission.allowed), "prefer": ctx.admission.prefer,
             "limit": ctx.admission.limit, "reasons": list(ctx.admission.reasons)},

@@ -9,7 +9,7 @@ from typing import Any
 from gateway.decision.admission import Admission, SessionState
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
-from gateway.policy.model import Policy, Range, When
+from gateway.policy.model import ComplexityShare, Policy, Range, When
 
 RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})  # the rest are budgets
 
@@ -37,6 +37,9 @@ class Context:
     in_flight: Mapping[str, int] = field(default_factory=dict)
     admission: Admission | None = None  # the tenant's budget and session verdict; None: no limits apply
     session: SessionState | None = None  # the agent session as the store counted this step
+    # target share -> the live score threshold of this request's route (decision/share.py); a share
+    # missing here uses its cold-start threshold from the policy's calibration
+    share_thresholds: Mapping[float, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -204,7 +207,7 @@ def _first_failure(when: When, features: Features, ctx: Context, explain: bool) 
     for name, wanted in when.conditions:
         ok, got = _holds(name, wanted, features, ctx)
         if not ok:
-            return _why(name, wanted, got) if explain else name
+            return _why(name, wanted, got, ctx) if explain else name
     return None
 
 
@@ -218,15 +221,30 @@ def _holds(name: str, wanted: Any, features: Features, ctx: Context) -> tuple[bo
     got = _feature(name, features, ctx)
     if isinstance(wanted, Range):
         return got is not None and _in_range(float(got), wanted), got
+    if isinstance(wanted, ComplexityShare):
+        return got is not None and got >= share_threshold(wanted, ctx), got
     if isinstance(wanted, bool):
         return got == wanted, got
     return got is not None and _among(str(got), wanted), got
 
 
-def _why(name: str, wanted: Any, got: Any) -> str:
+def share_threshold(wanted: ComplexityShare, ctx: Context) -> float:
+    """The live threshold of the request's route for this share, else the policy's cold-start one."""
+    live = ctx.share_thresholds.get(wanted.hq_share)
+    if live is not None:
+        return live
+    assert wanted.threshold is not None  # set at load from the calibration
+    return wanted.threshold
+
+
+def _why(name: str, wanted: Any, got: Any, ctx: Context) -> str:
     if name == "headers":
         header, value = got
         return f"header {header}={value!r}, wants {wanted[header]!r}"
+    if isinstance(wanted, ComplexityShare):
+        source = "live" if wanted.hq_share in ctx.share_thresholds else "cold-start"
+        return (f"{name}={got!r}, wants the top {wanted.hq_share:.0%} of the route's traffic: "
+                f">= {share_threshold(wanted, ctx):.4f} ({source} threshold)")
     return f"{name}={got!r}, wants {_show(wanted)}"
 
 

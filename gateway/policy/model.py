@@ -117,16 +117,21 @@ StrOrList = str | list[str]
 
 
 class ComplexityShare(Frozen):
-    """Send the top `hq_share` of traffic by classifier score: the threshold comes from a calibration file
-    (`agent-gateway classifier calibrate`), so ops state the share they can afford, not a raw score."""
+    """Send the top `hq_share` of the route's live traffic by classifier score, whatever its mix: the
+    threshold follows the score quantile of the route's last `window` calls (shared across replicas when
+    a store is configured); the calibration file only gives the threshold until enough calls were seen."""
 
     hq_share: float = Field(gt=0, lt=1)
+    window: int = Field(1000, ge=50, le=100_000, description="recent calls of the route the threshold follows")
     calibration: str | None = None  # relative to the policy file; default: the packaged calibration
+    threshold: float | None = Field(None, description="the cold-start threshold; default: from the calibration")
 
 
-def _threshold_range(share: ComplexityShare, base_dir: Path | None) -> Range:
+def _cold_threshold(share: ComplexityShare, base_dir: Path | None) -> ComplexityShare:
     from gateway.classifier.scoring import Calibration, ModelFileError
 
+    if share.threshold is not None:
+        return share
     try:
         if share.calibration is None:
             calibration = Calibration.default()
@@ -135,7 +140,7 @@ def _threshold_range(share: ComplexityShare, base_dir: Path | None) -> Range:
             calibration = Calibration.load(path if path.is_absolute() or base_dir is None else base_dir / path)
     except (OSError, ModelFileError) as exc:
         raise ValueError(f"calibration {share.calibration or '(packaged default)'}: {exc}") from exc
-    return Range(gte=calibration.threshold_for_share(share.hq_share))
+    return share.model_copy(update={"threshold": calibration.threshold_for_share(share.hq_share)})
 
 
 class When(Frozen):
@@ -163,12 +168,14 @@ class When(Frozen):
 
     @field_validator("complexity")
     @classmethod
-    def _share_to_threshold(cls, value: Range | ComplexityShare | None, info: ValidationInfo) -> Range | None:
-        """Resolve a target HQ share into a score threshold once, at load time."""
+    def _share_to_threshold(
+        cls, value: Range | ComplexityShare | None, info: ValidationInfo
+    ) -> Range | ComplexityShare | None:
+        """Read a target share's cold-start threshold from its calibration once, at load time."""
         if not isinstance(value, ComplexityShare):
             return value
         base_dir = (info.context or {}).get("base_dir")
-        return _threshold_range(value, base_dir)
+        return _cold_threshold(value, base_dir)
 
     @field_validator("headers")
     @classmethod
@@ -335,6 +342,33 @@ class Policy(Frozen):
     def reads_complexity(self) -> bool:
         """Whether any rule reads the classifier score (so the hot path can skip scoring otherwise)."""
         return any(rule.when.complexity is not None for rule in self.rules)
+
+    @functools.cached_property
+    def share_windows(self) -> dict[float, int]:
+        """Each target HQ share its rules ask for (the live and candidate policies'), with its window."""
+        rules = [*self.rules, *(r for cand in self.policies.values() for r in cand.rules or ())]
+        found: dict[float, int] = {}
+        for rule in rules:
+            share = rule.when.complexity
+            if isinstance(share, ComplexityShare):
+                found[share.hq_share] = max(found.get(share.hq_share, 0), share.window)
+        return found
+
+    @functools.cached_property
+    def share_cold_thresholds(self) -> dict[float, float]:
+        """Each target share's cold-start threshold (the calibration's), the first rule's where they differ."""
+        rules = [*self.rules, *(r for cand in self.policies.values() for r in cand.rules or ())]
+        found: dict[float, float] = {}
+        for rule in rules:
+            share = rule.when.complexity
+            if isinstance(share, ComplexityShare) and share.threshold is not None:
+                found.setdefault(share.hq_share, share.threshold)
+        return found
+
+    @functools.cached_property
+    def rule_routes(self) -> frozenset[str]:
+        """The client models routed by the rules (their traffic is what a share rule's quantile follows)."""
+        return frozenset(name for name, model in self.models.items() if model.pin is None)
 
 
 class PolicyError(Exception):

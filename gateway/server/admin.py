@@ -11,7 +11,7 @@ from gateway.decision.routing import decide
 from gateway.errors import NotFound
 from gateway.features import extract
 from gateway.server.proxy import context
-from gateway.server.resources import ACCOUNTING, DEPLOYMENTS, POLICY, RECENT, SETTINGS, TELEMETRY, TENANT
+from gateway.server.resources import ACCOUNTING, DEPLOYMENTS, POLICY, RECENT, SETTINGS, SHARES, TELEMETRY, TENANT
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -58,8 +58,16 @@ async def explain_body(request: web.Request) -> web.Response:
     openai.check(body, endpoint)
     policy = request.app[POLICY].current
     features = extract(body, endpoint)
-    ctx = context(request.app, request.headers, request.get(TENANT), features, policy)
-    return web.json_response(explanation(decide(policy, features, ctx, explain=True), features, ctx))
+    ctx = context(request.app, request.headers, request.get(TENANT), features, policy, observed=False)
+    report = explanation(decide(policy, features, ctx, explain=True), features, ctx)
+    report["shares"] = request.app[SHARES].describe(features.requested_model)
+    return web.json_response(report)
+
+
+async def shares(request: web.Request) -> web.Response:
+    """Every rule-routed model's complexity-share targets: the threshold in force and the share observed."""
+    tracker = request.app[SHARES]
+    return web.json_response({route: tracker.describe(route) for route in sorted(tracker.routes)})
 
 
 async def usage(request: web.Request) -> web.Response:
@@ -83,4 +91,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/admin/explain", explain_body)
     router.add_get("/admin/policy", policy_status)
     router.add_get("/admin/usage", usage)
+    router.add_get("/admin/shares", shares)
     router.add_post("/admin/policy/reload", policy_reload)

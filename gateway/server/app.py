@@ -12,10 +12,12 @@ from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
 from gateway.classifier.scoring import Classifier
+from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
 from gateway.experiments.request_log import RequestLog
 from gateway.experiments.rollouts import Rollouts
 from gateway.experiments.shadows import Shadows
+from gateway.experiments.shares import keep_in_step
 from gateway.features import load_encoding
 from gateway.policy.file import PolicyFile
 from gateway.policy.model import Policy, PolicyError
@@ -30,6 +32,7 @@ from gateway.server.resources import (
     POOL,
     RECENT,
     SETTINGS,
+    SHARES,
     STORES,
     TELEMETRY,
     Recent,
@@ -50,7 +53,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[RECENT] = Recent(settings.explain_memory)
     # In order: each context may use the resources of those before it, and closes after them.
-    app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _accounting,
+    app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _shares, _accounting,
                             _experiments, _long_lived_heap])
     app.router.add_post("/v1/chat/completions", proxy.chat_completions)
     app.router.add_post("/v1/completions", proxy.completions)
@@ -143,6 +146,18 @@ async def _stores(app: web.Application) -> AsyncIterator[None]:
     app[STORES] = stores = open_stores(app[POLICY].current.store, app[SETTINGS].redis_url)
     yield
     await stores.close()
+
+
+async def _shares(app: web.Application) -> AsyncIterator[None]:
+    stores, policy_file = app[STORES], app[POLICY]
+    app[SHARES] = tracker = ShareTracker(shared=stores.shared)
+    tracker.follow(policy_file.current)
+    task = asyncio.get_running_loop().create_task(
+        keep_in_step(tracker, stores.rollouts, app[TELEMETRY].metrics, lambda: policy_file.current))
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _accounting(app: web.Application) -> AsyncIterator[None]:

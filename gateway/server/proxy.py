@@ -26,6 +26,7 @@ from gateway.server.resources import (
     POOL,
     RECENT,
     SETTINGS,
+    SHARES,
     TELEMETRY,
     TENANT,
 )
@@ -89,12 +90,22 @@ def context(
     policy: Policy,
     admission: Admission | None = None,
     session: SessionState | None = None,
+    *,
+    observed: bool = True,
 ) -> Context:
-    """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict."""
+    """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict, and the
+    route's live share thresholds (`observed`: this call counts toward them; False for a dry run)."""
     complexity = _score(app[CLASSIFIER], app[TELEMETRY].metrics, features) if needs_complexity(policy) else None
+    thresholds: Mapping[float, float] = {}
+    if complexity is not None and policy.share_windows and features.requested_model in policy.rule_routes:
+        shares = app[SHARES]
+        shares.follow(policy)
+        route = features.requested_model
+        thresholds = shares.observe(route, complexity) if observed else shares.thresholds(route)
     deployments = app[DEPLOYMENTS]
     return Context(headers=headers, tenant=tenant, complexity=complexity, load=dict(deployments.load),
-                   in_flight=dict(deployments.in_flight), admission=admission, session=session)
+                   in_flight=dict(deployments.in_flight), admission=admission, session=session,
+                   share_thresholds=thresholds)
 
 
 def _score(classifier: Classifier, metrics: Metrics, features: Features) -> float:

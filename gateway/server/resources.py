@@ -11,6 +11,7 @@ from aiohttp import web
 from gateway.accounting.ledger import Accounting
 from gateway.classifier.scoring import Classifier
 from gateway.decision.routing import Context
+from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
 from gateway.features import Features
 from gateway.policy.file import PolicyFile
@@ -55,6 +56,7 @@ POLICY = web.AppKey("policy", PolicyFile)
 DEPLOYMENTS = web.AppKey("deployments", Deployments)
 CLASSIFIER = web.AppKey("classifier", Classifier)
 STORES = web.AppKey("stores", Stores)
+SHARES = web.AppKey("shares", ShareTracker)  # live complexity-share thresholds
 RECENT = web.AppKey("recent", Recent)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 EXPERIMENTS = web.AppKey("experiments", Experiments)

@@ -290,6 +290,7 @@ class MemoryRolloutStore:
         self._arms: dict[str, str] = {}
         self._pairs: dict[str, Any] = {}
         self._listeners: list[Any] = []
+        self._scores: dict[str, Any] = {}
         self._seq = 0
 
     async def read_state(self, route: str) -> str | None:
@@ -346,6 +347,15 @@ class MemoryRolloutStore:
                     yield None
         finally:
             self._listeners.remove(queue)
+
+    async def share_window(self, route: str, scores: list[float], window: int) -> list[float]:
+        from collections import deque
+
+        kept = self._scores.get(route)
+        if kept is None or kept.maxlen != window:
+            kept = self._scores[route] = deque(kept or (), maxlen=window)
+        kept.extend(scores)
+        return list(kept)
 
     async def close(self) -> None:
         return None

@@ -18,6 +18,7 @@ class Stores:
 
     accounting: Store
     rollouts: RolloutStore
+    shared: bool = False  # in Redis, seen by every replica (else this process's memory)
 
     async def close(self) -> None:
         await self.accounting.close()
@@ -34,4 +35,4 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
     accounting = FallbackStore(
         shared, MemoryStore(prefix=prefix), on_unavailable=section.on_unavailable, retry_s=section.retry_s
     )
-    return Stores(accounting, RedisRolloutStore(url, timeout_s=section.timeout_s, prefix=prefix))
+    return Stores(accounting, RedisRolloutStore(url, timeout_s=section.timeout_s, prefix=prefix), shared=True)

@@ -15,6 +15,8 @@ operations of the `RolloutStore` contract below. `store_memory.MemoryRolloutStor
     record_arm(key, value, ttl_s) -> str                  SET NX: the value that is now recorded
     add_pair(target, record_json, maxlen)                 XADD MAXLEN ~ onto the target's stream
     pairs(target | None, count) -> list[str]              newest last
+    share_window(route, scores, window) -> list[float]    append this replica's new scores to the route's
+                                                          fleet-wide window (the last `window` kept); returns it
     changes() -> AsyncIterator[str | None]                routes published on CHANNEL; None every ~1 s
 """
 
@@ -32,6 +34,7 @@ from gateway.store.redis_store import RedisStore
 
 CHANNEL = "rollouts"
 ALL_TARGETS = "*"  # the stream of every target's pairs
+SHARE_WINDOW_TTL_S = 24 * 3600  # a route with no traffic for a day starts again from its calibration
 
 # write_state: KEYS[1]=state, KEYS[2]=leader lock; ARGV: expected generation (-1: absent), new state JSON,
 #   fencing token (0: a manual operation, no lock needed), channel, route -> 1 written, 0 refused
@@ -75,6 +78,7 @@ class RolloutStore(Protocol):
     async def add_pair(self, target: str, record_json: str, maxlen: int) -> None: ...
     async def pairs(self, target: str | None, count: int) -> list[str]: ...
     def changes(self) -> AsyncIterator[str | None]: ...
+    async def share_window(self, route: str, scores: list[float], window: int) -> list[float]: ...
     async def close(self) -> None: ...
 
 
@@ -105,6 +109,9 @@ class RolloutKeys:
 
     def pairs(self, target: str) -> str:
         return f"{self.prefix}:shadow:pairs:{target}"
+
+    def scores(self, route: str) -> str:
+        return f"{self.prefix}:share:scores:{route}"
 
 
 class RedisRolloutStore(RedisStore):
@@ -157,6 +164,17 @@ class RedisRolloutStore(RedisStore):
         stream = self.keys.pairs(target or ALL_TARGETS)
         entries: Any = await self._run(self._redis.xrevrange(stream, count=count))
         return [str(fields["r"]) for _, fields in reversed(entries or [])]
+
+    async def share_window(self, route: str, scores: list[float], window: int) -> list[float]:
+        key = self.keys.scores(route)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            if scores:
+                pipe.rpush(key, *(f"{s:.6g}" for s in scores))
+                pipe.ltrim(key, -window, -1)
+                pipe.expire(key, SHARE_WINDOW_TTL_S)
+            pipe.lrange(key, -window, -1)
+            replies = await self._run(pipe.execute())
+        return [float(s) for s in replies[-1]]
 
     async def changes(self) -> AsyncIterator[str | None]:
         pubsub = self._redis.pubsub()

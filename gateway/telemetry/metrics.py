@@ -79,6 +79,9 @@ class Metrics:
     rollout_stale: Gauge
     rollout_weight: Gauge
     policy_shadow_decisions: Counter
+    share_target: Gauge
+    share_observed: Gauge
+    share_threshold: Gauge
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
@@ -181,6 +184,13 @@ def make_metrics() -> Metrics:
                              registry=r),
         policy_shadow_decisions=Counter("gateway_policy_shadow_decisions", "Candidate policy decisions on live traffic",
                                         ["candidate", "agreement"], registry=r),
+        share_target=Gauge("gateway_complexity_share_target", "The HQ share a complexity rule asks for",
+                           ["route", "share"], registry=r),
+        share_observed=Gauge("gateway_complexity_share_observed",
+                             "Share of the route's recent calls at or above the live threshold", ["route", "share"],
+                             registry=r),
+        share_threshold=Gauge("gateway_complexity_threshold", "The score threshold in force for a target share",
+                              ["route", "share"], registry=r),
     )
 
 

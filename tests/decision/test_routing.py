@@ -117,7 +117,8 @@ def test_explain_lists_every_rule_checked() -> None:
         "rule tools-to-hq: no match (tools=False, wants True)",
         "rule long-context-to-hq: no match (prompt_tokens=1, wants gte 6000)",
         "rule json-schema-to-hq: no match (response_format=None, wants 'json_schema')",
-        f"rule hard-prompt-to-hq: no match (complexity=0.1, wants gte {threshold})",
+        f"rule hard-prompt-to-hq: no match (complexity=0.1, wants the top 20% of the route's traffic: "
+        f">= {threshold:.4f} (cold-start threshold))",
     )
 
 

@@ -111,14 +111,19 @@ def test_version_flag() -> None:
     assert out.stdout.startswith("agent-gateway ")
 
 
-def test_target_hq_share_becomes_a_calibrated_threshold(tmp_path: Path) -> None:
+def test_target_hq_share_starts_from_the_calibrated_threshold(tmp_path: Path) -> None:
     from gateway.classifier.scoring import Calibration
 
     loaded = policy.load(ROOT / "policies" / "complexity-share.yaml")
     rule = next(r for r in loaded.rules if r.name == "top-30-percent-to-hq")
-    assert isinstance(rule.when.complexity, policy.Range)
-    assert rule.when.complexity.gte == pytest.approx(Calibration.default().threshold_for_share(0.3))
-    assert 0 < rule.when.complexity.gte < 1
+    share = rule.when.complexity
+    assert isinstance(share, policy.ComplexityShare)
+    assert share.threshold == pytest.approx(Calibration.default().threshold_for_share(0.3))
+    assert 0 < share.threshold < 1
+    assert loaded.share_windows == {0.3: 1000} and loaded.share_cold_thresholds == {0.3: share.threshold}
+    given = policy.parse((ROOT / "policies" / "complexity-share.yaml").read_text().replace(
+        "{hq_share: 0.3}", "{hq_share: 0.3, window: 400, threshold: 0.5}"))
+    assert given.share_windows == {0.3: 400} and given.share_cold_thresholds == {0.3: 0.5}
 
 
 def test_missing_calibration_file_is_located(tmp_path: Path) -> None:

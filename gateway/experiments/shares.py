@@ -1,0 +1,59 @@
+"""Keeps the live complexity-share thresholds in step: the fleet's score windows through the store, and the
+target, observed share and threshold of every route as metrics, once a second (off the request path)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from gateway.decision.share import ShareTracker
+from gateway.policy.model import Policy
+from gateway.store.contract import StoreError
+from gateway.store.rollouts import RolloutStore
+from gateway.telemetry.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+SYNC_PERIOD_S = 1.0
+
+
+async def keep_in_step(
+    tracker: ShareTracker, store: RolloutStore, metrics: Metrics, current: Callable[[], Policy]
+) -> None:
+    """Every SYNC_PERIOD_S: exchange windows with the fleet (when shared), then export the figures."""
+    failing = False
+    while True:
+        await asyncio.sleep(SYNC_PERIOD_S)
+        tracker.follow(current())
+        try:
+            if tracker.shared:
+                await _exchange(tracker, store)
+            failing = False
+        except StoreError as exc:
+            if not failing:  # once per outage: the local window keeps the thresholds going meanwhile
+                log.warning("share windows not exchanged (%s); thresholds follow this replica's calls", exc)
+            failing = True
+        export(tracker, metrics)
+
+
+async def _exchange(tracker: ShareTracker, store: RolloutStore) -> None:
+    for name, route in list(tracker.routes.items()):
+        sent, route.pending = route.pending, []
+        try:
+            merged = await store.share_window(name, sent, route.window)
+        except StoreError:
+            route.pending[:0] = sent[-route.window:]  # try again next time, bounded
+            raise
+        route.replace(merged)
+
+
+def export(tracker: ShareTracker, metrics: Metrics) -> None:
+    for name, route in tracker.routes.items():
+        for share, target in route.targets.items():
+            label = f"{share:g}"
+            metrics.share_target.labels(name, label).set(share)
+            metrics.share_threshold.labels(name, label).set(target.threshold)
+            observed = target.observed
+            if observed is not None:
+                metrics.share_observed.labels(name, label).set(observed)
