@@ -1,7 +1,11 @@
-"""A fast fake OpenAI upstream for benchmarks: fixed answers, optional 64-chunk streams, no model."""
+"""A fast fake OpenAI upstream for benchmarks: fixed answers, optional 64-chunk streams, no model.
+
+    python -m bench.fake_upstream PORT [DELAY_MS]
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -21,8 +25,13 @@ USAGE = b"data: " + json.dumps({
     "usage": {"prompt_tokens": 12, "completion_tokens": 64, "total_tokens": 76}}).encode() + b"\n\n"
 
 
+DELAY_S = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0  # optional: a model's time per answer
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await request.json()
+    if DELAY_S:
+        await asyncio.sleep(DELAY_S)
     if not body.get("stream"):
         return web.Response(body=COMPLETION, content_type="application/json")
     response = web.StreamResponse(headers={"content-type": "text/event-stream"})

@@ -98,6 +98,7 @@ class Admission:
     limit: str | None = None  # the limit that bound: "usd_per_day", "requests_per_minute", "session_usd" …
     retry_after_s: float = 0.0  # meaningful when nothing is allowed
     reasons: tuple[str, ...] = ()
+    session_prefers: bool = False  # `prefer` is the session's (pin, tight loop), not a budget's
 
     @property
     def refused(self) -> bool:
@@ -111,6 +112,7 @@ class _Verdict:
     limit: str | None = None
     retry_after_s: float = 0.0
     reasons: list[str] = field(default_factory=list)
+    session_prefers: bool = False
 
 
 def admission(
@@ -139,7 +141,7 @@ def admission(
         _apply_soft(v, snapshot, tenant)
     if session is not None and sessions is not None and v.allowed and v.prefer is None:
         _apply_session_preference(v, session, sessions)
-    return Admission(frozenset(v.allowed), v.prefer, v.limit, v.retry_after_s, tuple(v.reasons))
+    return Admission(frozenset(v.allowed), v.prefer, v.limit, v.retry_after_s, tuple(v.reasons), v.session_prefers)
 
 
 def _hard_limits(tenant: TenantPolicy) -> list[tuple[Window, str, float]]:
@@ -239,10 +241,10 @@ def _soft_crossed(snapshot: TenantSnapshot, tenant: TenantPolicy) -> str | None:
 def _apply_session_preference(v: _Verdict, session: SessionState, sessions: SessionPolicy) -> None:
     loop = sessions.tight_loop_steps_per_min
     if loop is not None and session.steps_per_min > loop and sessions.tight_loop_route_to in v.allowed:
-        v.prefer = sessions.tight_loop_route_to
+        v.prefer, v.session_prefers = sessions.tight_loop_route_to, True
         v.reasons.append(f"tight loop: {session.steps_per_min:.1f} steps/min > {loop:g}")
     elif sessions.pin and session.pinned is not None and session.pinned in v.allowed:
-        v.prefer = session.pinned
+        v.prefer, v.session_prefers = session.pinned, True
         v.reasons.append(f"session pinned to {session.pinned}")
 
 

@@ -9,9 +9,11 @@ from typing import Any
 from gateway.decision.admission import Admission, SessionState
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
-from gateway.policy.model import ComplexityShare, Policy, Range, When
+from gateway.policy.model import TRAJECTORY_CONDITIONS, ComplexityShare, Policy, Range, When
+from gateway.steps import AgentStep
 
 RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})  # the rest are budgets
+STEP_FEATURES = frozenset({"turn", "step", "tool_error", "repeated_calls"})  # read from Context.step
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,7 @@ class Context:
     # target share -> the live score threshold of this request's route (decision/share.py); a share
     # missing here uses its cold-start threshold from the policy's calibration
     share_thresholds: Mapping[float, float] = field(default_factory=dict)
+    step: AgentStep | None = None  # where the call stands in its agent loop, when a rule reads it
 
 
 @dataclass(slots=True)
@@ -71,12 +74,12 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
     if features.endpoint == "embeddings":
         return _embeddings(policy, model.pin, ctx)
     trail: list[str] = []
-    wanted, rule_name = _select(policy, model.pin, features, ctx, trail, explain)
+    wanted, rule_name, by_trajectory = _select(policy, model.pin, features, ctx, trail, explain)
     chosen, reason = _adjust_for_load(policy, wanted, features, ctx)
     if reason:
         trail.append(reason)
     if verdict is not None:
-        chosen = _steer(verdict, chosen, trail)
+        chosen = _steer(verdict, chosen, trail, by_trajectory)
     attempts = _usable(policy, chosen, features, ctx, trail)
     if explain:
         trail.append(f"attempt order: {', '.join(attempts)}")
@@ -93,10 +96,17 @@ def _refusal(verdict: Admission, tenant: str | None) -> RateLimited:
     )
 
 
-def _steer(verdict: Admission, chosen: str, trail: list[str]) -> str:
-    """Budget, cost cap and session steer after the rules and load: soft limit, tight loop, session pin."""
+def _steer(verdict: Admission, chosen: str, trail: list[str], by_trajectory: bool) -> str:
+    """Budget, cost cap and session steer after the rules and load: soft limit, tight loop, session pin.
+
+    A rule that read the agent's trajectory (a tool error, a repeated call, a planning turn) knows more
+    about this step than the session's pin or step rate, so it wins over them; budgets still win over it.
+    """
     trail.extend(f"admission: {why}" for why in verdict.reasons)
     if verdict.prefer is None or verdict.prefer == chosen:
+        return chosen
+    if by_trajectory and verdict.session_prefers:
+        trail.append(f"trajectory rule wins over the session's preference for {verdict.prefer}")
         return chosen
     trail.append(f"admission: use {verdict.prefer} instead of {chosen}")
     return verdict.prefer
@@ -118,21 +128,31 @@ def _embeddings(policy: Policy, pin: str | None, ctx: Context) -> Decision:
 
 def _select(
     policy: Policy, pin: str | None, features: Features, ctx: Context, trail: list[str], explain: bool
-) -> tuple[str, str]:
+) -> tuple[str, str, bool]:
+    """The deployment the rules want, the deciding rule, and whether that rule read the trajectory."""
     for rule in policy.rules:
         if pin is not None and not rule.override_pin:
             continue
         failed = _first_failure(rule.when, features, ctx, explain)
         if failed is None:
-            trail.append(f"rule {rule.name}: matched, use {rule.use}")
-            return rule.use, rule.name
+            trail.append(f"rule {rule.name}: matched, use {rule.use}" + _trajectory_note(rule.when, ctx))
+            return rule.use, rule.name, rule.when.reads_trajectory
         if explain:
             trail.append(f"rule {rule.name}: no match ({failed})")
     if pin is not None:
         trail.append(f"model {features.requested_model!r} pins deployment {pin!r}")
-        return pin, f"pin:{features.requested_model}"
+        return pin, f"pin:{features.requested_model}", False
     trail.append(f"no rule matched: default {policy.default!r}")
-    return policy.default, "default"
+    return policy.default, "default", False
+
+
+def _trajectory_note(when: When, ctx: Context) -> str:
+    """Which trajectory features decided, so `policy explain` and the trail name them."""
+    if not when.reads_trajectory:
+        return ""
+    read = [f"{name}={_trajectory_feature(name, ctx)!r}" for name, _ in when.conditions
+            if name in TRAJECTORY_CONDITIONS]
+    return f" (trajectory: {', '.join(read)})"
 
 
 def _adjust_for_load(policy: Policy, name: str, features: Features, ctx: Context) -> tuple[str, str]:
@@ -257,7 +277,18 @@ def _feature(name: str, features: Features, ctx: Context) -> Any:
         return ctx.tenant
     if name == "complexity":
         return ctx.complexity
+    if name in TRAJECTORY_CONDITIONS:
+        return _trajectory_feature(name, ctx)
     return getattr(features, name)
+
+
+def _trajectory_feature(name: str, ctx: Context) -> Any:
+    """A step feature of the conversation, or the session's step rate or spend (None: not known)."""
+    if name in STEP_FEATURES:
+        return None if ctx.step is None else getattr(ctx.step, name)
+    if ctx.session is None:
+        return None
+    return ctx.session.steps_per_min if name == "steps_per_min" else ctx.session.cost_usd
 
 
 def _among(got: str, allowed: str | list[str]) -> bool:

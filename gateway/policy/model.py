@@ -143,6 +143,10 @@ def _cold_threshold(share: ComplexityShare, base_dir: Path | None) -> Complexity
     return share.model_copy(update={"threshold": calibration.threshold_for_share(share.hq_share)})
 
 
+TRAJECTORY_CONDITIONS = frozenset({"turn", "step", "tool_error", "repeated_calls", "steps_per_min",
+                                   "session_cost_usd"})
+
+
 class When(Frozen):
     """Conditions over request features; all given ones must hold (an empty `when` always matches)."""
 
@@ -160,11 +164,23 @@ class When(Frozen):
     has_math: bool | None = None
     response_format: StrOrList | None = None
     headers: dict[str, StrOrList] | None = None
+    # Where the call stands in its agent loop (gateway/steps.py) and its session (the store's count):
+    turn: list[Literal["user", "tool_result", "other"]] | Literal["user", "tool_result", "other"] | None = None
+    step: Range | None = None
+    tool_error: bool | None = None
+    repeated_calls: Range | None = None
+    steps_per_min: Range | None = None
+    session_cost_usd: Range | None = None
 
     @functools.cached_property
     def conditions(self) -> tuple[tuple[str, Any], ...]:
         """The given conditions only, computed once: the hot path must not walk every field per request."""
         return tuple((name, value) for name, value in self if value is not None)
+
+    @functools.cached_property
+    def reads_trajectory(self) -> bool:
+        """Whether a condition reads the agent's trajectory (such a rule wins over the session's pin)."""
+        return any(name in TRAJECTORY_CONDITIONS for name, _ in self.conditions)
 
     @field_validator("complexity")
     @classmethod
@@ -342,6 +358,11 @@ class Policy(Frozen):
     def reads_complexity(self) -> bool:
         """Whether any rule reads the classifier score (so the hot path can skip scoring otherwise)."""
         return any(rule.when.complexity is not None for rule in self.rules)
+
+    @functools.cached_property
+    def reads_steps(self) -> bool:
+        """Whether any rule reads where a call stands in its agent loop (else the body is not walked for it)."""
+        return any(rule.when.reads_trajectory for rule in self.rules)
 
     @functools.cached_property
     def share_windows(self) -> dict[float, int]:

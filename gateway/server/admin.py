@@ -58,7 +58,8 @@ async def explain_body(request: web.Request) -> web.Response:
     openai.check(body, endpoint)
     policy = request.app[POLICY].current
     features = extract(body, endpoint)
-    ctx = context(request.app, request.headers, request.get(TENANT), features, policy, observed=False)
+    ctx = context(request.app, request.headers, request.get(TENANT), features, policy, observed=False,
+                  body=body)
     report = explanation(decide(policy, features, ctx, explain=True), features, ctx)
     report["shares"] = request.app[SHARES].describe(features.requested_model)
     return web.json_response(report)

@@ -30,6 +30,7 @@ from gateway.server.resources import (
     TELEMETRY,
     TENANT,
 )
+from gateway.steps import read_step
 from gateway.telemetry.exchange import Exchange
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
@@ -62,9 +63,9 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     admitted = None
     if accounting is not None:  # tenancy configured, or a cost cap asked for: budget and session verdict
         admitted = await accounting.admit(tenant, request.headers, policy, features, body, len(raw))
-        ctx = context(app, request.headers, tenant, features, policy, admitted.verdict, admitted.session)
+        ctx = context(app, request.headers, tenant, features, policy, admitted.verdict, admitted.session, body=body)
     else:
-        ctx = context(app, request.headers, tenant, features, policy)
+        ctx = context(app, request.headers, tenant, features, policy, body=body)
     decision = decide(policy, features, ctx)
     experiments, enrollment = app[EXPERIMENTS], None
     if experiments.engaged(policy):
@@ -92,6 +93,7 @@ def context(
     session: SessionState | None = None,
     *,
     observed: bool = True,
+    body: Mapping[str, Any] | None = None,
 ) -> Context:
     """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict, and the
     route's live share thresholds (`observed`: this call counts toward them; False for a dry run)."""
@@ -102,10 +104,11 @@ def context(
         shares.follow(policy)
         route = features.requested_model
         thresholds = shares.observe(route, complexity) if observed else shares.thresholds(route)
+    step = read_step(body) if body is not None and policy.reads_steps else None
     deployments = app[DEPLOYMENTS]
     return Context(headers=headers, tenant=tenant, complexity=complexity, load=dict(deployments.load),
                    in_flight=dict(deployments.in_flight), admission=admission, session=session,
-                   share_thresholds=thresholds)
+                   share_thresholds=thresholds, step=step)
 
 
 def _score(classifier: Classifier, metrics: Metrics, features: Features) -> float:

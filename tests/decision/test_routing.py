@@ -15,6 +15,7 @@ from gateway.decision.routing import Context, DeploymentLoad, decide
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import extract
 from gateway.policy import model as policy_module
+from gateway.steps import AgentStep
 
 POLICY = policy_module.parse((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())
 HEALTHY = {"hq": DeploymentLoad(), "fast": DeploymentLoad()}
@@ -36,7 +37,7 @@ TOOLS = [{"type": "function", "function": {"name": "f"}}]
     ("body", "ctx", "deployment", "rule"),
     [
         ({}, {}, "fast", "default"),
-        ({"tools": TOOLS}, {}, "hq", "tools-to-hq"),
+        ({"tools": TOOLS}, {}, "hq", "planning-to-hq"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, {}, "hq",
          "json-schema-to-hq"),
         ({}, {"complexity": 0.9}, "hq", "hard-prompt-to-hq"),
@@ -113,8 +114,11 @@ def test_embeddings_need_a_deployment_that_serves_them() -> None:
 def test_explain_lists_every_rule_checked() -> None:
     decision = decide(POLICY, _features(), _ctx(complexity=0.1), explain=True)
     threshold = Calibration.default().threshold_for_share(0.2)  # the default policy's hq_share
-    assert decision.reasons[:4] == (
-        "rule tools-to-hq: no match (tools=False, wants True)",
+    assert decision.reasons[:7] == (
+        "rule tool-error-to-hq: no match (tools=False, wants True)",
+        "rule repeated-call-to-hq: no match (tools=False, wants True)",
+        "rule routine-tool-step-to-fast: no match (tools=False, wants True)",
+        "rule planning-to-hq: no match (tools=False, wants True)",
         "rule long-context-to-hq: no match (prompt_tokens=1, wants gte 6000)",
         "rule json-schema-to-hq: no match (response_format=None, wants 'json_schema')",
         f"rule hard-prompt-to-hq: no match (complexity=0.1, wants the top 20% of the route's traffic: "
@@ -150,7 +154,7 @@ BOTH = frozenset({"hq", "fast"})
          "admission: use hq instead of fast"),
         ({"model": "hq"}, Admission(BOTH, prefer="fast", reasons=("tight loop",)), "fast",
          "admission: tight loop"),
-        ({"tools": TOOLS}, Admission(BOTH), "hq", "rule tools-to-hq"),
+        ({"tools": TOOLS}, Admission(BOTH), "hq", "rule planning-to-hq"),
     ],
 )
 def test_admission_table(body: dict[str, object], verdict: Admission, deployment: str, reason: str) -> None:
@@ -193,3 +197,40 @@ def test_never_outside_allowed(prefer: str | None, allowed: set[str], tools: boo
     assert set(decision.attempts) <= verdict.allowed
     if verdict.prefer is not None and (verdict.prefer != "fast" or fast_ok):
         assert decision.deployment == verdict.prefer
+
+
+PLAN = AgentStep(step=1, turn="user", tool_error=False, repeated_calls=0)
+ROUTINE = AgentStep(step=3, turn="tool_result", tool_error=False, repeated_calls=1)
+FAILED = AgentStep(step=4, turn="tool_result", tool_error=True, repeated_calls=1)
+LOOPING = AgentStep(step=6, turn="tool_result", tool_error=False, repeated_calls=3)
+
+
+@pytest.mark.parametrize(
+    ("step", "deployment", "rule"),
+    [
+        (PLAN, "hq", "planning-to-hq"),
+        (ROUTINE, "fast", "routine-tool-step-to-fast"),
+        (FAILED, "hq", "tool-error-to-hq"),
+        (LOOPING, "hq", "repeated-call-to-hq"),
+        (replace(LOOPING, repeated_calls=1, step=7), "fast", "routine-tool-step-to-fast"),  # recovered
+    ],
+)
+def test_agent_steps_go_where_each_deployment_is_for(step: AgentStep, deployment: str, rule: str) -> None:
+    decision = decide(POLICY, _features(tools=TOOLS), _ctx(step=step))
+    assert (decision.deployment, decision.rule) == (deployment, rule)
+
+
+def test_the_trail_names_the_trajectory_feature_that_decided() -> None:
+    decision = decide(POLICY, _features(tools=TOOLS), _ctx(step=FAILED), explain=True)
+    assert "rule tool-error-to-hq: matched, use hq (trajectory: tool_error=True)" in decision.reasons
+
+
+def test_a_trajectory_rule_wins_over_the_session_pin_but_not_over_a_budget() -> None:
+    pinned = Admission(BOTH, prefer="hq", reasons=("session pinned to hq",), session_prefers=True)
+    decision = decide(POLICY, _features(tools=TOOLS), _ctx(step=ROUTINE, admission=pinned))
+    assert decision.deployment == "fast"
+    assert any("trajectory rule wins" in r for r in decision.reasons)
+    # a rule that does not read the trajectory still follows the pin
+    assert decide(POLICY, _features(), _ctx(admission=pinned)).deployment == "hq"
+    soft = Admission(BOTH, prefer="fast", reasons=("soft limit usd_per_day crossed",))
+    assert decide(POLICY, _features(tools=TOOLS), _ctx(step=FAILED, admission=soft)).deployment == "fast"

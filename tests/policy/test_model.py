@@ -91,7 +91,7 @@ def test_cli_explain_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["policy", "explain", "--policy", str(ROOT / "policies/default.yaml"),
                  "--request", str(request)]) == 0
     out = capsys.readouterr().out
-    assert "deployment: hq" in out and "rule: tools-to-hq" in out
+    assert "deployment: hq" in out and "rule: planning-to-hq" in out
     assert main(["policy", "explain", "--policy", str(ROOT / "policies/default.yaml"), "--request", str(request),
                  "--load", "hq:healthy=0"]) == 0
     out = capsys.readouterr().out

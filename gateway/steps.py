@@ -1,0 +1,100 @@
+"""Where a request stands in its agent loop, read from the conversation it carries: the step number, a new
+user turn or a tool-result continuation, a tool result that reports an error, a tool call repeated.
+
+Pure and bounded (the last MAX_MESSAGES messages, MAX_ERROR_SCAN_CHARS of each tool result); the
+policy's trajectory conditions (`turn`, `step`, `tool_error`, `repeated_calls`) read it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_MESSAGES = 200
+MAX_ERROR_SCAN_CHARS = 2_000
+# A tool result that says it failed: words tools and their wrappers use, or a JSON object with an error.
+ERROR_MARKERS = re.compile(
+    r"\b(error|exception|traceback|failed|failure|not found|denied|forbidden|timed out|invalid)\b|\"error\"\s*:",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStep:
+    step: int  # this call's place in the loop: the assistant turns before it, plus one
+    turn: str  # "user": a new user turn (planning); "tool_result": tool results fed back; "other"
+    tool_error: bool  # a tool result fed back by this call reports an error
+    repeated_calls: int  # how many times in a row the latest tool call (name and arguments) was made
+
+
+def read_step(body: Mapping[str, Any]) -> AgentStep | None:
+    """The agent step of a chat body, or None when it carries no messages."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    recent = [m for m in messages[-MAX_MESSAGES:] if isinstance(m, Mapping)]
+    if not recent:
+        return None
+    assistant_turns = sum(1 for m in recent if m.get("role") == "assistant")
+    return AgentStep(assistant_turns + 1, _turn(recent), _tool_error(recent), _repeats(recent))
+
+
+def _turn(messages: Sequence[Mapping[str, Any]]) -> str:
+    role = messages[-1].get("role")
+    if role == "tool" or role == "function":
+        return "tool_result"
+    return "user" if role == "user" else "other"
+
+
+def _tool_error(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a tool result after the last assistant turn (the results this call feeds back) failed."""
+    for message in reversed(messages):
+        if message.get("role") not in ("tool", "function"):
+            return False
+        if ERROR_MARKERS.search(_text(message.get("content"))[:MAX_ERROR_SCAN_CHARS]):
+            return True
+    return False
+
+
+def _repeats(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The run length of the latest tool call at the end of the trajectory (0: the agent called no tool)."""
+    calls = [call for m in messages if m.get("role") == "assistant" for call in _calls(m)]
+    if not calls:
+        return 0
+    latest, run = calls[-1], 0
+    for call in reversed(calls):
+        if call != latest:
+            break
+        run += 1
+    return run
+
+
+def _calls(message: Mapping[str, Any]) -> list[tuple[str, str]]:
+    found = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            found.append((str(function.get("name")), _canonical(function.get("arguments"))))
+    return found
+
+
+def _canonical(arguments: Any) -> str:
+    """Arguments as a comparable string: the same JSON with other spacing or key order is the same call."""
+    parsed: Any = arguments
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return arguments.strip()
+    return json.dumps(parsed, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return "" if content is None else str(content)

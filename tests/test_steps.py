@@ -1,0 +1,57 @@
+"""read_step: where a call stands in its agent loop, from the conversation it carries."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.steps import AgentStep, read_step
+
+SYSTEM = {"role": "system", "content": "You are an agent."}
+ASK = {"role": "user", "content": "Book me a table for two."}
+
+
+def _call(name: str, args: dict[str, Any], call_id: str = "c1") -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def _result(content: str, call_id: str = "c1") -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def test_a_new_user_turn_is_step_one_of_planning() -> None:
+    assert read_step({"messages": [SYSTEM, ASK]}) == AgentStep(1, "user", False, 0)
+
+
+def test_a_tool_result_continues_the_loop() -> None:
+    messages = [SYSTEM, ASK, _call("search", {"q": "pizza"}), _result('{"places": ["Luigi"]}')]
+    assert read_step({"messages": messages}) == AgentStep(2, "tool_result", False, 1)
+
+
+def test_a_failing_tool_result_is_an_error_only_while_it_is_fed_back() -> None:
+    failed = [SYSTEM, ASK, _call("book", {"at": 8}), _result("Error: no table at 8")]
+    assert read_step({"messages": failed}).tool_error  # type: ignore[union-attr]
+    recovered = [*failed, _call("book", {"at": 9}), _result('{"booked": true}')]
+    assert not read_step({"messages": recovered}).tool_error  # type: ignore[union-attr]
+    json_error = [SYSTEM, ASK, _call("book", {}), _result('{"error": "rate limited"}')]
+    assert read_step({"messages": json_error}).tool_error  # type: ignore[union-attr]
+
+
+def test_the_same_call_in_a_row_counts_however_its_json_is_spelled() -> None:
+    looping = [SYSTEM, ASK]
+    for spelled in ('{"q": "x", "n": 1}', '{"n":1,"q":"x"}', '{ "q" : "x" , "n" : 1 }'):
+        looping += [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "search", "arguments": spelled}}]}, _result("nothing", "c")]
+    assert read_step({"messages": looping}).repeated_calls == 3  # type: ignore[union-attr]
+    changed = [*looping, _call("search", {"q": "y", "n": 1}), _result("found")]
+    assert read_step({"messages": changed}).repeated_calls == 1  # type: ignore[union-attr]
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(), st.text(), st.dictionaries(st.text(), st.text())), max_size=5))
+def test_odd_messages_never_raise(messages: list[Any]) -> None:
+    found = read_step({"messages": messages})
+    assert found is None or found.step >= 1
