@@ -17,8 +17,10 @@ Contract (every store, `RedisStore` here and `store_memory.MemoryStore`, impleme
 Amounts are kept as integer nano-USD so that sums are exact. Reservations carry an id and an expiry
 kept in a per-tenant sorted set; every script that reads a tenant's limits first undoes the holds
 whose expiry passed, so a crashed replica's reservations free themselves. Only `StoreError` (chained
-`from` the redis exception) leaves a store; `FallbackStore` turns it into local accounting (`allow`)
-or `errors.StoreUnavailable` (`reject`), and probes Redis again every `retry_s`.
+`from` the redis exception) leaves a store for an outage; `FallbackStore` turns it into local
+accounting (`allow`) or `errors.StoreUnavailable` (`reject`), and probes Redis again every `retry_s`.
+A command Redis refuses (a script error: a bug, not an outage) raises `StoreFault`, which no fallback
+hides.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def to_nusd(usd: float) -> int:
 
 class StoreError(Exception):
     """The store could not answer (unreachable, timed out, protocol error)."""
+
+
+class StoreFault(Exception):
+    """The store answered but refused the command (a script or argument bug): not an outage, so no fallback."""
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 
 from gateway.decision.admission import SessionState, TenantSnapshot, window_bucket
 from gateway.policy.tenancy import WINDOWS
@@ -31,6 +31,7 @@ from gateway.store.contract import (
     Reservation,
     Spend,
     StoreError,
+    StoreFault,
     UsageRow,
     new_reservation_id,
     plan,
@@ -42,6 +43,11 @@ from gateway.store.contract import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# Refusals that mean the server cannot serve writes right now (a replica after failover, out of memory,
+# loading, busy with a script, cluster down): an outage to wait out, unlike a refused command.
+_OUTAGE_REPLIES = ("MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "MISCONF", "NOREPLICAS", "LOADING")
+_OUTAGE_ERRORS = (ReadOnlyError, OutOfMemoryError)
 
 
 class RedisStore:
@@ -71,6 +77,10 @@ class RedisStore:
         try:
             async with asyncio.timeout(self._deadline_s):
                 return await op
+        except ResponseError as exc:
+            if not _outage(exc):
+                raise StoreFault(f"redis refused the command: {exc}") from exc
+            raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
 
@@ -201,6 +211,10 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _outage(exc: ResponseError) -> bool:
+    return isinstance(exc, _OUTAGE_ERRORS) or str(exc).startswith(_OUTAGE_REPLIES)
 
 
 def _session(session_id: str, row: list[Any], rate_window_s: float) -> SessionState:

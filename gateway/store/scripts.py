@@ -12,18 +12,24 @@ local function split(s)
   for w in string.gmatch(s, '%S+') do out[#out + 1] = w end
   return out
 end
+-- the negative of a decimal amount for HINCRBY; Redis refuses '-0', so 0 gives nil (nothing to undo)
+local function negated(amount)
+  if amount == '0' then return nil end
+  return '-' .. amount
+end
 local function unhold(records, zset, id)
   local rec = redis.call('HGET', records, id)
   redis.call('ZREM', zset, id)
   if not rec then return nil end
   redis.call('HDEL', records, id)
   local p = split(rec)
+  local usd, tok = negated(p[1]), negated(p[2])
   local live = {}
   for i = 3, #p, 2 do
     -- a bucket that already expired must not come back as a key without a TTL
     if redis.call('EXISTS', p[i]) == 1 then
-      redis.call('HINCRBY', p[i], 'rusd', '-' .. p[1])
-      redis.call('HINCRBY', p[i], 'rtok', '-' .. p[2])
+      if usd then redis.call('HINCRBY', p[i], 'rusd', usd) end
+      if tok then redis.call('HINCRBY', p[i], 'rtok', tok) end
       live[#live + 1] = p[i]
     end
   end

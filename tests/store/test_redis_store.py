@@ -227,3 +227,57 @@ async def test_allow_under_a_hung_redis_serves_every_request_without_waiting(
     finally:
         private_redis.resume()
     await store.close()
+
+
+@pytest.mark.parametrize(
+    "price",
+    [(0.0, 0.0), (0.0, 1.5), (0.37, 1.13), (0.001, 0.0007)],
+    ids=["free", "free-input", "fractional", "tiny"],
+)
+async def test_zero_and_fractional_prices_settle_and_release_on_redis(
+    redis_server: RedisServer,
+    key_prefix: str,
+    price: tuple[float, float],
+) -> None:
+    from gateway.decision.admission import worst_case
+    from gateway.policy.model import Deployment, Price
+
+    dep = Deployment(url="http://127.0.0.1:1", served_model="m",
+                     price=Price(input_per_mtok_usd=price[0], output_per_mtok_usd=price[1]))
+    store = FallbackStore(RedisStore(redis_server.url, timeout_s=1.0, prefix=key_prefix), MemoryStore())
+    budgets = Budgets(store)
+    limits = TenantPolicy(name="acme", budgets=(Budget(window=Window.DAY, hard_usd=1.0, hard_tokens=10**6),))
+    try:
+        settled = await budgets.reserve("acme", limits, "d", worst_case(dep, 17, 64))
+        await budgets.settle(settled, dep.price, 11, 8)
+        released = await budgets.reserve("acme", limits, "d", worst_case(dep, 17, 64))
+        await budgets.release(released)
+        assert {settled.origin, released.origin} == {"shared"}
+        day = (await store.snapshot("acme")).windows[Window.DAY]
+        assert (day.reserved_usd, day.reserved_tokens, day.tokens) == (0, 0, 19)
+        assert day.spend_usd == pytest.approx(dep.price.cost_usd(11, 8), abs=1e-9)
+        assert not store.degraded and store.pending_settles == 0
+        assert (await store.snapshot("acme")).concurrent == 0
+    finally:
+        await store.close()
+
+
+async def test_a_refused_script_is_a_fault_not_an_outage(
+    redis_server: RedisServer,
+    key_prefix: str,
+) -> None:
+    from redis.asyncio import Redis
+
+    from gateway.store.contract import Layout, StoreFault
+
+    raw = Redis.from_url(redis_server.url)
+    await raw.set(Layout(key_prefix).reservations("broken"), "not a sorted set")  # WRONGTYPE for the script
+    await raw.aclose()
+    store = FallbackStore(RedisStore(redis_server.url, timeout_s=1.0, prefix=key_prefix), MemoryStore())
+    try:
+        with pytest.raises(StoreFault):
+            await store.reserve(Hold("broken", "hq", Cost(0.01, 10)))
+        assert not store.degraded  # a bug must not send every tenant to local accounting
+        assert (await store.reserve(Hold("acme", "hq", Cost(0.01, 10)))).origin == "shared"  # type: ignore[union-attr]
+    finally:
+        await store.close()
