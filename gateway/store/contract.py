@@ -57,6 +57,10 @@ class StoreError(Exception):
     """The store could not answer (unreachable, timed out, protocol error)."""
 
 
+class StoreBusy(StoreError):
+    """Every pooled connection stayed busy past the wait deadline: Redis is slow, not down (no fallback)."""
+
+
 class StoreFault(Exception):
     """The store answered but refused the command (a script or argument bug): not an outage, so no fallback."""
 

@@ -2,10 +2,12 @@
 
 `on_unavailable="allow"` serves budgets, sessions and usage from a local MemoryStore while Redis is
 down (each replica then enforces the limits on its own share of traffic, so a fleet of N replicas may
-spend up to N budgets during the outage), queues every settle that could not reach Redis and replays
-it when Redis answers again, so the shared ledger ends up with the real spend. `"reject"` raises
+spend up to N budgets during the outage), queues every settle (and release) that could not reach Redis
+and replays it when Redis answers again, so the shared ledger ends up with the real spend. `"reject"` raises
 `errors.StoreUnavailable` (503). Either way a down Redis is probed at most once per `retry_s`, by one
-request at a time, so no request waits on a dead server more than one command timeout. API keys never
+request at a time, so no request waits on a dead server more than one command timeout. A busy Redis (no
+pooled connection free in time: `StoreBusy`) is not down: the request gets 503 `store_busy` and the
+ledger stays whole. API keys never
 fall back: a key unknown to the shared store cannot be checked locally (keys.KeyRing serves its cache).
 """
 
@@ -28,6 +30,7 @@ from gateway.store.contract import (
     Reservation,
     Spend,
     Store,
+    StoreBusy,
     StoreError,
     UsageRow,
 )
@@ -54,7 +57,7 @@ class FallbackStore:
         self._down_since: float | None = None
         self._next_probe = 0.0
         self._probing = False
-        self._pending: deque[tuple[Reservation, Spend]] = deque(maxlen=PENDING_MAX)
+        self._pending: deque[tuple[Reservation, Spend | None]] = deque(maxlen=PENDING_MAX)  # None: release
         self._replay: asyncio.Task[None] | None = None
         self.dropped_settles = 0
 
@@ -91,6 +94,8 @@ class FallbackStore:
         if self._try_shared():
             try:
                 result = await call(self._shared)
+            except StoreBusy as err:  # Redis answers, slowly: local accounting would split the ledger
+                raise StoreUnavailable("The shared store is busy; retry shortly", code="store_busy") from err
             except StoreError as err:
                 exc = err
                 self._mark_down(err)
@@ -123,9 +128,10 @@ class FallbackStore:
         try:
             return await self._run(lambda s: s.release(reservation), local_ok=False)
         except StoreUnavailable:
-            return False  # the hold expires on its own after its TTL
+            self._queue(reservation, None)  # freed when Redis answers again, else it expires after its TTL
+            return False
 
-    def _queue(self, reservation: Reservation, spend: Spend) -> None:
+    def _queue(self, reservation: Reservation, spend: Spend | None) -> None:
         if len(self._pending) == self._pending.maxlen:
             self.dropped_settles += 1
         self._pending.append((reservation, spend))
@@ -137,7 +143,13 @@ class FallbackStore:
             while self._pending and self._down_since is None:
                 reservation, spend = self._pending[0]
                 try:
-                    await self._shared.settle(reservation, spend)
+                    if spend is None:
+                        await self._shared.release(reservation)
+                    else:
+                        await self._shared.settle(reservation, spend)
+                except StoreBusy:
+                    await asyncio.sleep(self._retry_s)
+                    continue
                 except StoreError as exc:
                     self._mark_down(exc)
                     return

@@ -31,7 +31,13 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
     url = section.redis_url or env_redis_url
     if not url:
         return Stores(MemoryStore(prefix=prefix), MemoryRolloutStore())
-    shared = RedisStore(url, timeout_s=section.timeout_s, prefix=prefix)
+    shared = RedisStore(
+        url,
+        timeout_s=section.timeout_s,
+        prefix=prefix,
+        max_connections=section.max_connections,
+        pool_timeout_s=section.pool_timeout_s,
+    )
     accounting = FallbackStore(
         shared, MemoryStore(prefix=prefix), on_unavailable=section.on_unavailable, retry_s=section.retry_s
     )

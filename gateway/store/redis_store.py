@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import secrets
 import time
@@ -30,6 +31,7 @@ from gateway.store.contract import (
     Refusal,
     Reservation,
     Spend,
+    StoreBusy,
     StoreError,
     StoreFault,
     UsageRow,
@@ -44,6 +46,12 @@ from gateway.store.contract import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# Connections per process: commands beyond this wait for one (Redis runs one command at a time anyway,
+# so more connections add no throughput, and a burst opening fewer at once keeps its connects in time).
+MAX_CONNECTIONS = 32
+POOL_TIMEOUT_S = 5.0
+PUBSUB_CONNECTIONS = 2  # held outside the command slots (the rollout store's change feed)
+
 # Refusals that mean the server cannot serve writes right now (a replica after failover, out of memory,
 # loading, busy with a script, cluster down): an outage to wait out, unlike a refused command.
 _OUTAGE_REPLIES = ("MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "MISCONF", "NOREPLICAS", "LOADING")
@@ -54,17 +62,31 @@ class RedisStore:
     """The shared store: one Lua script per operation; every command bounded by `timeout_s`."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 0.25, prefix: str = "ag", clock: Callable[[], float] = time.time
+        self,
+        url: str,
+        *,
+        timeout_s: float = 0.25,
+        prefix: str = "ag",
+        clock: Callable[[], float] = time.time,
+        max_connections: int = MAX_CONNECTIONS,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
     ) -> None:
         # redis.asyncio reconnects per command; one immediate retry covers a pooled connection that died
         # with a restarted server, and only on connection errors: a retried timeout could apply twice.
-        self._redis = aioredis.Redis.from_url(
+        # A full pool makes a command wait (never fail) for a connection: see _run.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections + PUBSUB_CONNECTIONS,
+            timeout=pool_timeout_s,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             decode_responses=True,
         )
+        self._redis = aioredis.Redis.from_pool(pool)
+        self._slots = asyncio.Semaphore(max_connections)
+        self._pool_timeout_s = pool_timeout_s
+        self._outages = 0  # commands that failed for an outage; a waiter seeing it move gives up at once
         self._deadline_s = 3 * timeout_s + 0.05
         self._layout = Layout(prefix)
         self._clock = clock
@@ -74,15 +96,35 @@ class RedisStore:
         }
 
     async def _run(self, op: Awaitable[T]) -> T:
+        """Wait (bounded) for a free connection, then run `op` under the command deadline.
+
+        The wait is apart from the deadline: a burst larger than the pool queues here instead of failing
+        (StoreBusy only past `pool_timeout_s`), and a command that fails for an outage while others wait
+        fails them at once, so no request waits on a dead server for more than one command timeout.
+        """
+        outages = self._outages
         try:
+            async with asyncio.timeout(self._pool_timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            _discard(op)
+            raise StoreBusy(f"no Redis connection free within {self._pool_timeout_s:g} s") from None
+        try:
+            if self._outages != outages:
+                _discard(op)
+                raise StoreError("redis: failed while this command waited for a connection")
             async with asyncio.timeout(self._deadline_s):
                 return await op
         except ResponseError as exc:
             if not _outage(exc):
                 raise StoreFault(f"redis refused the command: {exc}") from exc
+            self._outages += 1
             raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
         except (RedisError, OSError, TimeoutError) as exc:
+            self._outages += 1
             raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._slots.release()
 
     async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return await self._run(self._scripts[name](keys=keys, args=args))
@@ -211,6 +253,12 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _discard(op: Awaitable[Any]) -> None:
+    """Close a command coroutine that will not run (it would warn 'never awaited')."""
+    if inspect.iscoroutine(op):
+        op.close()
 
 
 def _outage(exc: ResponseError) -> bool:

@@ -281,3 +281,51 @@ async def test_a_refused_script_is_a_fault_not_an_outage(
         assert (await store.reserve(Hold("acme", "hq", Cost(0.01, 10)))).origin == "shared"  # type: ignore[union-attr]
     finally:
         await store.close()
+
+
+async def test_a_burst_beyond_the_pool_waits_for_connections_instead_of_falling_back(
+    redis_server: RedisServer,
+    key_prefix: str,
+) -> None:
+    # 300 requests at once: observe, reserve, settle each; redis-py's default pool stops at 100 connections
+    shared = RedisStore(redis_server.url, timeout_s=1.0, prefix=key_prefix)
+    store = FallbackStore(shared, MemoryStore(), retry_s=60.0)
+    budgets = Budgets(store)
+    limits = TenantPolicy(name="acme", budgets=(Budget(window=Window.DAY, hard_usd=100.0),))
+
+    async def one(i: int) -> str:
+        await budgets.observe("acme", f"s{i}", SessionPolicy())
+        held = await budgets.reserve("acme", limits, "hq", Cost(0.01, 10))
+        await budgets.settle(held, _price(), 1000, 0)
+        return held.origin
+
+    try:
+        origins = await asyncio.gather(*(one(i) for i in range(300)))
+        assert set(origins) == {"shared"} and not store.degraded and store.pending_settles == 0
+        day = (await shared.snapshot("acme")).windows[Window.DAY]
+        assert (day.requests, day.reserved_usd) == (300, 0)
+        assert day.spend_usd == pytest.approx(300 * 0.001)
+    finally:
+        await store.close()
+
+
+async def test_a_pool_busy_past_its_deadline_is_503_busy_not_an_outage(
+    redis_server: RedisServer,
+    key_prefix: str,
+) -> None:
+    shared = RedisStore(redis_server.url, timeout_s=2.0, prefix=key_prefix, max_connections=1, pool_timeout_s=0.05)
+    store = FallbackStore(shared, MemoryStore(), retry_s=60.0)
+    # one slow command (a script that spins 0.5 s) holds the only connection
+    spin = ("local t = redis.call('TIME') "
+            "repeat local n = redis.call('TIME') until (n[1] - t[1]) * 1e6 + n[2] - t[2] > 5e5")
+    slow = asyncio.ensure_future(shared._run(shared._redis.eval(spin, 0)))
+    try:
+        while not shared._slots.locked():  # the slow command holds the slot
+            await asyncio.sleep(0)
+        with pytest.raises(StoreUnavailable) as info:
+            await store.reserve(Hold("acme", "hq", Cost(0.01, 10)))
+        assert info.value.code == "store_busy" and not store.degraded
+        await slow
+        assert (await store.reserve(Hold("acme", "hq", Cost(0.01, 10)))).origin == "shared"  # type: ignore[union-attr]
+    finally:
+        await store.close()
