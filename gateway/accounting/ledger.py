@@ -99,14 +99,13 @@ class Accounting:
         if not policy.accounted:
             return await forward(decision)  # only a cost-cap header steered this request: nothing to account
         held, decision = await self._hold(admitted, policy, decision)
-        settled = False
         try:
-            response = await forward(decision)
-            settled = ex.usage is not None
-            return response
+            return await forward(decision)
         finally:
-            # shielded: a client that disconnects cancels the handler, and the hold must still be freed
-            done = self._settle(held, policy, ex) if settled else self.budgets.release(held)
+            # What was generated is charged, also when the client left or the deployment died mid-stream
+            # (the relay then counts the streamed tokens); only a call that generated nothing is released.
+            # Shielded: a client that disconnects cancels the handler, and the hold must still be freed.
+            done = self._settle(held, policy, ex) if ex.usage is not None else self.budgets.release(held)
             await asyncio.shield(done)
 
     async def _hold(

@@ -15,14 +15,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gateway.errors import BadRequest
-from gateway.features import Features
+from gateway.features import Features, prompt_tokens_with_template
 from gateway.policy.model import Deployment, Policy
 from gateway.policy.tenancy import SessionPolicy, TenantPolicy, Window, find_tenant
 
 ANONYMOUS = "anonymous"  # the tenant of every request while auth is off
 MAX_COST_HEADER = "x-gateway-max-cost-usd"
-# Chat templates wrap each message in role and separator tokens that the prompt's text count misses.
-TEMPLATE_TOKENS_PER_MESSAGE = 8
 
 
 def window_bucket(window: Window, now_s: float) -> tuple[str, float]:
@@ -287,10 +285,8 @@ def has_soft_limits(limits: TenantPolicy | None) -> bool:
 
 def costs_of(policy: Policy, features: Features, body_bytes: int) -> dict[str, Cost]:
     """Each deployment's worst case for this request: an upper bound on its prompt, max_tokens out."""
-    if features.prompt_tokens_exact:
-        prompt = features.prompt_tokens + TEMPLATE_TOKENS_PER_MESSAGE * (features.message_count + 1)
-    else:
-        prompt = body_bytes  # an estimate is not a bound; no tokenizer makes more tokens than bytes
+    # an estimate is not a bound; no tokenizer makes more tokens than bytes
+    prompt = prompt_tokens_with_template(features) if features.prompt_tokens_exact else body_bytes
     return {name: worst_case(dep, prompt, features.max_tokens) for name, dep in policy.deployments.items()}
 
 

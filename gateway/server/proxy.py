@@ -223,7 +223,7 @@ async def _relay_stream(
     finally:
         # An unfinished stream (error, client gone, cancelled) must stop the deployment's generation too.
         reply.release() if finished else reply.close()
-        ex.settle(relay.usage, metrics)
+        ex.settle(relay.usage, metrics, relay.streamed)
     await response.write_eof()
     return response
 
@@ -231,15 +231,17 @@ async def _relay_stream(
 class _StreamRelay:
     """Splits the upstream byte stream into SSE events, takes the usage chunk, notes [DONE]."""
 
-    __slots__ = ("_pending", "client_wants_usage", "done", "usage")
+    __slots__ = ("_pending", "client_wants_usage", "done", "streamed", "usage")
 
     def __init__(self, client_wants_usage: bool) -> None:
         self.client_wants_usage = client_wants_usage
         self._pending = b""
         self.usage: openai.Usage | None = None
         self.done = False
+        self.streamed = openai.StreamTally()  # what was generated, should the usage chunk never come
 
     def feed(self, chunk: bytes) -> bytes:
+        self.streamed.add(chunk)
         # Nearly every chunk is whole content events: pass those through without splitting them.
         if not self._pending and chunk.endswith(b"\n\n") and b'"usage"' not in chunk and b"[DONE]" not in chunk:
             return chunk

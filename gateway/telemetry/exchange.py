@@ -7,8 +7,8 @@ from typing import Any
 
 from gateway.decision.routing import Decision
 from gateway.errors import GatewayError
-from gateway.features import Features
-from gateway.openai import OPERATION, Usage
+from gateway.features import Features, count_tokens, prompt_tokens_with_template
+from gateway.openai import OPERATION, StreamTally, Usage
 from gateway.telemetry import metrics as t
 from gateway.telemetry.spans import Spans, TraceContext
 
@@ -21,8 +21,8 @@ class Exchange:
     The span is recorded once at the end with every attribute (start time back-dated; see telemetry/spans.py).
     """
 
-    __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "request_id", "rule",
-                 "served_model", "started", "started_ns", "tap", "trace", "usage")
+    __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "prompt_tokens", "request_id",
+                 "rule", "served_model", "started", "started_ns", "tap", "trace", "usage")
 
     def __init__(self, request_id: str, endpoint: str, trace: TraceContext | None = None) -> None:
         self.request_id = request_id
@@ -35,12 +35,14 @@ class Exchange:
         self.served_model: str | None = None
         self.first_byte_at: float | None = None
         self.usage: Usage | None = None
+        self.prompt_tokens = 0  # the request's estimate, charged when a stream ends without usage
         self.error: GatewayError | None = None
         self.tap: list[bytes] | None = None  # set when a shadow compares against the relayed bytes
         self.trace = trace  # None when spans are off: the caller's traceparent then goes upstream as sent
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         self.deployment, self.rule = decision.deployment, decision.rule
+        self.prompt_tokens = prompt_tokens_with_template(features)
         attrs = self.attributes
         attrs[t.GEN_AI_REQUEST_MODEL] = features.requested_model
         attrs[t.RULE] = decision.rule
@@ -60,8 +62,11 @@ class Exchange:
         if self.first_byte_at is None:
             self.first_byte_at = time.perf_counter()
 
-    def settle(self, usage: Usage | None, metrics: t.Metrics) -> None:
-        """Keep a finished exchange's usage (exact, from the deployment) and count its tokens."""
+    def settle(self, usage: Usage | None, metrics: t.Metrics, streamed: StreamTally | None = None) -> None:
+        """Keep a finished exchange's usage and count its tokens: the deployment's (exact), else, for a stream
+        that ended without it (client gone, deployment died), the prompt and the tokens it streamed."""
+        if usage is None and streamed is not None and streamed.events:
+            usage = Usage(self.prompt_tokens, streamed.completion_tokens(count_tokens), estimated=True)
         self.usage = usage
         if usage is not None and self.deployment is not None:
             metrics.count_tokens(self.deployment, usage.prompt_tokens, usage.completion_tokens)

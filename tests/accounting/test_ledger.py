@@ -20,6 +20,7 @@ from gateway.policy import model as policy_module
 from gateway.policy.tenancy import Window
 from gateway.server.resources import ACCOUNTING
 from tests.fixtures.fake_vllm import Fault
+from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
 HELLO = [{"role": "user", "content": "hello there"}]
@@ -158,23 +159,89 @@ async def test_streamed_usage_settles_and_failures_release(make_stack: Any) -> N
     assert await _day(stack) == (pytest.approx(HQ_CALL_USD), 0)
 
 
-async def test_client_disconnect_releases_the_hold(make_stack: Any) -> None:
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def store_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The gateway's store: the embedded one, or a real redis-server of the test's own."""
+    if request.param == "memory":
+        return {}
+    server: RedisServer = request.getfixturevalue("private_redis")
+    return {"redis_url": server.url}
+
+
+async def _settled(stack: Stack) -> tuple[float, int]:
+    """Once no hold is left: the day's spend and the output tokens charged on fast."""
+    for _ in range(200):
+        spend, reserved = await _day(stack)
+        if reserved == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert reserved == 0
+    rows = await _accounting(stack).store.usage("anonymous")
+    out = sum(r.tokens_out for r in rows if r.window is Window.DAY and r.deployment == "fast")
+    return spend, out
+
+
+async def test_a_client_that_disconnects_mid_stream_is_charged_what_was_streamed(
+    make_stack: Any, store_settings: dict[str, Any]
+) -> None:
     stack: Stack = await make_stack("""
         tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
-    """)
-    stack.fast.chunks = 10_000
+    """, settings=store_settings)
+    stack.fast.chunks, stack.fast.chunk_delay_s = 64, 0.02
     async with aiohttp.ClientSession() as http:
         resp = await http.post(
             stack.base_url + "/chat/completions", json={"model": "fast", "messages": HELLO, "stream": True}
         )
-        await resp.content.readline()
+        events = 0
+        while events < 16:  # read 16 of 64 chunks, then hang up
+            events += (await resp.content.readline()).startswith(b"data: ")
         assert (await _day(stack))[1] > 0
         resp.close()
-    for _ in range(50):
-        if await _day(stack) == (0, 0):
-            break
-        await asyncio.sleep(0.05)
-    assert await _day(stack) == (0, 0)
+    spend, out = await _settled(stack)
+    assert 16 <= out < 64  # the chunks the gateway relayed (or had read), each one token, never the rest
+    assert spend > 0 and spend == pytest.approx(_fast_cost(out), rel=1e-6)
+
+
+async def test_a_deployment_that_dies_mid_stream_is_charged_what_it_streamed(
+    make_stack: Any, store_settings: dict[str, Any]
+) -> None:
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+    """, settings=store_settings)
+    stack.fast.faults += [Fault(drop_after_chunks=5)]
+    async with stack.client() as client:
+        stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
+        with pytest.raises(openai.APIError):
+            _ = [chunk async for chunk in stream]
+    spend, out = await _settled(stack)
+    assert 5 <= out <= 7  # "tok " five times: five chunks, six cl100k tokens
+    assert spend == pytest.approx(_fast_cost(out), rel=1e-6)
+
+
+def test_stream_tally_counts_text_tool_calls_and_events_past_its_kept_bytes() -> None:
+    from gateway.features import count_tokens
+    from gateway.openai import TALLY_KEPT_BYTES, StreamTally
+
+    def event(delta: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta}]}).encode() + b"\n\n"
+
+    tally = StreamTally()
+    tally.add(event({"role": "assistant", "content": ""}))  # carries no token
+    tally.add(event({"content": "The quick brown fox jumps"}) + event({"content": " over"}))  # several per chunk
+    tally.add(event({"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": "{}"}}]}))
+    expected = count_tokens("The quick brown fox jumps overget_weather{}")
+    assert tally.completion_tokens(count_tokens) == expected > 3
+    tally.add(b"x" * TALLY_KEPT_BYTES)  # past the kept bytes, each event counts one token
+    tally.add(event({"content": "a"}) * 10)
+    assert tally.completion_tokens(count_tokens) == expected + 10
+
+
+def _fast_cost(tokens_out: int) -> float:
+    """What fast charges for HELLO's prompt as the gateway counts it, plus `tokens_out`."""
+    from gateway.features import extract, prompt_tokens_with_template
+
+    prompt = prompt_tokens_with_template(extract({"model": "fast", "messages": HELLO}, "chat"))
+    return (prompt * 0.5 + tokens_out * 1.5) / 1e6
 
 
 async def test_auth_keys_and_usage_endpoint(make_stack: Any) -> None:
