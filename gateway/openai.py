@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,14 +116,17 @@ def encode(value: Any) -> bytes:
         return _COMPACT.encode(value).encode()
 
 
-def upstream_body(body: dict[str, Any], served_model: str) -> tuple[bytes, bool]:
-    """The body for a deployment: only `model` rewritten, and usage always requested on streams.
+def upstream_body(body: dict[str, Any], served_model: str, cap_tokens: int | None = None) -> tuple[bytes, bool]:
+    """The body for a deployment: only `model` rewritten, usage always requested on streams, and, when
+    `cap_tokens` is given (budgets apply and the request sets no cap), the completion cap the hold assumed.
 
     Returns the encoded body and whether the client itself asked for the usage chunk (if not, the
     gateway drops it from the client's stream).
     """
     out = dict(body)
     out["model"] = served_model
+    if cap_tokens is not None:
+        out["max_completion_tokens" if "messages" in body else "max_tokens"] = cap_tokens
     client_wants_usage = True
     if body.get("stream"):
         options = body.get("stream_options") or {}
@@ -131,6 +134,22 @@ def upstream_body(body: dict[str, Any], served_model: str) -> tuple[bytes, bool]
         if not client_wants_usage:
             out["stream_options"] = {**options, "include_usage": True}
     return encode(out), client_wants_usage
+
+
+def choices_of(body: Mapping[str, Any], endpoint: str) -> int:
+    """The completions one request generates: n (or best_of, generated before n are picked), times the
+    prompts of a batched completions request."""
+    per_prompt = max(_count(body.get("n")), _count(body.get("best_of")))
+    prompt = body.get("prompt")
+    if endpoint != "completions" or not isinstance(prompt, list) or not prompt:
+        return per_prompt
+    if all(isinstance(item, int) for item in prompt):  # a list of token ids is one tokenized prompt
+        return per_prompt
+    return per_prompt * len(prompt)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 def usage_of(payload: Any) -> Usage | None:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from gateway import openai
 from gateway.accounting.budgets import Budgets
 from gateway.accounting.keys import KeyRing
 from gateway.decision.admission import (
@@ -17,6 +18,7 @@ from gateway.decision.admission import (
     Cost,
     SessionState,
     TenantSnapshot,
+    caps_of,
     costs_of,
     has_soft_limits,
     judge,
@@ -48,6 +50,7 @@ class Admitted:
     costs: Mapping[str, Cost]
     verdict: Admission
     session: SessionState | None
+    caps: Mapping[str, int]  # the completion cap to send each deployment, when the request sets none
 
 
 class Accounting:
@@ -78,14 +81,14 @@ class Accounting:
         limits = find_tenant(policy.tenants, tenant)
         rules = policy.sessions
         sid = session_id(headers, body) if tracks_sessions(rules) else None
-        costs = costs_of(policy, features, body_bytes)
+        costs = costs_of(policy, features, body_bytes, openai.choices_of(body, features.endpoint))
         snapshot, session = TenantSnapshot(tenant, 0.0, {}), None
         if sid is not None or has_soft_limits(limits):
             # hard limits alone need no read: reserve checks them atomically
             seen = await self.budgets.observe(tenant, sid, rules)
             snapshot, session = seen.snapshot, seen.session
         verdict = judge(policy, costs, headers, snapshot, session)
-        return Admitted(tenant, limits, sid, costs, verdict, session)
+        return Admitted(tenant, limits, sid, costs, verdict, session, caps_of(policy, features, body_bytes))
 
     async def follow(
         self,

@@ -52,7 +52,8 @@ def offline(
         complexity = classifier.score(features)
         top = classifier.explain(features)
     given = _headers(headers)
-    verdict, state = _admission(policy, features, len(raw), given, tenant, spent, session)
+    choices = openai.choices_of(body, endpoint)
+    verdict, state = _admission(policy, features, len(raw), given, tenant, spent, session, choices)
     ctx = Context(headers=given, tenant=tenant, complexity=complexity,
                   load=_loads(policy.deployments, loads), admission=verdict, session=state)
     decision = decide(policy, features, ctx, explain=True)
@@ -74,7 +75,7 @@ def _headers(items: Sequence[str]) -> dict[str, str]:
 
 def _admission(
     policy: policy_module.Policy, features: Any, body_bytes: int, headers: dict[str, str], tenant: str | None,
-    spent: Sequence[str], session: Sequence[str],
+    spent: Sequence[str], session: Sequence[str], choices: int = 1,
 ) -> tuple[Admission | None, SessionState | None]:
     """The budget verdict with assumed spend (`--spent-usd day=45`) and session (`--session pinned=hq`)."""
     if not (steered(policy, headers) or spent or session):
@@ -91,7 +92,7 @@ def _admission(
                                     f"{', '.join(Window)}") from exc
     snapshot = TenantSnapshot(tenant or ANONYMOUS, now_s, windows)
     state = _session(session) if session else None
-    costs = costs_of(policy, features, body_bytes)
+    costs = costs_of(policy, features, body_bytes, choices)
     return judge(policy, costs, headers, snapshot, state), state
 
 

@@ -251,12 +251,19 @@ def steered(policy: Policy, headers: Mapping[str, str]) -> bool:
     return policy.accounted or MAX_COST_HEADER in headers
 
 
-def worst_case(deployment: Deployment, prompt_tokens: int, max_tokens: int | None) -> Cost:
-    """Prompt tokens at the input price plus max_tokens (or the deployment's cap) at the output price."""
+def completion_cap(deployment: Deployment, prompt_tokens: int, max_tokens: int | None) -> int:
+    """The tokens one choice may generate: max_tokens, else the deployment's default_max_tokens (which the
+    gateway then sends as the cap), within the deployment's context window."""
     completion = max_tokens if max_tokens is not None else deployment.default_max_tokens
     if deployment.max_model_len is not None:
         # the deployment cannot generate past its context window, whatever max_tokens says
         completion = max(0, min(completion, deployment.max_model_len - prompt_tokens))
+    return completion
+
+
+def worst_case(deployment: Deployment, prompt_tokens: int, max_tokens: int | None, choices: int = 1) -> Cost:
+    """Prompt tokens at the input price plus each choice's completion cap at the output price."""
+    completion = completion_cap(deployment, prompt_tokens, max_tokens) * choices
     return Cost(deployment.price.cost_usd(prompt_tokens, completion), prompt_tokens + completion)
 
 
@@ -283,11 +290,27 @@ def has_soft_limits(limits: TenantPolicy | None) -> bool:
     return any(b.soft_usd is not None or b.soft_tokens is not None for b in limits.budgets)
 
 
-def costs_of(policy: Policy, features: Features, body_bytes: int) -> dict[str, Cost]:
-    """Each deployment's worst case for this request: an upper bound on its prompt, max_tokens out."""
+def costs_of(policy: Policy, features: Features, body_bytes: int, choices: int = 1) -> dict[str, Cost]:
+    """Each deployment's worst case for this request: an upper bound on its prompt, every choice's cap out."""
+    prompt = _prompt_bound(features, body_bytes)
+    return {
+        name: worst_case(dep, prompt, features.max_tokens, choices) for name, dep in policy.deployments.items()
+    }
+
+
+def caps_of(policy: Policy, features: Features, body_bytes: int) -> dict[str, int]:
+    """The completion cap to send each deployment when the request sets none: the one its worst case assumed,
+    so the hold stays an upper bound (empty when the request caps itself, or generates nothing)."""
+    if features.max_tokens is not None or features.endpoint == "embeddings":
+        return {}
+    prompt = _prompt_bound(features, body_bytes)
+    caps = {name: completion_cap(dep, prompt, None) for name, dep in policy.deployments.items()}
+    return {name: cap for name, cap in caps.items() if cap >= 1}
+
+
+def _prompt_bound(features: Features, body_bytes: int) -> int:
     # an estimate is not a bound; no tokenizer makes more tokens than bytes
-    prompt = prompt_tokens_with_template(features) if features.prompt_tokens_exact else body_bytes
-    return {name: worst_case(dep, prompt, features.max_tokens) for name, dep in policy.deployments.items()}
+    return prompt_tokens_with_template(features) if features.prompt_tokens_exact else body_bytes
 
 
 def _max_cost(headers: Mapping[str, str]) -> float | None:

@@ -70,7 +70,7 @@ class Deployment(Frozen):
     timeouts: Timeouts = Timeouts()
     max_in_flight: int = Field(256, ge=1)
     max_model_len: int | None = Field(None, ge=1)
-    # Used as the worst-case completion size when a request gives no max_tokens.
+    # The worst-case completion size when a request gives no max_tokens; with budgets, also sent as its cap.
     default_max_tokens: int = Field(1024, ge=1)
     health: Health = Health()
     load: LoadLimits = LoadLimits()

@@ -74,8 +74,9 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     app[RECENT].remember(ex.request_id, policy, features, ctx)
     ex.decided(features, decision, ctx.complexity)
     if accounting is not None and admitted is not None:
+        caps = admitted.caps
         forwarded = accounting.follow(admitted, policy, decision, ex,
-                                      lambda held: _forward(request, policy, held, body, features))
+                                      lambda held: _forward(request, policy, held, body, features, caps))
     else:
         forwarded = _forward(request, policy, decision, body, features)
     if enrollment is not None:
@@ -148,7 +149,8 @@ async def _read_chunked(request: web.Request, limit: int) -> bytes:
 
 
 async def _forward(
-    request: web.Request, policy: Policy, decision: Decision, body: dict[str, Any], features: Features
+    request: web.Request, policy: Policy, decision: Decision, body: dict[str, Any], features: Features,
+    caps: Mapping[str, int] | None = None,
 ) -> web.StreamResponse:
     """Try the decision's deployments in order; fail over only before the first byte reaches the client."""
     ex, pool, deployments = request[EXCHANGE], request.app[POOL], request.app[DEPLOYMENTS]
@@ -160,7 +162,7 @@ async def _forward(
     last: GatewayError | None = None
     for name in decision.attempts:
         dep = policy.deployments[name]
-        payload, client_wants_usage = openai.upstream_body(body, dep.served_model)
+        payload, client_wants_usage = openai.upstream_body(body, dep.served_model, caps.get(name) if caps else None)
         deployments.in_flight[name] = deployments.in_flight.get(name, 0) + 1
         try:
             try:

@@ -129,6 +129,42 @@ def test_worst_case_uses_max_tokens_or_the_deployment_cap() -> None:
     assert worst_case(dep, 1000, 200) == Cost(pytest.approx(0.006), 1200)
     assert worst_case(dep, 1000, None) == Cost(pytest.approx(0.018), 2000)
     assert worst_case(dep, 4000, 5000).tokens == 4096  # cannot generate past the context window
+    assert worst_case(dep, 1000, 200, choices=3) == Cost(pytest.approx(0.012), 1600)
+
+
+def test_the_worst_case_counts_every_choice_and_the_cap_it_assumes_is_sent() -> None:
+    from gateway import openai
+    from gateway.decision.admission import caps_of, costs_of
+    from gateway.features import extract
+    from gateway.policy.model import parse
+
+    assert openai.choices_of({"n": 3}, "chat") == 3
+    assert openai.choices_of({"n": 2, "best_of": 5}, "completions") == 5
+    assert openai.choices_of({"prompt": ["a", "b"], "n": 2}, "completions") == 4
+    assert openai.choices_of({"prompt": [1, 2, 3]}, "completions") == 1  # one tokenized prompt
+    assert openai.choices_of({"n": True, "best_of": "9"}, "chat") == 1
+    policy = parse(
+        """
+version: 1
+deployments:
+  hq: {url: "http://127.0.0.1:1", served_model: a, max_model_len: 600, default_max_tokens: 1000,
+       price: {input_per_mtok_usd: 1, output_per_mtok_usd: 10}}
+  fast: {url: "http://127.0.0.1:2", served_model: b, default_max_tokens: 256}
+models: {auto: {route: rules}}
+default: fast
+""",
+        "p.yaml",
+    )
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+    features = extract(body, "chat")
+    prompt = features.prompt_tokens + 16
+    assert caps_of(policy, features, 100) == {"hq": 600 - prompt, "fast": 256}  # within hq's context window
+    assert costs_of(policy, features, 100, 3)["hq"].usd == pytest.approx((prompt + 3 * (600 - prompt) * 10) / 1e6)
+    assert caps_of(policy, extract({**body, "max_tokens": 5}, "chat"), 100) == {}  # the request caps itself
+    capped = {**body, "model": "a", "max_completion_tokens": 256}
+    assert openai.upstream_body(body, "a", 256)[0] == openai.encode(capped)
+    completion = {"model": "auto", "prompt": "hi"}
+    assert b'"max_tokens":7' in openai.upstream_body(completion, "a", 7)[0]
 
 
 async def test_budgets_raise_429_with_limit_and_retry_after() -> None:

@@ -244,6 +244,39 @@ def _fast_cost(tokens_out: int) -> float:
     return (prompt * 0.5 + tokens_out * 1.5) / 1e6
 
 
+async def test_a_call_without_max_tokens_goes_upstream_with_the_cap_its_hold_assumed(make_stack: Any) -> None:
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+    """)
+    status, _, _ = await _chat(stack, model="fast")
+    assert status == 200 and stack.fast.received[-1]["max_completion_tokens"] == 1024
+    status, _, _ = await _chat(stack, model="fast", max_tokens=8)  # the client's own cap, untouched
+    assert status == 200 and stack.fast.received[-1]["max_tokens"] == 8
+    assert "max_completion_tokens" not in stack.fast.received[-1]
+    async with stack.client() as client:
+        await client.completions.create(model="fast", prompt="hello there")
+    assert stack.fast.received[-1]["max_tokens"] == 1024
+    spend, reserved = await _day(stack)
+    assert reserved == 0 and spend > 0
+
+
+async def test_without_budgets_the_body_goes_upstream_without_a_cap(stack: Stack) -> None:
+    status, _, _ = await _chat(stack, model="fast")
+    assert status == 200 and "max_completion_tokens" not in stack.fast.received[-1]
+
+
+@pytest.mark.parametrize("extra", [{"n": 4}, {"n": 1, "best_of": 4}])
+async def test_the_hold_counts_every_choice(make_stack: Any, extra: dict[str, Any]) -> None:
+    # fast's worst case at max_tokens 100: ~150 µUSD per choice; four choices do not fit 400 µUSD
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 0.0004}]}]
+    """)
+    status, body, _ = await _chat(stack, model="fast", max_tokens=100, **extra)
+    assert status == 429 and "usd_per_day" in body["error"]["message"]
+    status, _, _ = await _chat(stack, model="fast", max_tokens=100, n=2)
+    assert status == 200
+
+
 async def test_auth_keys_and_usage_endpoint(make_stack: Any) -> None:
     stack: Stack = await make_stack("""
         auth: {enabled: true}
