@@ -86,6 +86,18 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
     return Decision(attempts[0], rule_name, attempts, tuple(trail))
 
 
+def substitute(policy: Policy, features: Features, ctx: Context, live: Decision, candidate: str) -> Decision | None:
+    """The live decision with a rollout's candidate deployment in its chosen place, or None when the candidate
+    may not serve this request: the same admission as any deployment (budgets, soft-limit refusals, the cost
+    cap, health, context window, endpoint, load), so an arm never sends a call where decide() would not."""
+    why = _exclusion(policy, candidate, features, ctx)
+    if why is not None:
+        return None
+    attempts = (candidate, *(a for a in live.attempts if a != candidate))[: policy.max_attempts]
+    return Decision(candidate, f"rollout:{candidate}", attempts,
+                    (*live.reasons, f"rollout candidate deployment:{candidate}"))
+
+
 def _refusal(verdict: Admission, tenant: str | None) -> RateLimited:
     who = f"Tenant {tenant!r}" if tenant else "This client"
     what = "this session's cost cap" if verdict.limit == "session_usd" else f"its {verdict.limit} limit"

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from gateway import openai
 from gateway.classifier.scoring import Classifier
-from gateway.decision.routing import Context, Decision, decide
+from gateway.decision.routing import Context, Decision, decide, substitute
 from gateway.decision.sessions import session_id
 from gateway.errors import GatewayError
 from gateway.experiments.request_log import RequestLog, loggable_headers
@@ -107,23 +107,28 @@ class Experiments:
             return
         arm = (await self.rollouts.arm(state, key)).arm
         self.arms.labels(spec.route or "", arm.value).inc()
-        if arm is Arm.CANDIDATE:
-            enrollment.decision = self._candidate(enrollment, spec.candidate, ctx)
+        # A request the candidate may not serve (admission, health, context window…) stays on stable in
+        # either arm, unmeasured: both cohorts then hold only requests the candidate could have taken.
+        candidate = self._candidate(enrollment, spec.candidate, ctx) if arm is not Arm.STABLE else None
+        if arm is Arm.CANDIDATE and candidate is not None:
+            enrollment.decision = candidate
+            enrollment.candidate_deployment = _deployment_of(spec.candidate)
             enrollment.measure(spec, state, Cohort.CANDIDATE)
-        elif arm is Arm.CONTROL:
+        elif arm is Arm.CONTROL and candidate is not None:
             enrollment.measure(spec, state, Cohort.CONTROL)
         if shadow_sampled(state, arm, key):
             self._mirror(enrollment, spec.candidate, ctx, ShadowLimits(), self.rollouts.samples_key(state))
 
-    def _candidate(self, enrollment: Enrollment, target: str, ctx: Context) -> Decision:
+    def _candidate(self, enrollment: Enrollment, target: str, ctx: Context) -> Decision | None:
+        """The candidate's decision for this request, or None when the candidate may not serve it."""
         kind, _, name = target.partition(":")
-        live = enrollment.decision
         if kind == "policy":
-            found = decide(enrollment.policy.candidate_policy(name), enrollment.features, ctx)
+            try:
+                found = decide(enrollment.policy.candidate_policy(name), enrollment.features, ctx)
+            except GatewayError:
+                return None
             return Decision(found.deployment, f"{target}/{found.rule}", found.attempts, found.reasons)
-        enrollment.candidate_deployment = name
-        attempts = (name, *(a for a in live.attempts if a != name))[: enrollment.policy.max_attempts]
-        return Decision(name, f"rollout:{name}", attempts, (*live.reasons, f"rollout candidate {target}"))
+        return substitute(enrollment.policy, enrollment.features, ctx, enrollment.decision, name)
 
     def _mirror(
         self, enrollment: Enrollment, target: str, ctx: Context, limits: ShadowLimits, samples_key: str | None = None
@@ -329,6 +334,11 @@ def _key(chain: tuple[str, ...], headers: Mapping[str, str], body: Mapping[str, 
         tenant=ctx.tenant,
         session=session_id(headers, body) if "session" in chain else None,
     )
+
+
+def _deployment_of(target: str) -> str | None:
+    kind, _, name = target.partition(":")
+    return name if kind == "deployment" else None
 
 
 def _sampled(shadow: ShadowSpec, key: str | None) -> bool:

@@ -234,3 +234,28 @@ def test_a_trajectory_rule_wins_over_the_session_pin_but_not_over_a_budget() -> 
     assert decide(POLICY, _features(), _ctx(admission=pinned)).deployment == "hq"
     soft = Admission(BOTH, prefer="fast", reasons=("soft limit usd_per_day crossed",))
     assert decide(POLICY, _features(tools=TOOLS), _ctx(step=FAILED, admission=soft)).deployment == "fast"
+
+
+@pytest.mark.parametrize(
+    ("ctx", "body", "served"),
+    [
+        ({}, {}, True),
+        ({"load": {**HEALTHY, "hq": DeploymentLoad(healthy=False)}}, {}, False),
+        ({"load": {**HEALTHY, "hq": DeploymentLoad(kv_cache_usage=1.0)}}, {}, False),
+        ({"admission": Admission(frozenset({"fast"}))}, {}, False),  # a budget, refusal or cost cap dropped it
+        ({}, {"max_tokens": 4096}, False),  # its context window cannot hold the request
+    ],
+    ids=["admitted", "unhealthy", "kv-cache-full", "not-admitted", "context-window"],
+)
+def test_a_rollout_candidate_is_substituted_only_where_decide_would_send_it(
+    ctx: dict[str, object], body: dict[str, object], served: bool
+) -> None:
+    from gateway.decision.routing import substitute
+
+    small_hq = POLICY.deployments["hq"].model_copy(update={"max_model_len": 2048})
+    policy = POLICY.model_copy(update={"deployments": {**POLICY.deployments, "hq": small_hq}})
+    live = decide(policy, _features(), _ctx())
+    found = substitute(policy, _features(**body), _ctx(**ctx), live, "hq")
+    assert (found is not None) is served
+    if found is not None:
+        assert found.deployment == "hq" and found.attempts == ("hq", "fast")

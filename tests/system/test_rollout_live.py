@@ -130,9 +130,49 @@ async def test_failing_candidate_aborts_and_its_clients_return_to_stable(
     assert sent < 100
 
 
-async def _weight_is(live: Live, weight: float) -> bool:
-    status, st = await live.admin("GET", "/admin/rollouts/hq")
+async def _weight_is(live: Live, weight: float, route: str = "hq") -> bool:
+    status, st = await live.admin("GET", f"/admin/rollouts/{route}")
     return status == 200 and st["weight_pct"] == weight and st["replica"]["weight_pct"] == weight
+
+
+# Every call on `fast` goes to the candidate hq-v2 (hq's price): at max_tokens 100 its worst case is about
+# 1,550 µUSD, fast's about 160.
+CANDIDATE_FOR_ALL = """
+rollouts:
+  - id: fast-to-v2
+    route: fast
+    candidate: deployment:hq-v2
+    stable: deployment:fast
+    steps:
+      - set_weight: 100
+      - pause: {}
+"""
+
+
+@pytest.mark.parametrize(
+    ("tenancy", "headers"),
+    [
+        ("tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 0.001}]}]", {}),
+        ("tenants: [{name: anonymous, budgets: [{window: day, soft_usd: 0}], above_soft: {refuse: [hq-v2]}}]",
+         {}),
+        ("", {"x-gateway-max-cost-usd": "0.0005"}),
+    ],
+    ids=["hard-limit", "refused-above-soft", "cost-cap-header"],
+)
+async def test_a_candidate_goes_through_admission_like_any_deployment(
+    make_live: Callable[..., Any], tenancy: str, headers: dict[str, str]
+) -> None:
+    live = await make_live(CANDIDATE_FOR_ALL + tenancy)
+    await _until(lambda: _weight_is(live, 100.0, "fast"))
+    async with live.client() as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="fast", messages=HELLO, max_tokens=100, extra_headers=headers
+        )  # before: the candidate's hold (or call) went through anyway, and near a hard limit got 429
+        assert raw.headers["x-gateway-deployment"] == "fast"
+        assert live.v2.received == []
+        roomy = await client.chat.completions.with_raw_response.create(model="fast", messages=HELLO, max_tokens=1)
+    if not tenancy:  # a call whose worst case fits everything still goes to the candidate
+        assert roomy.headers["x-gateway-deployment"] == "hq-v2"
 
 
 STALL_SHADOW = """
