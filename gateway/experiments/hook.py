@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from gateway import openai
@@ -46,6 +46,7 @@ class Answered(Protocol):
 
 
 Response = TypeVar("Response", bound=Answered)
+Forward = Callable[[Decision], Awaitable[Response]]
 
 
 class Experiments:
@@ -148,16 +149,19 @@ class Experiments:
         if name == enrollment.decision.deployment:
             self.shadows.drop(target, "same_deployment")
             return
-        self.shadows.mirror(
-            target,
-            name,
-            enrollment.policy.deployments[name],
-            openai.PATHS[enrollment.features.endpoint],
-            enrollment.body,
-            enrollment.ex.request_id,
-            limits,
-            enrollment.primary,  # only a sent shadow makes the relay copy the primary's bytes
-            samples_key,
+        dep, path = enrollment.policy.deployments[name], openai.PATHS[enrollment.features.endpoint]
+        enrollment.shadows.append(
+            lambda: self.shadows.mirror(
+                target,
+                name,
+                dep,
+                path,
+                enrollment.body,
+                enrollment.ex.request_id,
+                limits,
+                enrollment.primary,  # only a sent shadow makes the relay copy the primary's bytes
+                samples_key,
+            )
         )
 
     def _shadow_policy(self, enrollment: Enrollment, ctx: Context) -> None:
@@ -191,13 +195,16 @@ class Experiments:
         ex = enrollment.ex
         total_ms = (time.perf_counter() - ex.started) * 1000
         ttft_ms = None if ex.first_byte_at is None else (ex.first_byte_at - ex.started) * 1000
+        # Only a call a deployment served is a sample or a pair: not one refused before the forward (429,
+        # 503), not a 4xx (the request's own fault), not one whose client left.
+        served = enrollment.forwarded and status != CLIENT_CLOSED and not 400 <= status < 500
         if enrollment.future is not None and not enrollment.future.done():
-            if status == CLIENT_CLOSED:
+            if not served:
                 enrollment.future.cancel()
             else:
                 raw = b"".join(ex.tap or ())
                 enrollment.future.set_result(parse_capture(status, total_ms, ttft_ms, raw, enrollment.features.stream))
-        if enrollment.cohort is not None and status != CLIENT_CLOSED:
+        if enrollment.cohort is not None and served:
             self._sample(enrollment, status, total_ms, ttft_ms)
         if self.log is not None:
             self.log.write(self._log_record(enrollment, status, total_ms, ttft_ms))
@@ -270,9 +277,11 @@ class Enrollment:
         "ex",
         "experiments",
         "features",
+        "forwarded",
         "future",
         "headers",
         "policy",
+        "shadows",
         "spec",
         "state",
         "tenant",
@@ -296,6 +305,8 @@ class Enrollment:
         self.cohort: Cohort | None = None
         self.candidate_deployment: str | None = None
         self.future: asyncio.Future[Capture] | None = None
+        self.shadows: list[Callable[[], bool]] = []  # started once the call passes admission to a deployment
+        self.forwarded = False
 
     def measure(self, spec: RolloutSpec, state: RolloutState, cohort: Cohort) -> None:
         self.spec, self.state, self.cohort = spec, state, cohort
@@ -306,6 +317,19 @@ class Enrollment:
             self.future = asyncio.get_running_loop().create_future()
             self.ex.tap = []
         return self.future
+
+    def forwarding(self, forward: Forward[Response]) -> Forward[Response]:
+        """`forward`, marking the call as sent to a deployment and starting its shadows then: after the budget
+        hold, so a call refused there is neither shadowed nor sampled."""
+
+        def sent(decision: Decision) -> Awaitable[Response]:
+            self.forwarded = True
+            for start in self.shadows:
+                start()
+            self.shadows.clear()
+            return forward(decision)
+
+        return sent
 
     async def follow(self, forwarded: Awaitable[Response]) -> Response:
         status = 500

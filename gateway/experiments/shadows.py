@@ -168,7 +168,7 @@ class Shadows:
             primary_capture = await asyncio.wait_for(asyncio.shield(primary), PRIMARY_WAIT_S)
         except (TimeoutError, asyncio.CancelledError):
             return
-        await self._record(target, body, primary_capture, capture, request_id, samples_key)
+        await self._record(target, body, primary_capture, capture, request_id, samples_key, limits.max_tokens)
 
     async def _call(
         self, name: str, dep: Deployment, path: str, body: Mapping[str, Any], request_id: str, limits: ShadowLimits
@@ -208,8 +208,9 @@ class Shadows:
         shadow: Capture,
         request_id: str,
         samples_key: str | None,
+        cap_tokens: int,
     ) -> None:
-        record = compare(request, primary, shadow)
+        record = compare(request, primary, shadow, cap_tokens)
         record.update(target=target, request_id=request_id, at=round(time.time(), 3))
         outcome = PairOutcome(record["outcome"])
         self.outcomes.labels(target, outcome.value).inc()

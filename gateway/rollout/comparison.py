@@ -129,8 +129,14 @@ def _offered_tools(request: Mapping[str, Any]) -> set[str]:
     }
 
 
-def compare(request: Mapping[str, Any], primary: Capture, shadow: Capture) -> dict[str, Any]:
-    """A JSON-serialisable record of one pair; `outcome` is the shadow's win/loss/tie against the primary."""
+def compare(
+    request: Mapping[str, Any], primary: Capture, shadow: Capture, shadow_cap_tokens: int | None = None
+) -> dict[str, Any]:
+    """A JSON-serialisable record of one pair; `outcome` is the shadow's win/loss/tie against the primary.
+
+    `shadow_cap_tokens` is the max_tokens the shadow ran under: a shadow it cut short (finish_reason
+    `length` below the client's own cap) makes the pair unusable, not a loss of the candidate.
+    """
     fmt = (request.get("response_format") or {}).get("type")
     wants_json = fmt in ("json_object", "json_schema")
     offered = _offered_tools(request)
@@ -149,8 +155,17 @@ def compare(request: Mapping[str, Any], primary: Capture, shadow: Capture) -> di
     )
     record["similarity"] = round(similarity(p_done.text, s_done.text), 4) if both_ok else None
     record["finish_reason_match"] = (p_done.finish_reason == s_done.finish_reason) if both_ok else None
+    record["shadow_truncated"] = s_done.finish_reason == "length" and _binding(request, shadow_cap_tokens)
     record["outcome"] = outcome(record).value
     return record
+
+
+def _binding(request: Mapping[str, Any], cap_tokens: int | None) -> bool:
+    """Whether the shadow's cap was lower than what the primary could generate (the client's own cap)."""
+    if cap_tokens is None:
+        return False
+    own = request.get("max_completion_tokens", request.get("max_tokens"))
+    return not isinstance(own, int) or own > cap_tokens
 
 
 def outcome(record: Mapping[str, Any]) -> PairOutcome:
@@ -158,6 +173,8 @@ def outcome(record: Mapping[str, Any]) -> PairOutcome:
     judged = record.get("judge")
     if isinstance(judged, str) and judged in PairOutcome._value2member_map_:
         return PairOutcome(judged)
+    if record.get("shadow_truncated"):
+        return PairOutcome.UNUSABLE
     primary, shadow = record["primary"], record["shadow"]
     for check in ("ok", "json_valid", "tool_calls_valid"):
         p, s = primary.get(check), shadow.get(check)
@@ -256,7 +273,8 @@ def format_report(summary: Mapping[str, Any]) -> str:
     lo, hi = w["interval"]
     lines += [
         "",
-        f"outcomes: {o['win']} wins, {o['loss']} losses, {o['tie']} ties",
+        f"outcomes: {o['win']} wins, {o['loss']} losses, {o['tie']} ties"
+        f" ({o['unusable']} unusable: the shadow cut short by its token cap)",
         f"win share {_fmt(w['estimate'])} [{_fmt(lo)}, {_fmt(hi)}]: {w['status']} ({w['detail']})",
     ]
     return "\n".join(lines)

@@ -29,6 +29,7 @@ class PairOutcome(StrEnum):
     WIN = "win"  # the candidate's answer is better
     LOSS = "loss"  # the candidate's answer is worse
     TIE = "tie"  # no difference the comparison can tell
+    UNUSABLE = "unusable"  # no fair comparison: the shadow was cut short by its own token cap
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -73,12 +73,18 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
         decision = enrollment.decision  # a rollout's candidate arm
     app[RECENT].remember(ex.request_id, policy, features, ctx)
     ex.decided(features, decision, ctx.complexity)
+    caps = admitted.caps if admitted is not None else None
+
+    def direct(held: Decision) -> Awaitable[web.StreamResponse]:
+        return _forward(request, policy, held, body, features, caps)
+
+    # with experiments, shadows start and samples count only once the call is past the budget hold
+    forward = enrollment.forwarding(direct) if enrollment is not None else direct
+    forwarded: Awaitable[web.StreamResponse]
     if accounting is not None and admitted is not None:
-        caps = admitted.caps
-        forwarded = accounting.follow(admitted, policy, decision, ex,
-                                      lambda held: _forward(request, policy, held, body, features, caps))
+        forwarded = accounting.follow(admitted, policy, decision, ex, forward)
     else:
-        forwarded = _forward(request, policy, decision, body, features)
+        forwarded = forward(decision)
     if enrollment is not None:
         return await enrollment.follow(forwarded)
     return await forwarded

@@ -145,7 +145,21 @@ def test_summarize_gives_rates_medians_and_win_share_with_intervals() -> None:
     ttft = summary["medians"]["ttft_ms shadow-primary"]
     assert (ttft["n"], ttft["median"], ttft["interval"]) == (40, -10.0, [-10.0, -10.0])
     assert summary["medians"]["completion_tokens shadow/primary"]["median"] == 0.8
-    assert summary["outcomes"] == {"win": 0, "loss": 0, "tie": 40}
+    assert summary["outcomes"] == {"win": 0, "loss": 0, "tie": 40, "unusable": 0}
     text = format_report(summary)
     assert "shadow pairs: 40" in text and "exact_match" in text and "inconclusive" in text
     json.dumps(summary)
+
+
+def test_a_shadow_cut_short_by_its_own_cap_is_unusable_not_a_loss() -> None:
+    json_request = {"model": "m", "messages": [], "response_format": {"type": "json_object"}}
+    primary = Capture(200, 900.0, body=chat_body('{"answer": "a long and complete object"}', tokens=700))
+    cut = Capture(200, 400.0, body=chat_body('{"answer": "a long and', finish="length", tokens=512))
+    record = compare(json_request, primary, cut, shadow_cap_tokens=512)
+    assert record["shadow_truncated"] is True and record["outcome"] == "unusable"
+    assert compare(json_request, primary, cut)["outcome"] == "loss"  # without the cap known: the old bias
+    # the client's own cap bound both sides alike: a fair comparison, and invalid JSON is a loss
+    own_cap = {**json_request, "max_tokens": 300}
+    assert compare(own_cap, primary, cut, shadow_cap_tokens=512)["outcome"] == "loss"
+    summary = summarize([record])
+    assert summary["outcomes"]["unusable"] == 1 and "1 unusable" in format_report(summary)

@@ -175,6 +175,35 @@ async def test_a_candidate_goes_through_admission_like_any_deployment(
         assert roomy.headers["x-gateway-deployment"] == "hq-v2"
 
 
+async def test_only_calls_a_deployment_served_are_sampled_shadowed_and_paired(
+    make_live: Callable[..., Any],
+) -> None:
+    from gateway.server.resources import EXPERIMENTS
+
+    shadow = """
+shadows:
+  - {route: fast, target: "deployment:hq", percent: 100, sample_by: random}
+tenants: [{name: anonymous, requests_per_minute: 2}]
+"""
+    live = await make_live(CANDIDATE_FOR_ALL + shadow)
+    await _until(lambda: _weight_is(live, 100.0, "fast"))
+    live.v2.faults = [Fault(status=400)]
+    async with live.client() as client:
+        with pytest.raises(openai.BadRequestError):  # the deployment's 400: the request's fault, not a sample
+            await client.chat.completions.create(model="fast", messages=HELLO)
+        await client.chat.completions.create(model="fast", messages=HELLO)  # served: the one sample
+        with pytest.raises(openai.RateLimitError):  # refused at the budget hold: no sample, no shadow
+            await client.chat.completions.create(model="fast", messages=HELLO)
+    experiments = live.gateway.app[EXPERIMENTS]
+    await experiments.rollouts.flush()
+    _, status = await live.admin("GET", "/admin/rollouts/fast")
+    assert status["samples"]["candidate"] == 1
+    assert len(live.hq.received) == 2  # the two calls that reached a deployment were shadowed
+    await asyncio.gather(*experiments.shadows._tasks)
+    _, pairs = await live.admin("GET", "/admin/shadow/pairs?target=deployment:hq")
+    assert [p["primary"]["status"] for p in pairs] == [200]  # a 400 or 429 is no candidate win
+
+
 STALL_SHADOW = """
 shadows:
   - route: auto
