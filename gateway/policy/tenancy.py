@@ -92,6 +92,7 @@ class StorePolicy(Frozen):
     timeout_s: float = Field(0.25, gt=0, le=10)  # per Redis command, connect included
     max_connections: int = Field(32, ge=1, le=10_000)  # per process; more commands wait for one…
     pool_timeout_s: float = Field(5.0, gt=0, le=60)  # …this long at most (503 store_busy, not an outage)
+    memory_max_keys: int = Field(200_000, ge=1000)  # the in-memory store's bound; idle sessions go first
     retry_s: float = Field(1.0, gt=0)  # while Redis is down, probe it again this often
     reservation_ttl_s: float = Field(900.0, gt=0)  # a crashed replica's reservations expire after this
 

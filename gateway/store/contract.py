@@ -240,6 +240,10 @@ class Layout:
     def steps(self, tenant: str, session_id: str) -> str:
         return f"{self.prefix}:{{{tenant}}}:st:{_digest(session_id)}"
 
+    def is_session(self, key: str) -> bool:
+        """A session's hash or step times (a tenant name holds no ':', so the marker is unambiguous)."""
+        return "}:s:" in key or "}:st:" in key
+
     def tenants(self) -> str:
         return f"{self.prefix}:tenants"
 

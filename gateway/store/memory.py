@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, cast
+from typing import Any
 
 from gateway.decision.admission import SessionState, TenantSnapshot, window_bucket
 from gateway.policy.tenancy import WINDOWS
@@ -33,40 +33,7 @@ from gateway.store.contract import (
     usage_rows,
     window_usage,
 )
-
-
-class _Keyspace:
-    """Just enough of Redis' data model: hashes, sorted sets, sets, key expiry (seconds)."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.data: dict[str, Any] = {}
-        self.expire_at: dict[str, float] = {}
-        self.clock = clock
-
-    def get(self, key: str) -> Any:
-        at = self.expire_at.get(key)
-        if at is not None and at <= self.clock():
-            self.delete(key)
-        return self.data.get(key)
-
-    def delete(self, key: str) -> None:
-        self.data.pop(key, None)
-        self.expire_at.pop(key, None)
-
-    def hash(self, key: str) -> dict[str, Any]:
-        return cast(dict[str, Any], self.get(key) or self.data.setdefault(key, {}))
-
-    def zset(self, key: str) -> dict[str, float]:
-        return cast(dict[str, float], self.get(key) or self.data.setdefault(key, {}))
-
-    def hincr(self, key: str, field: str, by: int) -> int:
-        h = self.hash(key)
-        h[field] = int(h.get(field, 0)) + by
-        return int(h[field])
-
-    def expire(self, key: str, at_s: float) -> None:
-        if key in self.data:
-            self.expire_at[key] = at_s
+from gateway.store.keyspace import MAX_KEYS, Keyspace
 
 
 class MemoryStore:
@@ -74,9 +41,12 @@ class MemoryStore:
 
     origin = "local"
 
-    def __init__(self, *, prefix: str = "ag", clock: Callable[[], float] = time.time) -> None:
-        self._ks = _Keyspace(clock)
+    def __init__(
+        self, *, prefix: str = "ag", clock: Callable[[], float] = time.time, max_keys: int = MAX_KEYS
+    ) -> None:
         self._layout = Layout(prefix)
+        # over the bound, idle sessions go first; budget buckets, holds and keys are never evicted
+        self._ks = Keyspace(clock, max_keys=max_keys, evictable=self._layout.is_session)
         self._clock = clock
 
     def _unhold(self, tenant: str, rid: str) -> list[str] | None:
@@ -105,6 +75,7 @@ class MemoryStore:
 
     async def reserve(self, hold: Hold) -> Reservation | Refusal:
         now_s, ks, lay = self._clock(), self._ks, self._layout
+        ks.tidy()
         plans = plan(lay, hold.tenant, hold.limits, now_s)
         self._expire_stale(hold.tenant, int(now_s * 1000))
         cost, tokens = to_nusd(hold.cost.usd), hold.cost.tokens
@@ -123,6 +94,10 @@ class MemoryStore:
             rec += [p.key, str(p.expire_at_s)]
         ks.zset(lay.reservations(hold.tenant))[rid] = expires_ms
         ks.hash(lay.records(hold.tenant))[rid] = " ".join(rec)
+        for key in (lay.reservations(hold.tenant), lay.records(hold.tenant)):
+            at_s = expires_ms / 1000 + 60  # as in Redis: the tenant's holds outlive their last expiry
+            if ks.expire_at.get(key, 0.0) < at_s:
+                ks.expire(key, at_s)
         if hold.session_id is not None:
             session_key = lay.session(hold.tenant, hold.session_id)
             ks.hash(session_key).setdefault("pinned", hold.deployment)
@@ -158,6 +133,7 @@ class MemoryStore:
 
     async def settle(self, reservation: Reservation, spend: Spend) -> bool:
         ks, lay, t = self._ks, self._layout, reservation.tenant
+        ks.tidy()
         live = self._unhold(t, reservation.id)
         targets: list[tuple[str, float | None]]
         if live is not None:
@@ -182,6 +158,7 @@ class MemoryStore:
         return live is not None
 
     async def release(self, reservation: Reservation) -> bool:
+        self._ks.tidy()
         return self._unhold(reservation.tenant, reservation.id) is not None
 
     async def observe(
@@ -195,6 +172,7 @@ class MemoryStore:
 
     async def snapshot(self, tenant: str) -> TenantSnapshot:
         now_s = self._clock()
+        self._ks.tidy()
         self._expire_stale(tenant, int(now_s * 1000))
         plans = plan(self._layout, tenant, Limits(), now_s)
         windows = {p.window: window_usage(p.window, p.ends_at_s, self._ks.get(p.key) or {}) for p in plans}
@@ -202,6 +180,7 @@ class MemoryStore:
 
     async def step(self, tenant: str, session_id: str, rate_window_s: float, idle_ttl_s: int) -> SessionState:
         now_s, ks = self._clock(), self._ks
+        ks.tidy()
         now_ms, key, steps_key = (
             int(now_s * 1000),
             self._layout.session(tenant, session_id),
@@ -273,21 +252,20 @@ class MemoryStore:
         """Every live key and value (tests scan it for secrets, as they SCAN Redis)."""
         return {k: v for k in list(self._ks.data) if (v := self._ks.get(k)) is not None}
 
-
 # --- Rollouts and shadows (the twin of store_rollouts.RedisRolloutStore; owned by the rollout area) ---
 
 
 class MemoryRolloutStore:
     """One process's rollout states, counters, arms and pairs; the embedded default with no Redis.
 
-    The leader lock is trivially this process's; arms and counters never expire here (the process's
-    lifetime bounds them, and arms are keyed by rollout run).
+    The leader lock is trivially this process's. Counters and arms expire after their TTLs as in Redis
+    (and over the keyspace's bound, the arms that expire soonest go first); pairs are bounded per target.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time, max_keys: int = MAX_KEYS) -> None:
         self._states: dict[str, str] = {}
-        self._counts: dict[str, dict[str, int]] = {}
-        self._arms: dict[str, str] = {}
+        self._ks = Keyspace(clock, max_keys=max_keys, evictable=lambda key: ":ro:arm:" in key)
+        self._clock = clock
         self._pairs: dict[str, Any] = {}
         self._listeners: list[Any] = []
         self._scores: dict[str, Any] = {}
@@ -312,16 +290,24 @@ class MemoryRolloutStore:
         return 1
 
     async def count(self, key: str, fields: Any, ttl_s: int) -> dict[str, int]:
-        h = self._counts.setdefault(key, {})
+        self._ks.tidy()
+        h = self._ks.hash(key)
         for name, by in fields.items():
             h[name] = h.get(name, 0) + by
+        self._ks.expire(key, self._clock() + ttl_s)
         return {name: h[name] for name in fields}
 
     async def counts(self, key: str) -> dict[str, int]:
-        return dict(self._counts.get(key, {}))
+        return dict(self._ks.get(key) or {})
 
     async def record_arm(self, key: str, value: str, ttl_s: int) -> str:
-        return self._arms.setdefault(key, value)
+        self._ks.tidy()
+        recorded = self._ks.get(key)
+        if recorded is not None:
+            return str(recorded)
+        self._ks.data[key] = value
+        self._ks.expire(key, self._clock() + ttl_s)
+        return value
 
     async def add_pair(self, target: str, record_json: str, maxlen: int) -> None:
         from collections import deque

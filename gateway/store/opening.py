@@ -29,8 +29,9 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
     """Embedded memory without a Redis URL (the policy's `store.redis_url`, else AGENT_GATEWAY_REDIS_URL);
     with one, Redis for both, accounting behind the degraded-mode fallback."""
     url = section.redis_url or env_redis_url
+    bound = section.memory_max_keys
     if not url:
-        return Stores(MemoryStore(prefix=prefix), MemoryRolloutStore())
+        return Stores(MemoryStore(prefix=prefix, max_keys=bound), MemoryRolloutStore(max_keys=bound))
     shared = RedisStore(
         url,
         timeout_s=section.timeout_s,
@@ -39,6 +40,7 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
         pool_timeout_s=section.pool_timeout_s,
     )
     accounting = FallbackStore(
-        shared, MemoryStore(prefix=prefix), on_unavailable=section.on_unavailable, retry_s=section.retry_s
+        shared, MemoryStore(prefix=prefix, max_keys=bound), on_unavailable=section.on_unavailable,
+        retry_s=section.retry_s,
     )
     return Stores(accounting, RedisRolloutStore(url, timeout_s=section.timeout_s, prefix=prefix), shared=True)

@@ -148,3 +148,19 @@ def test_breaker_opens_after_failures_then_lets_one_probe_through() -> None:
     assert breaker.allows(100.0) and not breaker.allows(100.0)  # half-open: a single probe
     breaker.record(True, 100.0)
     assert breaker.allows(100.0)
+
+
+async def test_the_memory_rollout_store_expires_arms_and_counters_and_bounds_the_arms() -> None:
+    now = [1_000.0]
+    store = MemoryRolloutStore(clock=lambda: now[0], max_keys=1000)
+    assert await store.record_arm("ag:ro:arm:r:1:s1", "candidate", 3600) == "candidate"
+    assert await store.record_arm("ag:ro:arm:r:1:s1", "stable", 3600) == "candidate"  # kept for its TTL
+    await store.count("ag:ro:n:r:1:0", {"candidate.requests": 2}, 7 * 86400)
+    now[0] += 3601
+    assert await store.record_arm("ag:ro:arm:r:1:s1", "stable", 3600) == "stable"  # expired, as in Redis
+    assert await store.counts("ag:ro:n:r:1:0") == {"candidate.requests": 2}
+    now[0] += 7 * 86400
+    assert await store.counts("ag:ro:n:r:1:0") == {}
+    for i in range(5000):
+        await store.record_arm(f"ag:ro:arm:r:1:k{i}", "stable", 3600)
+    assert len(store._ks.data) <= 1000 + 1

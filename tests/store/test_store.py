@@ -301,3 +301,33 @@ async def test_redis_and_memory_agree_on_a_random_history(redis_server: RedisSer
         assert len(seen) >= 3, seen  # the history reached several limits
     finally:
         await stores[1].close()
+
+
+async def test_the_memory_store_forgets_idle_sessions_and_ended_minutes_nobody_reads_again() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    for i in range(3000):  # 3,000 one-step sessions and a minute bucket per minute, never read again
+        clock.now = T0 + i * 0.1
+        await store.observe("acme", f"agent-{i}", 30.0, 3600)
+        await store.settle(await held(store, hold(0.001, 10)), Spend(0.001, 5, 5))
+    assert len(store._ks.data) > 6000
+    clock.now += 3600 + 200  # every session idle past its TTL, every minute bucket past its retention
+    for _ in range(250):  # ordinary traffic of one live session sweeps the rest away as it goes
+        state = await store.step("acme", "live", 30.0, 3600)
+    assert state.steps == 250
+    assert len(store._ks.data) < 20, sorted(store._ks.data)[:20]
+    assert (await store.snapshot("acme")).windows[Window.DAY].spend_usd == pytest.approx(3.0)
+
+
+async def test_the_memory_store_has_a_size_bound_and_evicts_idle_sessions_first() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock, max_keys=1000)
+    for i in range(5000):
+        clock.now = T0 + i * 0.01
+        await store.observe("acme", f"agent-{i}", 30.0, 3600)
+        if i % 100 == 0:
+            await store.settle(await held(store, hold(0.001, 10)), Spend(0.001, 5, 5))
+    assert len(store._ks.data) <= 1000 + 2
+    assert (await store.step("acme", "agent-4999", 30.0, 3600)).steps == 2  # the newest sessions stay
+    assert (await store.step("acme", "agent-0", 30.0, 3600)).steps == 1  # the oldest idle one went
+    assert (await store.snapshot("acme")).windows[Window.DAY].spend_usd == pytest.approx(0.05)  # never evicted
