@@ -20,29 +20,53 @@ MAX_ID_CHARS = 256
 
 
 def session_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-    """The `x-session-id` header, else the `user` field, else a hash of the system + first user message."""
+    """The `x-session-id` header; else, from a conversation's second step on, a hash of who calls (the
+    API key, the `user` field) and how the conversation opened (system prompt, first user message, first
+    assistant turn); else None: a first step looks like every conversation that opens the same way.
+
+    Only a header names a session exactly: two conversations of one caller that open alike and get the
+    same first reply (temperature 0) share the derived session.
+    """
     given = headers.get(HEADER)
     if given:
         return "h:" + given[:MAX_ID_CHARS]
-    user = body.get("user")
-    if isinstance(user, str) and user:
-        return "u:" + user[:MAX_ID_CHARS]
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
-    system = _first_text(messages, ("system", "developer"))
-    first_user = _first_text(messages, ("user",))
-    if first_user is None:
+    first_user = _first(messages, ("user",))
+    first_reply = _first(messages, ("assistant",))
+    if first_user is None or first_reply is None:
         return None
-    seed = f"{system or ''}\x00{first_user}".encode("utf-8", "replace")
+    user = body.get("user")
+    parts = (
+        headers.get("authorization") or headers.get("x-api-key") or "",
+        user if isinstance(user, str) else "",
+        _turn(_first(messages, ("system", "developer"))),
+        _turn(first_user),
+        _turn(first_reply),
+    )
+    seed = "\x00".join(parts).encode("utf-8", "replace")
     return "p:" + hashlib.sha256(seed).hexdigest()[:32]
 
 
-def _first_text(messages: list[Any], roles: tuple[str, ...]) -> str | None:
+def _first(messages: list[Any], roles: tuple[str, ...]) -> Mapping[str, Any] | None:
     for message in messages:
         if isinstance(message, Mapping) and message.get("role") in roles:
-            return _text(message.get("content"))
+            return message
     return None
+
+
+def _turn(message: Mapping[str, Any] | None) -> str:
+    """A message's text and the tool calls it made (an agent's first reply is often only a tool call)."""
+    if message is None:
+        return ""
+    calls = message.get("tool_calls")
+    made = [
+        f"{fn.get('name', '')}({fn.get('arguments', '')})"
+        for call in (calls if isinstance(calls, list) else ())
+        if isinstance(call, Mapping) and isinstance(fn := call.get("function"), Mapping)
+    ]
+    return "\n".join([_text(message.get("content")), *made])
 
 
 def _text(content: Any) -> str:

@@ -118,6 +118,25 @@ async def test_session_pin_and_cost_cap(make_stack: Any) -> None:
     assert status == 200
 
 
+async def test_conversations_that_open_alike_do_not_share_a_session_cap(make_stack: Any) -> None:
+    stack: Stack = await make_stack(f"""
+        sessions: {{cost_cap_usd: {HQ_CALL_USD * 1.5}}}
+    """)
+    opening = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix it"}]
+    for _ in range(4):  # many agents start alike: first steps share nothing, however many there are
+        status, _, _ = await _chat(stack, model="hq", messages=opening)
+        assert status == 200
+
+    def step(reply: str) -> list[dict[str, Any]]:
+        return [*opening, {"role": "assistant", "content": reply}, {"role": "user", "content": "next"}]
+
+    for expected in (200, 200, 429):  # one conversation spends past its cap…
+        status, _, _ = await _chat(stack, model="hq", messages=step("Reading main.py"))
+        assert status == expected
+    status, _, _ = await _chat(stack, model="hq", messages=step("Running the tests"))
+    assert status == 200  # …and another that opened the same way goes on
+
+
 async def _clear_of_a_minute_boundary(margin_s: float = 5.0) -> None:
     """Budget windows are calendar minutes: a test whose figures must stay in one waits out a near boundary."""
     into_minute = time.time() % 60
