@@ -22,7 +22,6 @@ from pathlib import Path
 
 from gateway.accounting.budgets import Budgets
 from gateway.decision.admission import Cost
-from gateway.decision.sessions import Sessions
 from gateway.policy.model import Price
 from gateway.policy.tenancy import Budget, SessionPolicy, TenantPolicy, Window
 from gateway.store.contract import Store
@@ -92,13 +91,13 @@ async def best_of(rounds: int, op: Callable[[], Awaitable[None]], n: int) -> lis
 async def measure(
     name: str, store: Store, n: int, concurrency: int, rounds: int, url: str | None = None
 ) -> None:
-    budgets, sessions = Budgets(store), Sessions(store)
+    budgets = Budgets(store)
     await timed(lambda: reserve_settle(budgets), min(200, n))  # warm up: scripts loaded, pool filled
     print(f"{name}")
     phases: list[tuple[str, Callable[[], Awaitable[None]]]] = [
         ("reserve+settle (sequential)", lambda: reserve_settle(budgets)),
         ("snapshot (read before decide)", lambda: _snapshot(budgets)),
-        ("session step", lambda: _step(sessions)),
+        ("session step", lambda: _step(store)),
         ("observe (snapshot+step, one call)", lambda: _observe(budgets)),
         ("observe+reserve+settle (whole path)", lambda: full_path(budgets)),
     ]
@@ -134,8 +133,8 @@ async def _observe(budgets: Budgets) -> None:
     await budgets.observe("bench", "bench-session", SESSIONS)
 
 
-async def _step(sessions: Sessions) -> None:
-    await sessions.step("bench", "bench-session", SESSIONS)
+async def _step(store: Store) -> None:
+    await store.step("bench", "bench-session", SESSIONS.rate_window_s, SESSIONS.idle_ttl_s)
 
 
 async def ping_floor(url: str, n: int, rounds: int) -> None:
