@@ -263,6 +263,7 @@ class MemoryRolloutStore:
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.time, max_keys: int = MAX_KEYS) -> None:
+        self._labels: deque[tuple[float, str]] = deque()  # (added at, record)
         self._states: dict[str, str] = {}
         self._ks = Keyspace(clock, max_keys=max_keys, evictable=lambda key: ":ro:arm:" in key)
         self._clock = clock
@@ -319,6 +320,17 @@ class MemoryRolloutStore:
         targets = [target] if target else list(self._pairs)
         found = sorted(item for name in targets for item in self._pairs.get(name, ()))
         return [record for _, record in found[-count:]]
+
+    async def add_label(self, record_json: str, maxlen: int, ttl_s: float) -> None:
+        now = self._clock()
+        if self._labels.maxlen != maxlen:
+            self._labels = deque(self._labels, maxlen=maxlen)
+        self._labels.append((now, record_json))
+        while self._labels and self._labels[0][0] <= now - ttl_s:  # as XTRIM MINID: older than ttl_s goes
+            self._labels.popleft()
+
+    async def labels(self, count: int) -> list[str]:
+        return [record for _, record in list(self._labels)[-count:]] if count > 0 else []
 
     async def changes(self) -> Any:
         import asyncio

@@ -15,6 +15,9 @@ operations of the `RolloutStore` contract below. `store_memory.MemoryRolloutStor
     record_arm(key, value, ttl_s) -> str                  SET NX: the value that is now recorded
     add_pair(target, record_json, maxlen)                 XADD MAXLEN ~ onto the target's stream
     pairs(target | None, count) -> list[str]              newest last
+    add_label(record_json, maxlen, ttl_s)                 XADD MAXLEN onto the labels stream; entries older
+                                                          than ttl_s are trimmed (XTRIM MINID), the key expires
+    labels(count) -> list[str]                            the newest `count` labels, newest last
     share_window(route, scores, window) -> list[float]    append this replica's new scores to the route's
                                                           fleet-wide window (the last `window` kept); returns it
     changes() -> AsyncIterator[str | None]                routes published on CHANNEL; None every ~1 s
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
@@ -77,6 +81,8 @@ class RolloutStore(Protocol):
     async def record_arm(self, key: str, value: str, ttl_s: int) -> str: ...
     async def add_pair(self, target: str, record_json: str, maxlen: int) -> None: ...
     async def pairs(self, target: str | None, count: int) -> list[str]: ...
+    async def add_label(self, record_json: str, maxlen: int, ttl_s: float) -> None: ...
+    async def labels(self, count: int) -> list[str]: ...
     def changes(self) -> AsyncIterator[str | None]: ...
     async def share_window(self, route: str, scores: list[float], window: int) -> list[float]: ...
     async def close(self) -> None: ...
@@ -112,6 +118,9 @@ class RolloutKeys:
 
     def scores(self, route: str) -> str:
         return f"{self.prefix}:share:scores:{route}"
+
+    def labels(self) -> str:
+        return f"{self.prefix}:shadow:labels"
 
 
 class RedisRolloutStore(RedisStore):
@@ -163,6 +172,18 @@ class RedisRolloutStore(RedisStore):
     async def pairs(self, target: str | None, count: int) -> list[str]:
         stream = self.keys.pairs(target or ALL_TARGETS)
         entries: Any = await self._run(self._redis.xrevrange(stream, count=count))
+        return [str(fields["r"]) for _, fields in reversed(entries or [])]
+
+    async def add_label(self, record_json: str, maxlen: int, ttl_s: float) -> None:
+        key, oldest_ms = self.keys.labels(), int((time.time() - ttl_s) * 1000)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(key, {"r": record_json}, maxlen=maxlen, approximate=False)  # labels are few: exact is cheap
+            pipe.xtrim(key, minid=oldest_ms, approximate=False)  # stream ids are the ms of the add: older than ttl_s goes
+            pipe.expire(key, max(1, int(ttl_s)))
+            await self._run(pipe.execute())
+
+    async def labels(self, count: int) -> list[str]:
+        entries: Any = await self._run(self._redis.xrevrange(self.keys.labels(), count=count))
         return [str(fields["r"]) for _, fields in reversed(entries or [])]
 
     async def share_window(self, route: str, scores: list[float], window: int) -> list[float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -164,3 +165,16 @@ async def test_the_memory_rollout_store_expires_arms_and_counters_and_bounds_the
     for i in range(5000):
         await store.record_arm(f"ag:ro:arm:r:1:k{i}", "stable", 3600)
     assert len(store._ks.data) <= 1000 + 1
+
+
+async def test_labels_are_bounded_and_expire(store: RolloutStore) -> None:
+    for i in range(5):
+        await store.add_label(json.dumps({"i": i}), 3, 60)
+    assert [json.loads(r)["i"] for r in await store.labels(100)] == [2, 3, 4]  # the newest 3, oldest first
+    assert [json.loads(r)["i"] for r in await store.labels(2)] == [3, 4]
+    await store.add_label(json.dumps({"i": 5}), 3, 0.2)
+    expired_at = time.time() + 0.3
+    while time.time() < expired_at:  # wait for the clock to pass the label's ttl (bounded)
+        await asyncio.sleep(0.05)
+    await store.add_label(json.dumps({"i": 6}), 3, 0.2)  # a ttl applies to every label older than it
+    assert [json.loads(r)["i"] for r in await store.labels(100)] == [6]
