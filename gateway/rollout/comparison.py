@@ -25,6 +25,7 @@ class Capture:
     body: Mapping[str, Any] | None = None
     chunks: Sequence[Mapping[str, Any]] | None = None
     error: str | None = None  # transport failure or timeout, when there is no usable response
+    deployment: str | None = None  # the deployment that answered (the primary's, after any failover)
 
 
 @dataclass(slots=True)
@@ -111,6 +112,7 @@ def _side(capture: Capture, done: Completion, wants_json: bool, offered: set[str
     ok = capture.error is None and 200 <= capture.status < 300
     return {
         "ok": ok,
+        "deployment": capture.deployment,
         "status": capture.status,
         "error": capture.error,
         "ttft_ms": capture.ttft_ms,
