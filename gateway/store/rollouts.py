@@ -177,8 +177,9 @@ class RedisRolloutStore(RedisStore):
     async def add_label(self, record_json: str, maxlen: int, ttl_s: float) -> None:
         key, oldest_ms = self.keys.labels(), int((time.time() - ttl_s) * 1000)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, {"r": record_json}, maxlen=maxlen, approximate=False)  # labels are few: exact is cheap
-            pipe.xtrim(key, minid=oldest_ms, approximate=False)  # stream ids are the ms of the add: older than ttl_s goes
+            # Labels are few, so exact trimming is cheap; a stream id is the ms of its add: older than ttl_s goes.
+            pipe.xadd(key, {"r": record_json}, maxlen=maxlen, approximate=False)
+            pipe.xtrim(key, minid=oldest_ms, approximate=False)
             pipe.expire(key, max(1, int(ttl_s)))
             await self._run(pipe.execute())
 
