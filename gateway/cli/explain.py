@@ -48,7 +48,7 @@ def offline(
     if needs_complexity(policy):
         from gateway.classifier.scoring import Classifier
 
-        classifier = Classifier.default()
+        classifier = policy.classifier.model if policy.classifier is not None else Classifier.default()
         complexity = classifier.score(features)
         top = classifier.explain(features)
     given = _headers(headers)

@@ -1,7 +1,8 @@
 """Offline replay: `policy simulate` runs the pure decision of a candidate policy over a logged request log.
 
 Nothing is called: every logged request's features, headers, tenant and complexity score are fed to
-decide() with every deployment assumed healthy and idle. Projected cost prices each request's logged
+decide() with every deployment assumed healthy and idle (a policy naming its own `classifier` rescores the
+requests whose prompt the log kept). Projected cost prices each request's logged
 token usage at the chosen deployment's prices (the tokens a different deployment would have produced
 are not known, so this is the cost of the same tokens, not a prediction of output length).
 """
@@ -13,7 +14,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from gateway.decision.routing import Context, decide
@@ -51,6 +52,13 @@ def features_of(record: dict[str, Any]) -> Features:
     return Features(**values)
 
 
+def _scored(policy: Policy, features: Features, ctx: Context) -> Context:
+    """The logged score, or the policy's own classifier's where it names one and the log kept the prompt."""
+    if policy.classifier is None or not features.last_user_text:
+        return ctx
+    return replace(ctx, complexity=policy.classifier.model.score(features))
+
+
 def _choice(policy: Policy, features: Features, ctx: Context) -> tuple[str, str]:
     try:
         found = decide(policy, features, ctx)
@@ -80,10 +88,10 @@ def replay(path: str, candidate: Policy, live: Policy | None) -> dict[str, Any]:
         )
         logged = record.get("decision") or {}
         if live is not None:
-            was, was_rule = _choice(live, features, ctx)
+            was, was_rule = _choice(live, features, _scored(live, features, ctx))
         else:
             was, was_rule = logged.get("deployment", "?"), logged.get("rule", "?")
-        now, now_rule = _choice(candidate, features, ctx)
+        now, now_rule = _choice(candidate, features, _scored(candidate, features, ctx))
         usage = record.get("usage")
         pricing = live or candidate
         for name, (dep, pol) in {"live": (was, pricing), "candidate": (now, candidate)}.items():

@@ -13,6 +13,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from gateway import openai
@@ -125,11 +126,33 @@ class Experiments:
         kind, _, name = target.partition(":")
         if kind == "policy":
             try:
-                found = decide(enrollment.policy.candidate_policy(name), enrollment.features, ctx)
+                found = self._decide_candidate(enrollment, name, ctx)
             except GatewayError:
                 return None
             return Decision(found.deployment, f"{target}/{found.rule}", found.attempts, found.reasons)
         return substitute(enrollment.policy, enrollment.features, ctx, enrollment.decision, name)
+
+    def _decide_candidate(self, enrollment: Enrollment, name: str, ctx: Context) -> Decision:
+        """The candidate policy's decision, its complexity scored by its own classifier when that differs."""
+        candidate = enrollment.policy.candidate_policy(name)
+        scored = self._candidate_context(enrollment, candidate, ctx)
+        found = decide(candidate, enrollment.features, scored)
+        if scored is not ctx and scored.complexity is not None:
+            note = f"complexity {scored.complexity:.4f} from policy:{name}'s classifier"
+            found = Decision(found.deployment, found.rule, found.attempts, (note, *found.reasons))
+        return found
+
+    def _candidate_context(self, enrollment: Enrollment, candidate: Policy, ctx: Context) -> Context:
+        if self.classifier is None or not candidate.reads_complexity:
+            return ctx
+        live = enrollment.policy.classifier_or(self.classifier)
+        model = candidate.classifier_or(self.classifier)
+        if model is live and ctx.complexity is not None:
+            return ctx
+        # The route's live share thresholds follow the live model's scores; another model's scores are
+        # compared with the thresholds of its own calibration (the cold-start ones) instead.
+        thresholds = ctx.share_thresholds if model is live else {}
+        return replace(ctx, complexity=model.score(enrollment.features), share_thresholds=thresholds)
 
     def _mirror(
         self, enrollment: Enrollment, target: str, ctx: Context, limits: ShadowLimits, samples_key: str | None = None
@@ -142,7 +165,7 @@ class Experiments:
         kind, _, name = target.partition(":")
         if kind == "policy":
             try:
-                name = decide(enrollment.policy.candidate_policy(name), enrollment.features, ctx).deployment
+                name = self._decide_candidate(enrollment, name, ctx).deployment
             except GatewayError:
                 self.shadows.drop(target, "no_decision")
                 return
@@ -161,6 +184,7 @@ class Experiments:
                 limits,
                 enrollment.primary,  # only a sent shadow makes the relay copy the primary's bytes
                 samples_key,
+                enrollment.features,
             )
         )
 
@@ -172,7 +196,7 @@ class Experiments:
             return
         live = enrollment.decision
         try:
-            found = decide(enrollment.policy.candidate_policy(section.candidate), enrollment.features, ctx)
+            found = self._decide_candidate(enrollment, section.candidate, ctx)
             got, rule = found.deployment, found.rule
         except GatewayError as exc:
             got, rule = f"error:{exc.code}", ""
@@ -203,7 +227,8 @@ class Experiments:
                 enrollment.future.cancel()
             else:
                 raw = b"".join(ex.tap or ())
-                enrollment.future.set_result(parse_capture(status, total_ms, ttft_ms, raw, enrollment.features.stream))
+                enrollment.future.set_result(
+                    parse_capture(status, total_ms, ttft_ms, raw, enrollment.features.stream, ex.deployment))
         if enrollment.cohort is not None and served:
             self._sample(enrollment, status, total_ms, ttft_ms)
         if self.log is not None:

@@ -9,6 +9,7 @@ loses the body fields that would persist state upstream.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from gateway import openai
 from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.features import Features
 from gateway.policy.model import Deployment, Timeouts
 from gateway.rollout.comparison import Capture, compare
 from gateway.rollout.samples import PairOutcome
@@ -78,6 +80,19 @@ class Breaker:
             self.open_until = now + BREAKER_OPEN_S
 
 
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """A compared pair, as handed to the labeller: the request, both sides' answers and compare()'s record."""
+
+    target: str
+    request_id: str
+    body: Mapping[str, Any]
+    features: Features | None
+    record: Mapping[str, Any]
+    primary: Capture
+    shadow: Capture
+
+
 @dataclass(slots=True)
 class TargetState:
     in_flight: int = 0
@@ -107,8 +122,9 @@ class Shadows:
         store: RolloutStore,
         metrics: Metrics,
         on_outcome: Callable[[str, PairOutcome], None] | None = None,
+        on_pair: Callable[[Pair], None] | None = None,
     ) -> None:
-        self._client, self._store, self._on_outcome = client, store, on_outcome
+        self._client, self._store, self._on_outcome, self._on_pair = client, store, on_outcome, on_pair
         self._targets: dict[str, TargetState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.dropped, self.sent, self.outcomes = metrics.shadow_dropped, metrics.shadow_sent, metrics.shadow_pairs
@@ -127,6 +143,7 @@ class Shadows:
         limits: ShadowLimits,
         primary: Callable[[], asyncio.Future[Capture]],
         samples_key: str | None = None,
+        features: Features | None = None,
     ) -> bool:
         """Start one shadow unless the target is saturated or its circuit is open; never waits."""
         state = self._targets.setdefault(target, TargetState())
@@ -138,7 +155,7 @@ class Shadows:
             return False
         state.in_flight += 1
         task = asyncio.get_running_loop().create_task(
-            self._shadow(target, name, dep, path, body, request_id, limits, primary(), samples_key)
+            self._shadow(target, name, dep, path, body, request_id, limits, primary(), samples_key, features)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -155,10 +172,11 @@ class Shadows:
         limits: ShadowLimits,
         primary: asyncio.Future[Capture],
         samples_key: str | None,
+        features: Features | None,
     ) -> None:
         state = self._targets[target]
         try:
-            capture = await self._call(name, dep, path, body, request_id, limits)
+            capture = dataclasses.replace(await self._call(name, dep, path, body, request_id, limits), deployment=name)
         finally:
             state.in_flight -= 1
         ok = capture.error is None and 200 <= capture.status < 300
@@ -168,7 +186,9 @@ class Shadows:
             primary_capture = await asyncio.wait_for(asyncio.shield(primary), PRIMARY_WAIT_S)
         except (TimeoutError, asyncio.CancelledError):
             return
-        await self._record(target, body, primary_capture, capture, request_id, samples_key, limits.max_tokens)
+        record = await self._record(target, body, primary_capture, capture, request_id, samples_key, limits.max_tokens)
+        if self._on_pair is not None:
+            self._on_pair(Pair(target, request_id, body, features, record, primary_capture, capture))
 
     async def _call(
         self, name: str, dep: Deployment, path: str, body: Mapping[str, Any], request_id: str, limits: ShadowLimits
@@ -209,7 +229,7 @@ class Shadows:
         request_id: str,
         samples_key: str | None,
         cap_tokens: int,
-    ) -> None:
+    ) -> dict[str, Any]:
         record = compare(request, primary, shadow, cap_tokens)
         record.update(target=target, request_id=request_id, at=round(time.time(), 3))
         outcome = PairOutcome(record["outcome"])
@@ -221,6 +241,7 @@ class Shadows:
         except StoreError as exc:
             self.drop(target, "store_unavailable")
             log.debug("shadow pair of %s not kept: %s", request_id, exc)
+        return record
 
     async def close(self) -> None:
         tasks = list(self._tasks)
@@ -246,14 +267,15 @@ async def _read_stream(reply: upstream.Reply, started: float) -> Capture:
     return Capture(reply.status, _ms_since(started), ttft_ms, None, chunks)
 
 
-def parse_capture(status: int, total_ms: float, ttft_ms: float | None, raw: bytes, stream: bool) -> Capture:
+def parse_capture(
+    status: int, total_ms: float, ttft_ms: float | None, raw: bytes, stream: bool, deployment: str | None = None
+) -> Capture:
     """The primary's side of a pair from the bytes the gateway relayed to the client."""
     if not stream:
-        return Capture(status, total_ms, ttft_ms, _json(raw))
+        return Capture(status, total_ms, ttft_ms, _json(raw), deployment=deployment)
     events, _ = openai.split_events(raw)
-    return Capture(
-        status, total_ms, ttft_ms, None, [d for d in map(_event_json, events) if isinstance(d, dict)]
-    )
+    chunks = [d for d in map(_event_json, events) if isinstance(d, dict)]
+    return Capture(status, total_ms, ttft_ms, None, chunks, deployment=deployment)
 
 
 def _event_json(event: bytes) -> Any:

@@ -7,13 +7,16 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     Field,
+    PlainSerializer,
+    PlainValidator,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -21,7 +24,11 @@ from pydantic import (
 from gateway.frozen import Frozen
 from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy
 from gateway.rollout import spec as rollout_spec
+from gateway.rollout.labels import LabelsSpec
 from gateway.rollout.spec import RolloutSpec, ShadowSpec
+
+if TYPE_CHECKING:
+    from gateway.classifier.scoring import Classifier
 
 ENDPOINTS = ("chat", "completions", "embeddings")
 Endpoint = Literal["chat", "completions", "embeddings"]
@@ -199,6 +206,42 @@ class When(Frozen):
         return None if headers is None else {k.lower(): v for k, v in headers.items()}
 
 
+class ModelFile:
+    """A classifier model file a policy names, loaded (plain JSON, never unpickled) once when the policy loads."""
+
+    __slots__ = ("model", "path")
+
+    def __init__(self, path: str, model: Classifier) -> None:
+        self.path, self.model = path, model
+
+    def __repr__(self) -> str:
+        return f"ModelFile({self.path!r})"
+
+
+def _model_file(value: Any, info: ValidationInfo) -> ModelFile:
+    from gateway.classifier.scoring import Classifier, ModelFileError
+
+    if isinstance(value, ModelFile):  # a candidate policy built from the live one's sections: already loaded
+        return value
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be the path of a classifier model JSON file (from `classifier train`)")
+    base_dir = (info.context or {}).get("base_dir")
+    path = Path(value)
+    resolved = path if path.is_absolute() or base_dir is None else Path(base_dir) / path
+    try:
+        return ModelFile(str(resolved), Classifier.load(resolved))
+    except ModelFileError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+ClassifierFile = Annotated[
+    ModelFile,
+    PlainValidator(_model_file),
+    PlainSerializer(lambda found: found.path, when_used="json"),
+    WithJsonSchema({"type": "string", "description": "a classifier model JSON file, relative to the policy"}),
+]
+
+
 class Rule(Frozen):
     name: str = Field(min_length=1)
     when: When = When()
@@ -213,6 +256,7 @@ class CandidatePolicy(Frozen):
     rules: list[Rule] | None = None
     default: str | None = None
     fallback: list[str] | None = None
+    classifier: ClassifierFile | None = None  # its own complexity scores (default: the live policy's model)
 
 
 class PolicyShadow(Frozen):
@@ -237,6 +281,10 @@ class Policy(Frozen):
     rollouts: list[RolloutSpec] = []
     shadows: list[ShadowSpec] = []
     policy_shadow: PolicyShadow | None = None
+    labels: LabelsSpec | None = None
+    # The model complexity rules read, relative to the policy (default: AGENT_GATEWAY_CLASSIFIER_MODEL or the
+    # packaged one); a candidate under `policies:` may name its own.
+    classifier: ClassifierFile | None = None
     tenants: list[TenantPolicy] = []
     sessions: SessionPolicy = SessionPolicy()
     store: StorePolicy = StorePolicy()
@@ -312,6 +360,23 @@ class Policy(Frozen):
                      for name, m in self.models.items()}
         yield from rollout_spec.problems(self.rollouts, self.shadows, stable_of=stable_of,
                                          deployments=known, policies=self.policies)
+        yield from self._labels_problems()
+
+    def _labels_problems(self) -> Iterator[str]:
+        labels = self.labels
+        if labels is None:
+            return
+        named = {"strong": labels.strong, "weak": labels.weak,
+                 "judge.deployment": labels.judge.deployment if labels.judge else None}
+        for where, name in named.items():
+            if name is not None and name not in self.deployments:
+                yield f"labels.{where}: unknown deployment {name!r} (known: {sorted(self.deployments)})"
+        if labels.weak is not None and labels.weak == labels.strong:
+            yield f"labels.weak: {labels.weak!r} is also the strong deployment"
+
+    def classifier_or(self, default: Classifier) -> Classifier:
+        """The model this policy's complexity rules read: its own `classifier`, else the process's."""
+        return self.classifier.model if self.classifier is not None else default
 
     @functools.cached_property
     def experimental(self) -> bool:

@@ -104,7 +104,9 @@ def context(
 ) -> Context:
     """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict, and the
     route's live share thresholds (`observed`: this call counts toward them; False for a dry run)."""
-    complexity = _score(app[CLASSIFIER], app[TELEMETRY].metrics, features) if needs_complexity(policy) else None
+    complexity = None
+    if needs_complexity(policy):
+        complexity = _score(policy.classifier_or(app[CLASSIFIER]), app[TELEMETRY].metrics, features)
     thresholds: Mapping[float, float] = {}
     if complexity is not None and policy.share_windows and features.requested_model in policy.rule_routes:
         shares = app[SHARES]

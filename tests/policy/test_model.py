@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +137,49 @@ def test_missing_calibration_file_is_located(tmp_path: Path) -> None:
     (problem,) = caught.value.problems
     line = text.splitlines().index("    when: {complexity: {hq_share: 0.3, calibration: nope.json}}") + 1
     assert problem.startswith(f"{path}:{line}: rules[1].when.complexity") and "nope.json" in problem
+
+
+def _constant_model(path: Path, logit: float) -> Path:
+    """A classifier artifact whose score is sigmoid(logit) for every request."""
+    from gateway.classifier.ngrams import CharNgrams
+    from gateway.classifier.scoring import Classifier
+
+    Classifier(CharNgrams(ngram_min=4, ngram_max=4), {}, [], logit).save(path)
+    return path
+
+
+def test_a_policy_and_its_candidates_name_their_own_classifier_loaded_once(tmp_path: Path) -> None:
+    _constant_model(tmp_path / "live.json", -3.0)
+    (tmp_path / "models").mkdir()
+    _constant_model(tmp_path / "models" / "learned.json", 3.0)
+    text = BASE + "classifier: live.json\npolicies:\n  learned: {classifier: models/learned.json}\n  same: {}\n"
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    loaded = policy.load(path)
+    assert loaded.classifier is not None and loaded.classifier.path == str(tmp_path / "live.json")
+    learned, same = loaded.candidate_policy("learned"), loaded.candidate_policy("same")
+    assert learned.classifier is not None and learned.classifier.model.intercept == 3.0
+    assert same.classifier is loaded.classifier  # a candidate without one reads the live model, not a copy
+    assert learned.classifier_or(None) is learned.classifier.model  # type: ignore[arg-type]
+    assert policy.parse(BASE).classifier_or(None) is None  # type: ignore[arg-type]  # the process's model
+    assert json.loads(loaded.model_dump_json())["classifier"] == str(tmp_path / "live.json")
+
+
+def test_a_classifier_file_that_is_not_a_model_is_located(tmp_path: Path) -> None:
+    (tmp_path / "model.pkl").write_bytes(b"\x80\x04K\x01.")
+    text = BASE + "policies:\n  learned:\n    classifier: model.pkl\n"
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(policy.PolicyError) as caught:
+        policy.load(path)
+    (problem,) = caught.value.problems
+    line = text.splitlines().index("    classifier: model.pkl") + 1
+    assert problem.startswith(f"{path}:{line}: policies.learned.classifier: ") and "looks like a pickle" in problem
+
+
+def test_labels_name_declared_deployments() -> None:
+    (problem,) = _problems(BASE + "labels:\n  strong: hq\n  judge: {deployment: judge-9}\n")
+    assert "labels.judge.deployment: unknown deployment 'judge-9'" in problem
+    (problem,) = _problems(BASE + "labels:\n  strong: hq\n  weak: hq\n")
+    assert "labels.weak: 'hq' is also the strong deployment" in problem
+    assert policy.parse(BASE + "labels: {strong: hq, judge: {deployment: hq, rate_per_min: 10}}\n").labels
