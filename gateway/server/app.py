@@ -14,6 +14,7 @@ from gateway.accounting.ledger import Accounting
 from gateway.classifier.scoring import Classifier
 from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
+from gateway.experiments.labeller import Labeller
 from gateway.experiments.request_log import RequestLog
 from gateway.experiments.rollouts import Rollouts
 from gateway.experiments.shadows import Shadows
@@ -173,7 +174,10 @@ async def _accounting(app: web.Application) -> AsyncIterator[None]:
 async def _experiments(app: web.Application) -> AsyncIterator[None]:
     settings, metrics, policy_file = app[SETTINGS], app[TELEMETRY].metrics, app[POLICY]
     rollouts = Rollouts(app[STORES].rollouts, lambda: policy_file.current, metrics)
-    shadows = Shadows(app[POOL], rollouts.store, metrics, on_outcome=rollouts.record_outcome)
+    # Labels keep prompts only with the request log's own opt-in (AGENT_GATEWAY_REQUEST_LOG_PROMPTS=1).
+    labeller = Labeller(app[POOL], rollouts.store, metrics, lambda: policy_file.current,
+                        prompts=bool(settings.request_log_prompts))
+    shadows = Shadows(app[POOL], rollouts.store, metrics, on_outcome=rollouts.record_outcome, on_pair=labeller.offer)
     request_log = None
     if settings.request_log:
         request_log = RequestLog(settings.request_log, prompts=bool(settings.request_log_prompts))
@@ -182,6 +186,7 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
     rollouts.start_tasks()
     yield
     await shadows.close()
+    await labeller.close()
     await rollouts.close()
     if request_log is not None:
         await request_log.close()

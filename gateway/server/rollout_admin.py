@@ -132,15 +132,30 @@ def _action_body(raw: bytes) -> tuple[str, str, int]:
 async def shadow_pairs(request: web.Request) -> web.StreamResponse:
     """Compared pairs, oldest first: a JSON array, or JSONL with ?format=jsonl (for files and jq)."""
     target = request.query.get("target") or None
-    try:
-        limit = min(int(request.query.get("limit", PAIRS_LIMIT)), PAIRS_LIMIT)
-    except ValueError:
-        raise BadRequest("`limit` must be an integer", param="limit") from None
+    limit = _limit(request)
     with reported_as_unavailable("The shadow pair store"):
         records = await _experiments(request).rollouts.store.pairs(target, limit)
+    return _records(request, records)
+
+
+async def shadow_labels(request: web.Request) -> web.StreamResponse:
+    """Labels of shadow pairs (the labeller's, see docs/learning-loop.md), oldest first: JSON, or JSONL."""
+    limit = _limit(request)
+    with reported_as_unavailable("The shadow label store"):
+        records = await _experiments(request).rollouts.store.labels(limit)
+    return _records(request, records)
+
+
+def _limit(request: web.Request) -> int:
+    try:
+        return min(int(request.query.get("limit", PAIRS_LIMIT)), PAIRS_LIMIT)
+    except ValueError:
+        raise BadRequest("`limit` must be an integer", param="limit") from None
+
+
+def _records(request: web.Request, records: list[str]) -> web.Response:
     if request.query.get("format") == "jsonl":
-        body = "".join(r + "\n" for r in records)
-        return web.Response(text=body, content_type="application/x-ndjson")
+        return web.Response(text="".join(r + "\n" for r in records), content_type="application/x-ndjson")
     return web.Response(text="[" + ",".join(records) + "]", content_type="application/json")
 
 
@@ -163,4 +178,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/admin/rollouts/{route}/history", history)
     router.add_post("/admin/rollouts/{route}/{action}", act)
     router.add_get("/admin/shadow/pairs", shadow_pairs)
+    router.add_get("/admin/shadow/labels", shadow_labels)
     router.add_get("/admin/shadow/policy", policy_shadow)

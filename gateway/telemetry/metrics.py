@@ -79,6 +79,10 @@ class Metrics:
     rollout_stale: Gauge
     rollout_weight: Gauge
     policy_shadow_decisions: Counter
+    labels: Counter
+    labels_skipped: Counter
+    judge_calls: Counter
+    labeller_dropped: Counter
     share_target: Gauge
     share_observed: Gauge
     share_threshold: Gauge
@@ -184,6 +188,13 @@ def make_metrics() -> Metrics:
                              registry=r),
         policy_shadow_decisions=Counter("gateway_policy_shadow_decisions", "Candidate policy decisions on live traffic",
                                         ["candidate", "agreement"], registry=r),
+        labels=Counter("gateway_labels", "Shadow pairs labelled: the weak side's answer against the strong side's",
+                       ["verdict"], registry=r),
+        labels_skipped=Counter("gateway_labels_skipped", "Shadow pairs that gave no label, by reason", ["reason"],
+                               registry=r),
+        judge_calls=Counter("gateway_judge_calls", "Calls to the labels judge, by result", ["result"], registry=r),
+        labeller_dropped=Counter("gateway_labeller_dropped", "Pairs not labelled: the labeller's queue was full",
+                                 registry=r),
         share_target=Gauge("gateway_complexity_share_target", "The HQ share a complexity rule asks for",
                            ["route", "share"], registry=r),
         share_observed=Gauge("gateway_complexity_share_observed",
