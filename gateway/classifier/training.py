@@ -44,6 +44,7 @@ class Example:
     q_weak: float
     group: str = ""
     prompt_chars: int = 0
+    weight: float = 1.0  # in the log loss, relative to a CSV row (`classifier train --labels-weight`)
 
 
 def labels(examples: Sequence[Example]) -> npt.NDArray[np.int64]:
@@ -113,7 +114,8 @@ def fit(examples: Sequence[Example], options: TrainingOptions = DEFAULT_OPTIONS)
     design = design_matrix(skeleton, features)
     fast_wins = np.array([e.q_weak > e.q_strong for e in examples])
     estimator = LogisticRegression(C=options.c, max_iter=3000)
-    estimator.fit(design, y, sample_weight=np.where(fast_wins, options.fast_wins_weight, 1.0))
+    row_weights = np.array([e.weight for e in examples])
+    estimator.fit(design, y, sample_weight=np.where(fast_wins, options.fast_wins_weight, 1.0) * row_weights)
     coef = estimator.coef_[0].tolist()
     # an input that never varied in training has nothing to say: its weight is the solver's rounding
     # residue, and a zero weight spares the scorer its lookup

@@ -50,7 +50,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     commands = parser.add_subparsers(dest="classifier_command", required=True)
 
     train = commands.add_parser("train", help="fit a model on CSV rows (prompt|messages, q_strong, q_weak)")
-    train.add_argument("--data", required=True, help="CSV or CSV.gz file")
+    train.add_argument("--data", help="CSV or CSV.gz file (needed unless --labels is given)")
+    train.add_argument("--labels", help="JSONL of shadow-pair labels (`agent-gateway shadow labels`), beside --data")
+    train.add_argument("--labels-weight", type=float, default=1.0,
+                       help="each label row weighs this many CSV rows in the fit (default: %(default)s)")
+    train.add_argument("--request-log", help="request log JSONL kept with prompts: gives labels without one "
+                       "their prompt (by request id)")
     train.add_argument("--out", required=True, help="where to write the JSON model")
     train.add_argument("--group-by", help="column to group by for the cross-validation run before fitting")
     train.add_argument("--cv", type=int, default=5, help="folds for that run (with --group-by; 0 skips it)")
@@ -255,10 +260,31 @@ def load_model(path: str | None) -> Classifier:
     return Classifier.load(path) if path else Classifier.default()
 
 
+def _train_examples(args: argparse.Namespace) -> tuple[list[Example], dict[str, Any]]:
+    """The CSV's examples plus those of the labels file, and what the model's meta records about them."""
+    if not args.data and not args.labels:
+        raise DataError("give --data CSV, --labels JSONL or both")
+    examples = read_examples(args.data, args.group_by) if args.data else []
+    if args.data:
+        progress(f"{len(examples)} rows read from {args.data}")
+    if not args.labels:
+        return examples, {"data": Path(args.data).name}
+    from gateway.classifier.traffic import label_examples
+
+    found = label_examples(args.labels, args.labels_weight, args.request_log)
+    progress(f"{args.labels}: {found.summary()} (rows without prompt text are skipped: their prompts were "
+             "not kept; see AGENT_GATEWAY_REQUEST_LOG_PROMPTS)")
+    if not found.examples:
+        raise DataError(f"{args.labels}: no label row has prompt text to train on ({found.summary()})")
+    meta = {"data": Path(args.data).name if args.data else None, "labels": Path(args.labels).name,
+            "label_rows": len(found.examples), "labels_weight": args.labels_weight,
+            "label_rows_skipped": dict(found.skipped)}
+    return examples + found.examples, meta
+
+
 @_guarded
 def run_train(args: argparse.Namespace) -> int:
-    examples = read_examples(args.data, args.group_by)
-    progress(f"{len(examples)} rows read from {args.data}")
+    examples, sources = _train_examples(args)
     cv_meta: dict[str, Any] = {}
     boost = 0.0
     train = _training_code()
@@ -274,7 +300,7 @@ def run_train(args: argparse.Namespace) -> int:
     model = train.fit(examples, _training(args)).model
     if boost:
         model = train.with_length_boost(model, examples, boost)
-    model.meta.update({"data": Path(args.data).name, "cv": cv_meta, "group_by": args.group_by})
+    model.meta.update({**sources, "cv": cv_meta, "group_by": args.group_by})
     model.save(args.out)
     progress(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.1f} MB)")
     return 0

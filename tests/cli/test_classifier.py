@@ -15,6 +15,7 @@ import pytest
 
 from gateway.classifier.scoring import Calibration, Classifier
 from gateway.cli import classifier as classifier_cli
+from gateway.features import extract
 from tests.fixtures.classifier_data import as_messages, synthetic_rows, write_csv
 
 SMALL = ("--min-df", "1")  # tiny data: every n-gram it has enters the vocabulary
@@ -236,3 +237,68 @@ def test_building_the_cli_does_not_load_scikit_learn() -> None:
             "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _label(i: int, verdict: str, body: dict[str, object] | None) -> dict[str, object]:
+    q = {"weak_worse": (1.0, 0.0), "tie": (1.0, 1.0), "weak_better": (0.0, 1.0)}[verdict]
+    row: dict[str, object] = {"request_id": f"r{i}", "endpoint": "chat", "verdict": verdict,
+                              "q_strong": q[0], "q_weak": q[1], "features": {"prompt_tokens": 9}}
+    if body is not None:
+        row["body"] = body
+    return row
+
+
+def _ask(text: str) -> dict[str, object]:
+    return {"model": "auto", "messages": [{"role": "user", "content": text}]}
+
+
+def test_train_mixes_labels_by_weight_skipping_rows_without_prompt(
+    workdir: Path, data: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [_label(i, "weak_worse", _ask(f"What is {i + 11} + {i * 7 % 50 + 10}?")) for i in range(30)]
+    rows += [_label(100 + i, "tie", _ask(f"tell me about the {w}")) for i, w in enumerate(["dog", "song", "city"] * 10)]
+    rows += [_label(200 + i, "weak_worse", None) for i in range(4)]  # labelled without the prompts opt-in
+    labels = workdir / "labels.jsonl"
+    labels.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = workdir / "learned.json"
+    argv = ["--data", str(data), "--labels", str(labels), "--labels-weight", "3", "--out", str(out), *SMALL]
+    assert run("classifier", "train", *argv) == 0
+    assert "60 label rows used, skipped: 4 no prompt text" in capsys.readouterr().err
+    meta = json.loads(out.read_text())["meta"]
+    assert (meta["label_rows"], meta["labels_weight"], meta["label_rows_skipped"]) == (60, 3.0, {"no prompt text": 4})
+    assert meta["rows"] == 240 + 60
+    held_out = extract(_ask("What is 64 + 29?"), "chat")
+    before, after = Classifier.load(model), Classifier.load(out)
+    assert after.score(held_out) > before.score(held_out) + 0.2
+
+
+def test_labels_without_prompts_take_them_from_a_request_log(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    labels, log = tmp_path / "labels.jsonl", tmp_path / "requests.jsonl"
+    labels.write_text("".join(json.dumps(_label(i, "weak_worse" if i % 2 else "tie", None)) + "\n" for i in range(6)))
+    logged = [{"request_id": f"r{i}", "endpoint": "chat", "body": _ask(f"a question, number {i}")} for i in range(4)]
+    log.write_text("".join(json.dumps(r) + "\n" for r in logged))
+    argv = ["--labels", str(labels), "--request-log", str(log), "--out", str(tmp_path / "m.json"), *SMALL]
+    assert run("classifier", "train", *argv) == 0
+    assert "4 label rows used, skipped: 2 no prompt text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [("{not json\n", "labels.jsonl:1: not a JSON object"),
+     ('{"q_strong": 1, "q_weak": "x", "body": {}}\n', "labels.jsonl:1: field 'q_weak': value 'x' is not a number"),
+     ('{"q_strong": 1, "q_weak": 0}\n', "no label row has prompt text")],
+)
+def test_bad_labels_exit_2_naming_file_line_and_field(
+    tmp_path: Path, content: str, fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(content)
+    assert run("classifier", "train", "--labels", str(labels), "--out", str(tmp_path / "m.json")) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_train_needs_data_or_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("classifier", "train", "--out", str(tmp_path / "m.json")) == 2
+    assert "give --data CSV, --labels JSONL or both" in capsys.readouterr().err
