@@ -1,4 +1,4 @@
-"""The `rollout` and `shadow report` sub-commands: clients of the admin HTTP API (or of a JSONL export)."""
+"""The `rollout` and `shadow report|labels` sub-commands: clients of the admin HTTP API (or of a JSONL export)."""
 
 from __future__ import annotations
 
@@ -134,6 +134,25 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_shadow_labels(args: argparse.Namespace) -> int:
+    """Export the gateway's shadow-pair labels as JSONL, the input of `classifier train --labels`."""
+    records = request(args, "GET", f"/admin/shadow/labels?limit={args.limit}")
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            with open(args.out, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise CliError(f"{args.out}: {exc.strerror}") from None
+    verdicts = {v: sum(1 for r in records if r.get("verdict") == v) for v in ("weak_worse", "tie", "weak_better")}
+    with_text = sum(1 for r in records if "body" in r)
+    print(f"{len(records)} labels ({', '.join(f'{k} {n}' for k, n in verdicts.items())}; {with_text} with prompt text)"
+          + ("" if args.out == "-" else f" -> {args.out}"), file=sys.stderr)
+    return 0
+
+
 def _read_jsonl(path: str) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     try:
@@ -204,3 +223,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     report.add_argument("--margin", type=float, default=0.05, help="win-share non-inferiority margin")
     _client_options(report)
     report.set_defaults(func=_guarded(cmd_shadow_report))
+    labels = ssub.add_parser("labels", help="export the labels of shadow pairs as JSONL (for classifier train)")
+    labels.add_argument("--out", default="-", help="JSONL file to write (default: stdout)")
+    labels.add_argument("--limit", type=int, default=10_000, help="the newest this many labels")
+    _client_options(labels)
+    labels.set_defaults(func=_guarded(cmd_shadow_labels))
