@@ -47,6 +47,7 @@ class Skip(StrEnum):
     """Why a pair gives no label."""
 
     FAILED_SIDE = "failed_side"  # one side has no usable answer (error, timeout, non-2xx)
+    TRUNCATED = "truncated"  # the shadow was cut short by its own max_tokens: its answer is not the whole one
     NO_STRONG_SIDE = "no_strong_side"  # neither side (or both) served by the strong deployment
     OTHER_WEAK = "other_weak"  # the other side is not the configured weak deployment
     JUDGE = "judge"  # the judge was asked and gave no verdict (timeout, error, garbage, over its rate)
@@ -133,6 +134,8 @@ def sides(record: Mapping[str, Any], spec: LabelsSpec) -> tuple[str, str] | Skip
     primary, shadow = record["primary"], record["shadow"]
     if not (primary.get("ok") and shadow.get("ok")):
         return Skip.FAILED_SIDE
+    if record.get("shadow_truncated"):
+        return Skip.TRUNCATED
     served = {"primary": primary.get("deployment"), "shadow": shadow.get("deployment")}
     strong = [side for side, name in served.items() if name == spec.strong]
     if len(strong) != 1:

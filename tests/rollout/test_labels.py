@@ -29,6 +29,7 @@ SPEC = lb.LabelsSpec(strong="hq")
         (_record("hq", "fast"), SPEC, ("primary", "shadow")),
         (_record("fast", "hq", ok=(True, False)), SPEC, lb.Skip.FAILED_SIDE),
         (_record("fast", "hq", ok=(False, True)), SPEC, lb.Skip.FAILED_SIDE),
+        ({**_record("fast", "hq"), "shadow_truncated": True}, SPEC, lb.Skip.TRUNCATED),
         (_record("fast", "hq-v2"), SPEC, lb.Skip.NO_STRONG_SIDE),
         (_record("hq", "hq"), SPEC, lb.Skip.NO_STRONG_SIDE),  # a failover served the primary on hq
         (_record("hq-v2", "hq"), lb.LabelsSpec(strong="hq", weak="fast"), lb.Skip.OTHER_WEAK),
