@@ -40,10 +40,16 @@ class Tracked:
     spec_acceptance: float | None = None
 
 
+# Ratios, one per engine: the deployment's figure is their mean (the share of its whole KV cache in use,
+# engines being the same size). Counts (requests, spec-decode tokens) add up across engines.
+_MEAN_SERIES = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"})
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sum the samples of the vLLM series we use, over all label sets (one engine or several)."""
+    """The vLLM series we use, over all label sets (one engine or several): ratios averaged, counts summed."""
     wanted = {*VLLM_GAUGES, SPEC_ACCEPTED, SPEC_DRAFTED}
     totals: dict[str, float] = {}
+    samples: dict[str, int] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -52,6 +58,9 @@ def parse_metrics(text: str) -> dict[str, float]:
         if name in wanted:
             with contextlib.suppress(ValueError, IndexError):
                 totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+                samples[name] = samples.get(name, 0) + 1
+    for name in _MEAN_SERIES & totals.keys():
+        totals[name] /= samples[name]
     return totals
 
 

@@ -1,0 +1,44 @@
+"""Reading a deployment's load from vLLM's /metrics text: one engine or several."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.upstream.deployments import parse_metrics
+
+# What a vLLM server with two data-parallel engines exposes (one label set per engine).
+TWO_ENGINES = """\
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.6
+vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.2
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 1.0
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="tiny"} 0.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 100.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="tiny"} 50.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} 40.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="tiny"} 20.0
+"""
+
+
+def test_several_engines_average_the_kv_cache_and_add_up_the_counts() -> None:
+    figures = parse_metrics(TWO_ENGINES)
+    # Summed, two engines at 0.6 and 0.2 read as 0.8 full (and four engines at half as 2.0, "full").
+    assert figures["vllm:kv_cache_usage_perc"] == pytest.approx(0.4)
+    assert figures["vllm:num_requests_running"] == 4.0
+    assert figures["vllm:num_requests_waiting"] == 2.0
+    assert figures["vllm:spec_decode_num_draft_tokens_total"] == 150.0
+    assert figures["vllm:spec_decode_num_accepted_tokens_total"] == 60.0
+
+
+def test_four_half_full_engines_are_half_full() -> None:
+    text = "".join(f'vllm:kv_cache_usage_perc{{engine="{i}"}} 0.5\n' for i in range(4))
+    assert parse_metrics(text)["vllm:kv_cache_usage_perc"] == 0.5
+
+
+def test_one_engine_reads_as_it_is() -> None:
+    text = 'vllm:kv_cache_usage_perc{model_name="tiny"} 0.97\nvllm:num_requests_waiting 5\n'
+    assert parse_metrics(text) == {"vllm:kv_cache_usage_perc": 0.97, "vllm:num_requests_waiting": 5.0}
+
