@@ -69,7 +69,7 @@ def create_app(settings: Settings) -> web.Application:
 
 
 async def _pool(app: web.Application) -> AsyncIterator[None]:
-    app[POOL] = pool = upstream.make_client()
+    app[POOL] = pool = upstream.make_client(app[SETTINGS].upstream_connections)
     yield
     await pool.close()
 
@@ -115,14 +115,21 @@ def _reloaded(app: web.Application, new: Policy | None, err: PolicyError | None)
         app[DEPLOYMENTS].reconcile(new)
 
 
+PROBE_CONNECTIONS = 2  # per deployment: its /health probe and /metrics scrape run one after the other
+
+
 async def _deployments(app: web.Application) -> AsyncIterator[None]:
     metrics = app[TELEMETRY].metrics
-    deployments = Deployments(app[POOL], on_change=lambda name, tracked: _export_load(metrics, name, tracked,
-                                                                                      deployments))
+    # Probes and scrapes get their own small pool: the main pool at its limit under load must not fail
+    # them and make a busy, healthy deployment look dead.
+    probes = upstream.make_client(PROBE_CONNECTIONS)
+    deployments = Deployments(probes, on_change=lambda name, tracked: _export_load(metrics, name, tracked,
+                                                                                   deployments))
     app[DEPLOYMENTS] = deployments
     deployments.reconcile(app[POLICY].current)
     yield
     await deployments.close()
+    await probes.close()
 
 
 def _export_load(metrics: m.Metrics, name: str, tracked: Tracked, deployments: Deployments) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import math
 import ssl
@@ -331,9 +332,12 @@ class Pool:
         loop = asyncio.get_running_loop()
         target = _target(url)
         head = _request_head(method, target, body, headers or {})
-        deadline = loop.time() + total_s if total_s else math.inf
+        now = loop.time()
+        deadline = now + total_s if total_s else math.inf
+        # Waiting for a free connection at the limit and opening one share the connect budget.
+        connect_by = min(now + connect_s if connect_s else math.inf, deadline)
         for first_try in (True, False):
-            connection, reused = await self._acquire(target.origin, loop, connect_s, deadline)
+            connection, reused = await self._acquire(target.origin, loop, connect_by)
             response = Response(connection, read_s, deadline)
             connection.send(response, head, body)
             try:
@@ -352,7 +356,7 @@ class Pool:
         raise AssertionError("unreachable")
 
     async def _acquire(
-        self, origin: Origin, loop: asyncio.AbstractEventLoop, connect_s: float | None, deadline: float
+        self, origin: Origin, loop: asyncio.AbstractEventLoop, connect_by: float
     ) -> tuple[_Connection, bool]:
         if self._closed:
             raise ConnectError("The client is closed")
@@ -365,22 +369,48 @@ class Pool:
             connection.abort()
         opened = self._open.setdefault(origin, set())
         if len(opened) >= self._limit:
-            waiter: asyncio.Future[_Connection | None] = loop.create_future()
-            self._waiters.setdefault(origin, collections.deque()).append(waiter)
-            handed = await waiter  # a released connection, or None when a slot freed up
-            if handed is not None:
+            handed = await self._wait_for_slot(origin, loop, connect_by)
+            if handed is not None and not handed.closed:
                 return handed, True
-        return await self._connect(origin, loop, connect_s, deadline), False
+        return await self._connect(origin, loop, connect_by), False
 
-    async def _connect(
-        self, origin: Origin, loop: asyncio.AbstractEventLoop, connect_s: float | None, deadline: float
-    ) -> _Connection:
+    async def _wait_for_slot(
+        self, origin: Origin, loop: asyncio.AbstractEventLoop, connect_by: float
+    ) -> _Connection | None:
+        """At the limit: a released connection, or None when a slot freed up, within the connect budget."""
+        waiter: asyncio.Future[_Connection | None] = loop.create_future()
+        self._waiters.setdefault(origin, collections.deque()).append(waiter)
+        try:
+            async with asyncio.timeout_at(None if connect_by == math.inf else connect_by):
+                return await waiter
+        except BaseException as exc:
+            self._give_up(origin, waiter)
+            if isinstance(exc, TimeoutError):
+                raise ResponseTimeout(f"No connection to {origin.host}:{origin.port} came free in time") from exc
+            raise
+
+    def _give_up(self, origin: Origin, waiter: asyncio.Future[_Connection | None]) -> None:
+        """A waiter timed out or was cancelled. If it had been handed a connection (or a free slot) just
+        before, pass that on to the next waiter: dropped here, it would count against the limit for good."""
+        if not waiter.done():
+            waiter.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiters[origin].remove(waiter)
+            return
+        if waiter.cancelled():
+            return
+        handed = waiter.result()
+        if handed is not None:
+            self.put_back(handed)
+        else:
+            self._hand_to_waiter(origin, None)
+
+    async def _connect(self, origin: Origin, loop: asyncio.AbstractEventLoop, connect_by: float) -> _Connection:
         connection = _Connection(self, origin, loop)
         self._open.setdefault(origin, set()).add(connection)
-        budget = min(connect_s or math.inf, deadline - loop.time())
         tls = self._ssl_context() if origin.scheme == "https" else None
         try:
-            async with asyncio.timeout(None if budget == math.inf else budget):
+            async with asyncio.timeout_at(None if connect_by == math.inf else connect_by):
                 await loop.create_connection(lambda: connection, origin.host, origin.port, ssl=tls)
         except TimeoutError as exc:
             self.forget(connection)

@@ -265,3 +265,49 @@ async def test_a_slow_reader_pauses_the_socket_instead_of_buffering_without_boun
         async for part in chunks:
             received += len(part)
         assert received == total
+
+
+
+async def test_at_the_limit_a_request_waits_for_a_connection_no_longer_than_connect_s() -> None:
+    arrived = asyncio.Event()
+
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        arrived.set()
+        await reader.read()  # until the client drops the connection
+
+    pool = Pool(limit=1)
+    async with raw_server(never_answers) as base:
+        busy = asyncio.ensure_future(pool.request("POST", f"{base}/x", b"{}", read_s=30))
+        try:
+            await asyncio.wait_for(arrived.wait(), 5)
+            async with asyncio.timeout(5):  # without a deadline at the limit, this waited for good
+                with pytest.raises(ResponseTimeout, match="came free"):
+                    await pool.request("POST", f"{base}/x", b"{}", connect_s=0.2, read_s=30)
+                with pytest.raises(ResponseTimeout, match="came free"):
+                    await pool.request("POST", f"{base}/x", b"{}", read_s=30, total_s=0.2)
+        finally:
+            busy.cancel()
+            await asyncio.gather(busy, return_exceptions=True)
+            await pool.close()
+
+
+async def test_a_waiter_cancelled_just_after_it_was_handed_a_connection_passes_it_on(echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, peers, _ = echo_server
+    pool = Pool(limit=1)
+    try:
+        first = await pool.request("POST", f"{base}/echo", b"1")
+        waiting = asyncio.ensure_future(pool.request("POST", f"{base}/echo", b"2"))
+        async with asyncio.timeout(5):
+            while not any(pool._waiters.values()):  # the second request is queued at the limit
+                await asyncio.sleep(0)
+        assert await first.read() == b"1"  # releases the connection: handed to the waiter
+        waiting.cancel()  # ... which is cancelled before it runs again
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        async with asyncio.timeout(5):  # a lost connection would keep the pool at its limit for good
+            third = await pool.request("POST", f"{base}/echo", b"3", connect_s=1)
+            assert await third.read() == b"3"
+    finally:
+        await pool.close()
+    assert len(set(peers)) == 1  # the handed connection itself was reused

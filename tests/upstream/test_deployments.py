@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import aiohttp
 import pytest
 
 from gateway.upstream.deployments import parse_metrics
+from tests.fixtures.conditions import until
+from tests.fixtures.fake_vllm import Fault
+from tests.fixtures.stack import Stack
+
+HELLO = [{"role": "user", "content": "hi"}]
 
 # What a vLLM server with two data-parallel engines exposes (one label set per engine).
 TWO_ENGINES = """\
@@ -42,3 +51,21 @@ def test_one_engine_reads_as_it_is() -> None:
     text = 'vllm:kv_cache_usage_perc{model_name="tiny"} 0.97\nvllm:num_requests_waiting 5\n'
     assert parse_metrics(text) == {"vllm:kv_cache_usage_perc": 0.97, "vllm:num_requests_waiting": 5.0}
 
+
+async def test_probes_are_not_queued_behind_requests_at_the_connection_limit(make_stack: Any) -> None:
+    """The main pool holds one connection per deployment here, and a held request keeps fast's busy:
+    its /health probes must still reach it (sharing that pool, they waited and failed)."""
+    stack: Stack = await make_stack(settings={"upstream_connections": 1}, read_s="30")
+    stack.fast.faults.append(Fault(hold=True))
+    async with stack.client() as client:
+        held = asyncio.ensure_future(client.chat.completions.create(model="fast", messages=HELLO))
+        try:
+            await until(lambda: len(stack.fast.received) == 1, what="the held request reached fast")
+            probed = stack.fast.probes
+            await until(lambda: stack.fast.probes >= probed + 3, what="three more probes reached fast")
+            assert not held.done()  # still holding the main pool's only connection to fast
+            async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/readyz")) as resp:
+                assert "fast" in (await resp.json())["healthy_deployments"]
+        finally:
+            stack.fast.release.set()
+            await held
