@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import multiprocessing
@@ -142,16 +143,14 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def run(settings: Settings) -> None:
-    from aiohttp import web
-
     from gateway.server.app import create_app
+    from gateway.server.listener import serve
 
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _use_uvloop()
     print(f"agent-gateway {__version__} listening on http://{settings.host}:{settings.port} "
           f"(policy {settings.policy}, pid {os.getpid()})", flush=True)
-    web.run_app(create_app(settings), host=settings.host, port=settings.port, reuse_port=settings.workers > 1,
-                print=None, handler_cancellation=True, access_log=None)
+    asyncio.run(serve(create_app(settings), settings))
 
 
 def _use_uvloop() -> None:

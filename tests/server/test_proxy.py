@@ -10,6 +10,7 @@ import aiohttp
 import openai
 import pytest
 
+from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
@@ -196,6 +197,20 @@ async def test_client_disconnect_cancels_upstream(make_stack: Any) -> None:
             break
         await asyncio.sleep(0.05)
     assert stack.fast.cancelled == 1
+
+
+async def test_a_client_gone_before_the_headers_cancels_the_upstream_request(make_stack: Any) -> None:
+    """The server runs as in production (handler_cancellation): a client that hangs up while the deployment
+    is still thinking cancels the handler, which drops the upstream request instead of waiting it out."""
+    stack: Stack = await make_stack(read_s="60", total_s="60")
+    stack.fast.faults.append(Fault(hold=True))
+    async with aiohttp.ClientSession() as http:
+        request = asyncio.ensure_future(http.post(stack.base_url + "/chat/completions",
+                                                  json={"model": "fast", "messages": HELLO}))
+        await until(lambda: len(stack.fast.received) == 1, what="the request reached fast")
+        request.cancel()  # the client hangs up
+        await asyncio.gather(request, return_exceptions=True)
+    await until(lambda: stack.fast.cancelled == 1, what="fast saw the upstream request dropped")
 
 
 async def test_dead_deployment_is_ejected_and_traffic_fails_over(make_stack: Any, fake_pair: Any) -> None:

@@ -15,7 +15,6 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from gateway.cli.command import main
-from gateway.server.app import create_app
 from gateway.settings import Settings
 from tests.fixtures.fake_vllm import FakeVLLM, Fault
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, three_deployments
@@ -67,14 +66,16 @@ class Live:
 
 
 @pytest.fixture
-async def make_live(aiohttp_server: Callable[..., Any], tmp_path: Path) -> Callable[..., Any]:
+async def make_live(
+    aiohttp_server: Callable[..., Any], gateway_server: Callable[[Settings], Any], tmp_path: Path
+) -> Callable[..., Any]:
     async def make(extra: str, **settings: Any) -> Live:
         hq, fast, v2 = FakeVLLM("fake-hq"), FakeVLLM("fake-fast"), FakeVLLM("fake-hq-v2")
         urls = [await fake_server(f, aiohttp_server) for f in (hq, fast, v2)]
         path = tmp_path / "policy.yaml"
         path.write_text(three_deployments(*urls, extra))
         cfg = Settings(policy=str(path), admin_token=ADMIN_TOKEN, policy_poll_s=0.1, **settings)
-        return Live(hq, fast, v2, await aiohttp_server(create_app(cfg)))
+        return Live(hq, fast, v2, await gateway_server(cfg))
 
     return make
 
