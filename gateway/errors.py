@@ -81,6 +81,20 @@ class PayloadTooLarge(GatewayError):
     code = "request_too_large"
 
 
+class RequestTimeout(GatewayError):
+    """The client did not send its request's head in time (a slow or stuck client)."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class HeaderTooLarge(GatewayError):
+    status = 431
+    error_type = "invalid_request_error"
+    code = "header_too_large"
+
+
 class RateLimited(GatewayError):
     """Budget or rate limit reached; carries Retry-After."""
 
