@@ -365,7 +365,7 @@ class Enrollment:
         except GatewayError as exc:
             status = exc.status
             raise
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionResetError):  # the client went away
             status = CLIENT_CLOSED
             raise
         finally:

@@ -135,6 +135,8 @@ class Connection(web.RequestHandler):
         """aiohttp's own error answers (bad HTTP, a header too long, a crash outside the middleware)."""
         if request.writer.output_size > 0:  # as aiohttp does: a started response cannot become an error
             raise ConnectionError("Response is sent already, cannot send another response with the error message")
+        if isinstance(exc, ConnectionResetError):
+            raise ConnectionError("The client went away")  # nobody to answer; aiohttp drops the connection
         err = _error_of(status, exc)
         if err.status >= 500:
             log.error("error outside the middleware", exc_info=exc)

@@ -60,7 +60,9 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
         if not response.prepared:  # a stream set its headers before its first byte (proxy._relay_stream)
             add_gateway_headers(request, response)
         return response
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, ConnectionResetError):
+        # The client went away (its handler cancelled, or a write to it or a read of its body failed):
+        # a client close, not a server error; there is no one to answer.
         status = CLIENT_CLOSED
         raise
     finally:
@@ -85,10 +87,14 @@ async def _respond(request: web.Request, handler: Handler, ex: Exchange | None) 
         return error_response(exc)
     except web.HTTPException as exc:
         return error_response(_from_http(exc))
+    except ConnectionResetError:
+        raise  # the client is gone: nothing to answer, nothing to log
     except Exception:
         # Full detail goes to the log only; the client gets the request id to quote.
         request_id = request[REQUEST_ID]
         log.exception("unhandled error in request %s", request_id)
+        if request.writer.output_size > 0:
+            raise  # a started response cannot become an error envelope: aiohttp drops the connection
         return error_response(GatewayError(f"Internal error; quote request id {request_id}"))
 
 
