@@ -152,29 +152,20 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
+def response_object(raw: bytes) -> dict[str, Any] | None:
+    """A deployment's JSON answer as an object; None when it is anything else (HTML, garbage, an array)."""
+    try:
+        found = pydantic_core.from_json(raw)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def usage_of(payload: Any) -> Usage | None:
     usage = payload.get("usage") if isinstance(payload, dict) else None
     if not isinstance(usage, dict):
         return None
     return Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
-
-
-_DECODER = json.JSONDecoder()
-
-
-def usage_in_body(raw: bytes) -> Usage | None:
-    """The usage object of a JSON response, decoded alone: OpenAI servers put it last, and decoding a
-    long completion whole only to read three integers is wasted work on the hot path."""
-    at = raw.rfind(b'"usage"')
-    if at < 0:
-        return None
-    try:
-        text = raw[at:].decode("utf-8")
-        start = text.index("{")
-        usage, _ = _DECODER.raw_decode(text, start)
-    except ValueError:
-        return None
-    return usage_of({"usage": usage})
 
 
 def is_usage_event(event: bytes) -> bool:

@@ -26,6 +26,7 @@ class Settings:
     redis_url: str = ""  # the shared store when the policy names none (rollout states, arms, shadow pairs)
     request_log: str = ""  # path of the JSONL request log `policy simulate` replays; empty: no log
     request_log_prompts: int = 0  # 1: the request log keeps bodies (prompts); 0: features only
+    max_upstream_body_bytes: int = 32 * 1024 * 1024  # a longer non-streamed answer is a deployment failure
     header_timeout_s: float = 10.0  # a request's head (request line and headers) must arrive within this
     upstream_connections: int = 1024  # open connections per deployment at most; more requests wait connect_s
 

@@ -168,6 +168,7 @@ async def _forward(
     if ex.trace is not None:  # the deployment's spans become children of this request's span
         headers["traceparent"] = ex.trace.traceparent()
     last: GatewayError | None = None
+    limit = request.app[SETTINGS].max_upstream_body_bytes
     for name in decision.attempts:
         dep = policy.deployments[name]
         payload, client_wants_usage = openai.upstream_body(body, dep.served_model, caps.get(name) if caps else None)
@@ -175,32 +176,32 @@ async def _forward(
         try:
             try:
                 reply = await upstream.send(pool, name, dep, openai.PATHS[features.endpoint], payload, headers)
+                answer = await upstream.answer(reply, features.stream, limit)
             except (UpstreamError, UpstreamTimeout) as exc:
                 deployments.record_failure(name)
                 metrics.failovers.labels(name, exc.code or exc.error_type).inc()
-                last = exc
+                last = exc.with_traceback(None)  # kept, its traceback would tie this frame into a cycle
                 continue
             ex.attempted(name, dep.served_model)
-            if features.stream and reply.status == 200:
+            if answer is None:
                 return await _relay_stream(request, deployments, metrics, reply, client_wants_usage)
-            return await _relay_body(request, deployments, metrics, reply)
+            return _relay_body(request, deployments, metrics, reply, *answer)
         finally:
             deployments.in_flight[name] -= 1
     raise last or UpstreamError("No deployment was tried")
 
 
-async def _relay_body(
-    request: web.Request, deployments: Deployments, metrics: Metrics, reply: upstream.Reply
+def _relay_body(
+    request: web.Request, deployments: Deployments, metrics: Metrics, reply: upstream.Reply, raw: bytes,
+    found: dict[str, Any],
 ) -> web.Response:
     ex: Exchange = request[EXCHANGE]
-    ex_headers = upstream.reply_headers(reply)
-    raw = await reply.read()
     if ex.tap is not None:
         ex.tap.append(raw)
     if reply.status == 200:
         deployments.record_success(reply.deployment)
-        ex.settle(openai.usage_in_body(raw), metrics)
-    return web.Response(body=raw, status=reply.status, headers=ex_headers)
+        ex.settle(openai.usage_of(found), metrics)
+    return web.Response(body=raw, status=reply.status, headers=upstream.reply_headers(reply))
 
 
 async def _relay_stream(

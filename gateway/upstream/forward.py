@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from gateway import openai
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.policy.model import Deployment
-from gateway.upstream.client import ClientError, ConnectError, Disconnected, Pool, Response
+from gateway.upstream.client import ClientError, ConnectError, Disconnected, Pool, Response, release_heap
+
+RELEASE_AFTER_BYTES = 4 * 1024 * 1024  # a refused body this large gives the freed heap back to the OS
 
 # RFC 9110 hop-by-hop headers, plus what the gateway sets itself or must never pass on.
 _NOT_FORWARDED = frozenset(
@@ -44,6 +47,58 @@ class Reply:
             return await self._response.read()
         except (TimeoutError, ClientError) as exc:
             raise _translate(exc, self.deployment) from exc
+
+    async def read_object(self, limit: int) -> tuple[bytes, dict[str, Any]]:
+        """The whole body, which must be one JSON object of at most `limit` bytes, else UpstreamError.
+
+        Read piece by piece: a body that does not start like an object is refused at its first byte and
+        one over the limit at the limit, the connection dropped, so neither is ever held whole.
+        """
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            self.close()
+            raise self._too_large(limit)
+        parts: list[bytes] = []
+        size, started = 0, False
+        try:
+            async for chunk in self._response.iter_chunks():
+                if not started and (text := chunk.lstrip(b" \t\r\n")):
+                    if text[:1] != b"{":
+                        raise self._not_an_object()
+                    started = True
+                size += len(chunk)
+                if size > limit:
+                    raise self._too_large(limit)
+                parts.append(chunk)
+        except (TimeoutError, ClientError) as exc:
+            self._drop(parts, size)
+            raise _translate(exc, self.deployment) from exc
+        except UpstreamError:
+            self._drop(parts, size)
+            raise
+        self.release()
+        raw = b"".join(parts)
+        found = openai.response_object(raw)
+        if found is None:
+            del raw
+            self._drop(parts, size)
+            raise self._not_an_object()
+        return raw, found
+
+    def _drop(self, parts: list[bytes], size: int) -> None:
+        """Forget a refused body: the error's traceback keeps this frame a while, but not the bytes read."""
+        parts.clear()
+        self.close()
+        if size >= RELEASE_AFTER_BYTES:
+            release_heap()
+
+    def _not_an_object(self) -> UpstreamError:
+        return UpstreamError(f"Deployment {self.deployment!r} answered {self.status} with a body that is not a "
+                             "JSON object", code="upstream_invalid_body")
+
+    def _too_large(self, limit: int) -> UpstreamError:
+        return UpstreamError(f"Deployment {self.deployment!r} answered with a body over {limit} bytes",
+                             code="upstream_body_too_large")
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; a broken or stalled stream raises a GatewayError."""
@@ -86,6 +141,22 @@ async def send(
         detail = f": {text[:200]}" if text else ""
         raise UpstreamError(f"Deployment {name!r} answered {response.status}{detail}", code="upstream_5xx")
     return Reply(response, name)
+
+
+async def answer(reply: Reply, stream: bool, limit: int) -> tuple[bytes, dict[str, Any]] | None:
+    """Check a reply before any of it reaches the client, while the caller may still fail over.
+
+    A streamed 200 must be an event stream (None: relay it as it comes); any other answer must be one
+    JSON object of at most `limit` bytes, returned read whole with its parse. Else UpstreamError.
+    """
+    if stream and reply.status == 200:
+        kind = reply.headers.get("content-type", "")
+        if not kind.startswith("text/event-stream"):
+            reply.close()
+            raise UpstreamError(f"Deployment {reply.deployment!r} answered a streamed call with {kind or 'no'} "
+                                "content type, not an event stream", code="upstream_invalid_body")
+        return None
+    return await reply.read_object(limit)
 
 
 async def get(client: Pool, url: str, timeout_s: float) -> tuple[int, bytes]:
