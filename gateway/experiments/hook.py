@@ -266,7 +266,7 @@ class Experiments:
             "endpoint": f.endpoint,
             "model": f.requested_model,
             "tenant": enrollment.tenant,
-            "headers": loggable_headers(enrollment.headers),
+            "headers": loggable_headers(enrollment.headers, enrollment.policy.read_headers),
             "features": features,
             "complexity": complexity,
             "decision": {"deployment": d.deployment, "rule": d.rule, "attempts": list(d.attempts)},

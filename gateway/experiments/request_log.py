@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,19 @@ log = logging.getLogger(__name__)
 
 FLUSH_S = 1.0
 BUFFER_MAX = 50_000  # records held between flushes; beyond this they are dropped (and counted)
-# Headers a rule may read are logged so a replay sees them; credentials never are.
-SECRET_HEADERS = frozenset({"x-api-key", "x-admin-token"})
+# Logged besides the headers the policy reads: the session id, which sessions and rollouts key on.
+ALWAYS_LOGGED = frozenset({"x-session-id"})
+# Never logged, whoever reads it: a name that looks like it carries a credential.
+_SECRET_LOOKING = re.compile(r"auth|token|key|secret|passw|cookie|credential|signature|bearer", re.IGNORECASE)
 
 
-def loggable_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The request's x-* headers (what `when.headers` rules usually read), lower-cased, minus secrets."""
+def loggable_headers(headers: Mapping[str, str], wanted: frozenset[str]) -> dict[str, str]:
+    """The request's headers named in `wanted` (lower-case: what the policy's rules and rollout keys read)
+    or ALWAYS_LOGGED, so a replay sees them; never one whose name looks like a credential."""
     out = {}
     for name, value in headers.items():
         low = name.lower()
-        if low.startswith("x-") and low not in SECRET_HEADERS:
+        if (low in wanted or low in ALWAYS_LOGGED) and not _SECRET_LOOKING.search(low):
             out[low] = value[:256]
     return out
 

@@ -390,6 +390,15 @@ class Policy(Frozen):
         sessions_used = s.pin or s.tight_loop_steps_per_min is not None or s.cost_cap_usd is not None
         return bool(self.tenants) or self.auth.enabled or sessions_used
 
+    @functools.cached_property
+    def read_headers(self) -> frozenset[str]:
+        """The request headers (lower-case) its rules, its candidate policies' rules and its rollout keys read."""
+        rules = [*self.rules, *(r for cand in self.policies.values() for r in cand.rules or ())]
+        names = {name for rule in rules for name in (rule.when.headers or {})}
+        names.update(source.removeprefix("header:").lower() for spec in self.rollouts for source in spec.key
+                     if source.startswith("header:"))
+        return frozenset(names)
+
     def candidate_policy(self, name: str) -> Policy:
         """The declared candidate `name` as a whole Policy (cached: policies are swapped whole on reload)."""
         found = self._candidate_policies.get(name)

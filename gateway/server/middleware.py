@@ -23,6 +23,7 @@ _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Status of a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
+CLIENT_ID_HEADER = "x-client-request-id"
 
 
 def error_response(err: GatewayError) -> web.Response:
@@ -34,24 +35,27 @@ _ID_PREFIX = os.urandom(6).hex()
 _ID_COUNTER = itertools.count(1)
 
 
-def _request_id(request: web.Request) -> str:
-    given = request.headers.get("x-request-id")
-    if given is not None and _SAFE_REQUEST_ID.match(given):
-        return given
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
+def _client_request_id(request: web.Request) -> str | None:
+    """The client's own id for its request (OpenAI's `x-client-request-id`, or an `x-request-id`), if sane.
+
+    It is echoed and recorded, never used as a key: the gateway's own id names the request everywhere
+    (explain memory, logs, spans, the deployment), so one client cannot collide with another's.
+    """
+    given = request.headers.get(CLIENT_ID_HEADER) or request.headers.get("x-request-id")
+    return given if given is not None and _SAFE_REQUEST_ID.match(given) else None
 
 
 @web.middleware
 async def exchange_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     telemetry = request.app[TELEMETRY]
-    request_id = _request_id(request)
+    request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
     request[REQUEST_ID] = request_id
     endpoint = _ENDPOINTS.get(request.path)
     ex = None
     if endpoint is not None:
         spans = telemetry.spans
         trace = spans.begin(SPAN_NAMES[endpoint], request.headers.get("traceparent")) if spans else None
-        ex = Exchange(request_id, endpoint, trace)
+        ex = Exchange(request_id, endpoint, trace, _client_request_id(request))
         request[EXCHANGE] = ex
     status = 500
     try:
@@ -123,4 +127,6 @@ def add_gateway_headers(request: web.Request, response: Response) -> Response:
     if ex is not None:
         response.headers["x-gateway-deployment"] = ex.deployment or "none"
         response.headers["x-gateway-rule"] = ex.rule or "none"
+        if ex.client_request_id is not None:
+            response.headers[CLIENT_ID_HEADER] = ex.client_request_id
     return response

@@ -21,15 +21,21 @@ class Exchange:
     The span is recorded once at the end with every attribute (start time back-dated; see telemetry/spans.py).
     """
 
-    __slots__ = ("attributes", "deployment", "endpoint", "error", "first_byte_at", "prompt_tokens", "request_id",
-                 "rule", "served_model", "started", "started_ns", "tap", "trace", "usage")
+    __slots__ = ("attributes", "client_request_id", "deployment", "endpoint", "error", "first_byte_at",
+                 "prompt_tokens", "request_id", "rule", "served_model", "started", "started_ns", "tap", "trace",
+                 "usage")
 
-    def __init__(self, request_id: str, endpoint: str, trace: TraceContext | None = None) -> None:
+    def __init__(
+        self, request_id: str, endpoint: str, trace: TraceContext | None = None, client_request_id: str | None = None
+    ) -> None:
         self.request_id = request_id
+        self.client_request_id = client_request_id  # the client's own id: echoed and recorded, never a key
         self.endpoint = endpoint
         self.started = time.perf_counter()
         self.started_ns = time.time_ns()
         self.attributes: dict[str, Any] = {t.REQUEST_ID: request_id, t.GEN_AI_OPERATION: OPERATION[endpoint]}
+        if client_request_id is not None:
+            self.attributes[t.CLIENT_REQUEST_ID] = client_request_id
         self.deployment: str | None = None
         self.rule: str | None = None
         self.served_model: str | None = None

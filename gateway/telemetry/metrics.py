@@ -30,6 +30,7 @@ ATTEMPTS = "gateway.attempts"
 TTFT_MS = "gateway.ttft_ms"
 COMPLEXITY = "gateway.complexity"
 REQUEST_ID = "gateway.request_id"
+CLIENT_REQUEST_ID = "gateway.client_request_id"
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

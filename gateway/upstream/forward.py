@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -11,6 +12,8 @@ from gateway.policy.model import Deployment
 from gateway.upstream.client import ClientError, ConnectError, Disconnected, Pool, Response, release_heap
 
 RELEASE_AFTER_BYTES = 4 * 1024 * 1024  # a refused body this large gives the freed heap back to the OS
+
+log = logging.getLogger(__name__)
 
 # RFC 9110 hop-by-hop headers, plus what the gateway sets itself or must never pass on.
 _NOT_FORWARDED = frozenset(
@@ -137,9 +140,11 @@ async def send(
     except (TimeoutError, ClientError) as exc:
         raise _translate(exc, name) from exc
     if response.status >= 500:
+        # The body may name internal hosts, paths or stack traces: it goes to the log, never to the client.
         text = (await response.read_prefix(300, timeout_s=1.0)).decode("utf-8", "replace").strip()
-        detail = f": {text[:200]}" if text else ""
-        raise UpstreamError(f"Deployment {name!r} answered {response.status}{detail}", code="upstream_5xx")
+        log.warning("deployment %s answered %d to request %s: %s", name, response.status,
+                    headers.get("x-request-id", "?"), text[:200])
+        raise UpstreamError(f"Deployment {name!r} answered {response.status}", code="upstream_5xx")
     return Reply(response, name)
 
 

@@ -126,3 +126,19 @@ async def test_chunked_body_is_read_whole_and_bounded(make_stack: Any) -> None:
                              headers={"content-type": "application/json"}) as resp:
             assert resp.status == 413
     assert stack.fast.received[-1]["messages"][0]["content"] == "y" * 3_000
+
+
+async def test_a_deployment_5xx_body_is_logged_not_shown_to_the_client(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.fixtures.fake_vllm import Fault
+
+    leak = "OOM on gpu-node-7.internal:/var/lib/models"
+    stack.fast.faults.append(Fault(status=503, message=leak))
+    stack.hq.faults.append(Fault(status=500, message=leak))
+    async with stack.client() as client:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(model="auto", messages=HELLO)
+    assert caught.value.status_code == 502 and caught.value.code == "upstream_5xx"
+    assert "gpu-node-7" not in json.dumps(caught.value.body)
+    assert any("gpu-node-7" in r.getMessage() for r in caplog.records)  # the operator still sees it

@@ -266,6 +266,26 @@ async def test_explain_live_request_shows_rule_trail(stack: Stack) -> None:
     assert explained["reasons"][1].startswith("rule long-to-hq: no match (prompt_tokens=")
 
 
+async def test_a_client_chosen_request_id_is_echoed_but_never_keys_the_explain_memory(stack: Stack) -> None:
+    """Two clients sending the same x-request-id each keep their own trail: the gateway's id is the key."""
+    async with stack.client() as client:
+        first = await client.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, extra_headers={"x-request-id": "same", "x-priority": "high"})
+        second = await client.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, extra_headers={"x-request-id": "same"})
+    ids = first.headers["x-request-id"], second.headers["x-request-id"]
+    assert len(set(ids)) == 2 and "same" not in ids
+    assert first.headers["x-client-request-id"] == second.headers["x-client-request-id"] == "same"
+    sent = {k.lower(): v for k, v in stack.hq.headers_seen[-1].items()}
+    assert sent["x-request-id"] == ids[0]  # the deployment sees the gateway's id too
+    async with aiohttp.ClientSession() as http:
+        trails = [await _admin_get(http, stack, f"/admin/requests/{i}/explain") for i in ids]
+        async with http.get(stack.gateway.make_url("/admin/requests/same/explain"),
+                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+            assert resp.status == 404
+    assert [t["deployment"] for t in trails] == ["hq", "fast"]
+
+
 async def _admin_get(http: aiohttp.ClientSession, stack: Stack, path: str) -> Any:
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with http.get(stack.gateway.make_url(path), headers=headers) as resp:
