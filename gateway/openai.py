@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +160,15 @@ def response_object(raw: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return found if isinstance(found, dict) else None
+
+
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"([^"\\]{1,256})"')
+
+
+def model_named(chunk: bytes) -> str | None:
+    """The `model` a stream's first event names, found without decoding the event."""
+    found = _MODEL_FIELD.search(chunk)
+    return found.group(1).decode("utf-8", "replace") if found else None
 
 
 def usage_of(payload: Any) -> Usage | None:

@@ -173,6 +173,7 @@ async def _forward(
         dep = policy.deployments[name]
         payload, client_wants_usage = openai.upstream_body(body, dep.served_model, caps.get(name) if caps else None)
         deployments.in_flight[name] = deployments.in_flight.get(name, 0) + 1
+        ex.trying(name)
         try:
             try:
                 reply = await upstream.send(pool, name, dep, openai.PATHS[features.endpoint], payload, headers)
@@ -182,10 +183,12 @@ async def _forward(
                 metrics.failovers.labels(name, exc.code or exc.error_type).inc()
                 last = exc.with_traceback(None)  # kept, its traceback would tie this frame into a cycle
                 continue
-            ex.attempted(name, dep.served_model)
             if answer is None:
+                ex.answered(name, None)  # the model it names is read from the stream's first event
                 return await _relay_stream(request, deployments, metrics, reply, client_wants_usage)
-            return _relay_body(request, deployments, metrics, reply, *answer)
+            raw, found = answer
+            ex.answered(name, found.get("model") if isinstance(found.get("model"), str) else None)
+            return _relay_body(request, deployments, metrics, reply, raw, found)
         finally:
             deployments.in_flight[name] -= 1
     raise last or UpstreamError("No deployment was tried")
@@ -216,7 +219,9 @@ async def _relay_stream(
     tap = ex.tap
     try:
         async for chunk in reply.chunks():
-            ex.first_byte()
+            if ex.first_byte_at is None:
+                ex.first_byte()
+                ex.response_model = openai.model_named(chunk)
             if tap is not None:
                 tap.append(chunk)
             out = relay.feed(chunk)

@@ -22,8 +22,8 @@ class Exchange:
     """
 
     __slots__ = ("attributes", "client_request_id", "deployment", "endpoint", "error", "first_byte_at",
-                 "prompt_tokens", "request_id", "rule", "served_model", "started", "started_ns", "tap", "trace",
-                 "usage")
+                 "prompt_tokens", "request_id", "response_model", "rule", "started", "started_ns", "tap", "trace",
+                 "tried", "usage")
 
     def __init__(
         self, request_id: str, endpoint: str, trace: TraceContext | None = None, client_request_id: str | None = None
@@ -38,7 +38,8 @@ class Exchange:
             self.attributes[t.CLIENT_REQUEST_ID] = client_request_id
         self.deployment: str | None = None
         self.rule: str | None = None
-        self.served_model: str | None = None
+        self.tried: list[str] = []  # the deployments sent the request, in order (failover adds more)
+        self.response_model: str | None = None  # the model the answering deployment named in its answer
         self.first_byte_at: float | None = None
         self.usage: Usage | None = None
         self.prompt_tokens = 0  # the request's estimate, charged when a stream ends without usage
@@ -53,7 +54,6 @@ class Exchange:
         attrs[t.GEN_AI_REQUEST_MODEL] = features.requested_model
         attrs[t.RULE] = decision.rule
         attrs[t.REASONS] = decision.reasons
-        attrs[t.ATTEMPTS] = decision.attempts
         if features.max_tokens is not None:
             attrs[t.GEN_AI_REQUEST_MAX_TOKENS] = features.max_tokens
         if features.temperature is not None:
@@ -61,8 +61,12 @@ class Exchange:
         if complexity is not None:
             attrs[t.COMPLEXITY] = complexity
 
-    def attempted(self, deployment: str, served_model: str) -> None:
-        self.deployment, self.served_model = deployment, served_model
+    def trying(self, deployment: str) -> None:
+        self.tried.append(deployment)
+
+    def answered(self, deployment: str, model: str | None) -> None:
+        """The deployment whose answer the client gets (after any failover) and the model it named."""
+        self.deployment, self.response_model = deployment, model
 
     def first_byte(self) -> None:
         if self.first_byte_at is None:
@@ -94,8 +98,9 @@ class Exchange:
         attrs = self.attributes
         attrs["http.response.status_code"] = status
         attrs[t.DEPLOYMENT] = self.deployment or ""
-        if self.served_model:
-            attrs[t.GEN_AI_RESPONSE_MODEL] = self.served_model
+        attrs[t.ATTEMPTS] = tuple(self.tried)
+        if self.response_model:
+            attrs[t.GEN_AI_RESPONSE_MODEL] = self.response_model
         if self.usage is not None:
             attrs[t.GEN_AI_INPUT_TOKENS] = self.usage.prompt_tokens
             attrs[t.GEN_AI_OUTPUT_TOKENS] = self.usage.completion_tokens

@@ -24,6 +24,7 @@ from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
 from gateway.telemetry.otlp import otlp_json
 from gateway.telemetry.spans import LoopExport, Spans
 from gateway.upstream.client import Pool
+from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -55,6 +56,24 @@ async def test_span_carries_decision_models_tokens_and_ttft(stack: Stack) -> Non
     assert "rule priority-header: matched, use hq" in attrs["gateway.reasons"]
     assert float(attrs["gateway.ttft_ms"]) > 0
     assert attrs["http.response.status_code"] == 200
+
+
+async def test_span_records_what_happened_not_what_was_planned(stack: Stack) -> None:
+    """The deployments actually tried and the model the answer named, not the decision's plan."""
+    exporter = _capture(stack)
+    stack.hq.answer_model = "fake-hq-2024-06-01"  # the model vLLM names in its answers
+    stack.fast.faults.append(Fault(status=503))
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=HELLO)  # fast fails, hq answers
+        await client.chat.completions.create(model="auto", messages=HELLO)  # planned fast then hq; fast answers
+        stream = await client.chat.completions.create(model="hq", messages=HELLO, stream=True)
+        async for _ in stream:
+            pass
+    failed_over, direct, streamed = (dict(s.attributes or {}) for s in exporter.get_finished_spans())
+    assert failed_over["gateway.attempts"] == ("fast", "hq") and failed_over["gateway.deployment"] == "hq"
+    assert failed_over["gen_ai.response.model"] == "fake-hq-2024-06-01"
+    assert direct["gateway.attempts"] == ("fast",) and direct["gen_ai.response.model"] == "fake-fast"
+    assert streamed["gateway.attempts"] == ("hq",) and streamed["gen_ai.response.model"] == "fake-hq-2024-06-01"
 
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
