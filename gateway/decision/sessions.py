@@ -4,8 +4,8 @@
     state = (await budgets.observe(tenant, sid, rules)).session   # one atomic store call counts the step
     admission(..., session=state, sessions=policy.sessions)       # decision/admission.py
 
-The pin is written by the reserve of the session's first admitted step (`Budgets.reserve(...,
-session_id=sid)`) and the running cost by its settle, both inside the same atomic store scripts, so a
+The pin and the running cost are written by the settle of the session's first answered step (the pin
+names the deployment that answered, after any failover), inside the same atomic store script, so a
 session pinned on one replica reads the same pin on every other.
 """
 

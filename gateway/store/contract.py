@@ -138,7 +138,7 @@ class Hold:
     deployment: str
     cost: Cost  # the worst case
     limits: Limits = Limits()
-    session_id: str | None = None  # pins the session to `deployment` if it has no pin yet
+    session_id: str | None = None  # the session whose step this is (its settle pins it, see Reservation)
     ttl_s: float = 900.0
     session_ttl_s: int = 3600
 
@@ -151,7 +151,7 @@ class Reservation:
     cost_usd: float
     tokens: int
     expires_at_s: float
-    session_id: str | None = None
+    session_id: str | None = None  # settle pins it to the deployment that answered, if it has no pin yet
     origin: Literal["shared", "local"] = "shared"
 
 

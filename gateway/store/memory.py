@@ -99,9 +99,7 @@ class MemoryStore:
             if ks.expire_at.get(key, 0.0) < at_s:
                 ks.expire(key, at_s)
         if hold.session_id is not None:
-            session_key = lay.session(hold.tenant, hold.session_id)
-            ks.hash(session_key).setdefault("pinned", hold.deployment)
-            ks.expire(session_key, now_s + hold.session_ttl_s)
+            ks.expire(lay.session(hold.tenant, hold.session_id), now_s + hold.session_ttl_s)
         ks.data.setdefault(lay.tenants(), set()).add(hold.tenant)
         return Reservation(
             rid,
@@ -155,6 +153,7 @@ class MemoryStore:
             session_key = lay.session(t, reservation.session_id)
             if ks.get(session_key) is not None:
                 ks.hincr(session_key, "cost", cost)
+                ks.hash(session_key).setdefault("pinned", reservation.deployment)  # the one that answered
         return live is not None
 
     async def release(self, reservation: Reservation) -> bool:

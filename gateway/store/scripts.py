@@ -86,7 +86,6 @@ for _, k in ipairs({zset, records}) do
   if redis.call('PTTL', k) < ttl_ms then redis.call('PEXPIRE', k, ttl_ms) end
 end
 if ARGV[9] == '1' then
-  redis.call('HSETNX', KEYS[4], 'pinned', ARGV[7])
   redis.call('EXPIRE', KEYS[4], ARGV[10])
 end
 redis.call('SADD', KEYS[3], ARGV[8])
@@ -97,7 +96,8 @@ return {1}
 # settle: KEYS[1]=reservation zset, KEYS[2]=reservation records, KEYS[3]=session hash,
 #   KEYS[4..]=the current window buckets (used only when the reservation is gone; otherwise the spend
 #   goes to the buckets it was reserved in that still exist);
-#   ARGV: id, cost_nusd, tokens_in, tokens_out, deployment, session (1|0), then expireat_s per KEYS[4..]
+#   ARGV: id, cost_nusd, tokens_in, tokens_out, deployment (the one that answered), session (1|0), then
+#   expireat_s per KEYS[4..]; a session's first settled step pins it to that deployment
 #   -> 1 when the reservation was open, 0 when it had expired (the spend is recorded either way)
 SETTLE = (
     PRELUDE
@@ -124,6 +124,7 @@ for _, t in ipairs(targets) do
 end
 if ARGV[6] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('HINCRBY', KEYS[3], 'cost', ARGV[2])
+  redis.call('HSETNX', KEYS[3], 'pinned', ARGV[5])
 end
 return found
 """

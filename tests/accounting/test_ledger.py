@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,23 @@ async def test_conversations_that_open_alike_do_not_share_a_session_cap(make_sta
         assert status == expected
     status, _, _ = await _chat(stack, model="hq", messages=step("Running the tests"))
     assert status == 200  # …and another that opened the same way goes on
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_session_is_pinned_to_the_deployment_that_answered_after_failover(
+    make_stack: Any, request: pytest.FixtureRequest, store: str
+) -> None:
+    extra = "sessions: {pin: true}\n"
+    if store == "redis":
+        extra += f'store: {{redis_url: "{request.getfixturevalue("redis_server").url}"}}\n'
+    stack: Stack = await make_stack(extra)
+    session = {"x-session-id": f"pin-{uuid.uuid4().hex}"}
+    stack.fast.faults.append(Fault(status=503))
+    status, _, first = await _chat(stack, headers=session)  # the rules pick fast; it fails; hq answers
+    assert status == 200 and first["x-gateway-deployment"] == "hq"
+    status, _, second = await _chat(stack, headers=session)
+    assert status == 200 and second["x-gateway-deployment"] == "hq"
+    assert any("session pinned to hq" in r for r in await _reasons(stack, second["x-request-id"]))
 
 
 async def _clear_of_a_minute_boundary(margin_s: float = 5.0) -> None:

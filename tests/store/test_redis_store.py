@@ -100,10 +100,15 @@ async def test_session_pin_is_seen_by_another_replica(redis_server: RedisServer,
     b = RedisStore(redis_server.url, prefix=key_prefix)
     try:
         await a.step("acme", "agent-7", 30.0, 3600)
-        await a.reserve(Hold("acme", "hq", Cost(0.01, 10), session_id="agent-7"))
+        first = await a.reserve(Hold("acme", "hq", Cost(0.01, 10), session_id="agent-7"))
+        assert isinstance(first, Reservation)
+        assert (await b.step("acme", "agent-7", 30.0, 3600)).pinned is None  # not until a deployment answers
+        await a.settle(first, Spend(0.001, 1, 1))
         state = await b.step("acme", "agent-7", 30.0, 3600)
-        assert (state.steps, state.pinned) == (2, "hq")
-        await b.reserve(Hold("acme", "fast", Cost(0.01, 10), session_id="agent-7"))
+        assert (state.steps, state.pinned) == (3, "hq")
+        second = await b.reserve(Hold("acme", "fast", Cost(0.01, 10), session_id="agent-7"))
+        assert isinstance(second, Reservation)
+        await b.settle(second, Spend(0.001, 1, 1))
         assert (await a.step("acme", "agent-7", 30.0, 3600)).pinned == "hq"
     finally:
         await a.close()

@@ -237,10 +237,11 @@ async def test_observe_reads_windows_and_steps_the_session_at_once(store: Store)
     r = await held(store, hold(0.5, 100, session_id="s1"))
     seen = await store.observe("acme", "s1", 30.0, 3600)
     assert seen.snapshot.concurrent == 1 and seen.snapshot.windows[Window.DAY].reserved_usd == 0.5
-    assert seen.session is not None and (seen.session.steps, seen.session.pinned) == (1, "hq")
-    await store.settle(r, Spend(0.25, 1, 1))
+    assert seen.session is not None and (seen.session.steps, seen.session.pinned) == (1, None)
+    await store.settle(r, Spend(0.25, 1, 1))  # the first answered step pins the session
     again = await store.observe("acme", "s1", 30.0, 3600)
-    assert again.session is not None and (again.session.steps, again.session.cost_usd) == (2, 0.25)
+    assert again.session is not None
+    assert (again.session.steps, again.session.cost_usd, again.session.pinned) == (2, 0.25, "hq")
     assert (await store.observe("acme", None)).session is None
 
 
