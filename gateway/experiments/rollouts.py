@@ -38,7 +38,7 @@ TICK_S = 1.0
 FLUSH_S = 0.1  # counters are batched this long: the instant abort sees a breach within it
 LOCK_TTL_S = 3.0  # a dead leader's lock passes to another replica after this
 RETRY_S = 0.5
-ARM_TTL_S = 3600  # how long a session's recorded arm outlives its first request
+ARM_TTL_S = 3600  # how long a session's recorded arm outlives its last step (each step renews it)
 SAMPLES_TTL_S = 7 * 86400
 ARM_CACHE_SIZE = 50_000
 SESSION_SOURCES = ("session=", "header:x-session-id=")
@@ -80,6 +80,7 @@ class Rollouts:
         self._pending: dict[str, Counter[str]] = {}
         self._specs: dict[str, tuple[str, RolloutSpec]] = {}  # samples key -> (route, spec), for aborts
         self._arms: OrderedDict[str, Assignment] = OrderedDict()
+        self._touched: set[str] = set()  # arms stepped on since the last flush: their TTL is renewed then
         self._tasks: list[asyncio.Task[None]] = []
         self.stale, self.weight = metrics.rollout_stale, metrics.rollout_weight
 
@@ -101,7 +102,8 @@ class Rollouts:
         return found
 
     async def arm(self, state: RolloutState, key: str | None) -> Assignment:
-        """The request's arm; a session's first arm is recorded (SET NX) and kept for its trajectory."""
+        """The request's arm; a session's first arm is recorded (SET NX) and kept for its trajectory: each
+        step renews it (batched into the next flush), so it lapses only ARM_TTL_S after the last step."""
         if key is None or not key.startswith(SESSION_SOURCES) or state.weight_pct >= 100:
             return assign_session(state, key, None) or Assignment(state.rollout_id, state.run, Arm.STABLE)
         cache_key = self.keys.arm(state.rollout_id, state.run, key)
@@ -119,6 +121,7 @@ class Rollouts:
             self._arms[cache_key] = recorded
             if len(self._arms) > ARM_CACHE_SIZE:
                 self._arms.popitem(last=False)
+        self._touched.add(cache_key)
         return assign_session(state, key, recorded) or recorded
 
     def samples_key(self, state: RolloutState) -> str:
@@ -222,8 +225,13 @@ class Rollouts:
                 self.states[route] = new
 
     async def flush(self) -> None:
-        """Write the batched counters; a batch that proves a hard error-rate breach aborts at once."""
+        """Write the batched counters and arm renewals; a batch that proves a hard error-rate breach aborts
+        at once."""
         pending, self._pending = self._pending, {}
+        touched, self._touched = self._touched, set()
+        if touched:
+            with contextlib.suppress(StoreError):  # best effort: the session's next step renews it again
+                await self.store.touch_arms(sorted(touched), ARM_TTL_S)
         for key, fields in pending.items():
             totals = await self.store.count(key, fields, SAMPLES_TTL_S)
             if "candidate.errors" in totals and key in self._specs:

@@ -309,6 +309,12 @@ class MemoryRolloutStore:
         self._ks.expire(key, self._clock() + ttl_s)
         return value
 
+    async def touch_arms(self, keys: Any, ttl_s: int) -> None:
+        at = self._clock() + ttl_s
+        for key in keys:
+            if self._ks.get(key) is not None:  # an arm that lapsed stays lapsed, as EXPIRE leaves it in Redis
+                self._ks.expire(key, at)
+
     async def add_pair(self, target: str, record_json: str, maxlen: int) -> None:
         from collections import deque
 

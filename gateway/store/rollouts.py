@@ -13,6 +13,7 @@ operations of the `RolloutStore` contract below. `store_memory.MemoryRolloutStor
     count(key, fields, ttl_s) -> dict[str, int]           HINCRBY each field; the new totals
     counts(key) -> dict[str, int]                         HGETALL
     record_arm(key, value, ttl_s) -> str                  SET NX: the value that is now recorded
+    touch_arms(keys, ttl_s)                               EXPIRE each: a session's steps keep its arm alive
     add_pair(target, record_json, maxlen)                 XADD MAXLEN ~ onto the target's stream
     pairs(target | None, count) -> list[str]              newest last
     add_label(record_json, maxlen, ttl_s)                 XADD MAXLEN onto the labels stream; entries older
@@ -28,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -79,6 +80,7 @@ class RolloutStore(Protocol):
     async def count(self, key: str, fields: Mapping[str, int], ttl_s: int) -> dict[str, int]: ...
     async def counts(self, key: str) -> dict[str, int]: ...
     async def record_arm(self, key: str, value: str, ttl_s: int) -> str: ...
+    async def touch_arms(self, keys: Sequence[str], ttl_s: int) -> None: ...
     async def add_pair(self, target: str, record_json: str, maxlen: int) -> None: ...
     async def pairs(self, target: str | None, count: int) -> list[str]: ...
     async def add_label(self, record_json: str, maxlen: int, ttl_s: float) -> None: ...
@@ -161,6 +163,12 @@ class RedisRolloutStore(RedisStore):
     async def record_arm(self, key: str, value: str, ttl_s: int) -> str:
         previous = await self._run(self._redis.set(key, value, nx=True, get=True, ex=ttl_s))
         return value if previous is None else str(previous)
+
+    async def touch_arms(self, keys: Sequence[str], ttl_s: int) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.expire(key, ttl_s)
+            await self._run(pipe.execute())
 
     async def add_pair(self, target: str, record_json: str, maxlen: int) -> None:
         # Also onto one stream of every target: stream ids only order the entries of a single stream.

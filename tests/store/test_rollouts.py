@@ -178,3 +178,15 @@ async def test_labels_are_bounded_and_expire(store: RolloutStore) -> None:
         await asyncio.sleep(0.05)
     await store.add_label(json.dumps({"i": 6}), 3, 0.2)  # a ttl applies to every label older than it
     assert [json.loads(r)["i"] for r in await store.labels(100)] == [6]
+
+
+async def test_a_touched_arm_lapses_a_ttl_after_its_last_touch() -> None:
+    now = [1_000.0]
+    store = MemoryRolloutStore(clock=lambda: now[0])
+    assert await store.record_arm("ag:ro:arm:r:1:s1", "candidate", 3600) == "candidate"
+    for _ in range(3):  # an agent session stepping every 50 minutes for 2.5 hours
+        now[0] += 3000
+        await store.touch_arms(["ag:ro:arm:r:1:s1"], 3600)
+    assert await store.record_arm("ag:ro:arm:r:1:s1", "stable", 3600) == "candidate"
+    now[0] += 3601
+    assert await store.record_arm("ag:ro:arm:r:1:s1", "stable", 3600) == "stable"
