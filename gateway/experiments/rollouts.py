@@ -26,7 +26,7 @@ from gateway.rollout.samples import Cohort, Observations, PairOutcome, Sample, c
 from gateway.rollout.spec import RolloutSpec, ShadowSpec
 from gateway.rollout.state import Arm, InvalidTransition, RolloutState, StaleGeneration
 from gateway.rollout.stats import breaches_slo
-from gateway.rollout.step import abort, start, step
+from gateway.rollout.step import TICK_S, abort, start, step
 from gateway.store.contract import StoreError
 from gateway.store.rollouts import RolloutKeys, RolloutStore
 from gateway.telemetry.metrics import Metrics
@@ -34,7 +34,6 @@ from gateway.telemetry.metrics import Metrics
 log = logging.getLogger(__name__)
 
 STALE_AFTER_S = 2.0  # a replica that has not read the states this long fails safe to stable
-TICK_S = 1.0
 FLUSH_S = 0.1  # counters are batched this long: the instant abort sees a breach within it
 LOCK_TTL_S = 3.0  # a dead leader's lock passes to another replica after this
 RETRY_S = 0.5

@@ -14,6 +14,7 @@ from gateway.rollout.stats import (
     binomial_upper,
     breaches_slo,
     non_inferiority,
+    spent,
     win_share,
 )
 
@@ -27,7 +28,8 @@ def hard_breach(guards: Guards, candidate: CohortCounts, alpha: float) -> Verdic
     k, n, slo = candidate.errors, candidate.requests, guards.error_rate.slo
     if not breaches_slo(k, n, slo, alpha):
         return None
-    detail = f"{k} errors in {n} requests: exact lower bound above the {slo:g} SLO at alpha {alpha:g}"
+    detail = (f"{k} errors in {n} requests: above the {slo:g} SLO by a sequential test at alpha {alpha:g} "
+              "(valid however often it is looked at)")
     return Verdict(
         "error_rate_slo",
         Status.FAIL,
@@ -71,7 +73,8 @@ def _latency(
     name: str, guard: LatencyGuard, strata: list[tuple[Counter[int], Counter[int]]], alpha: float, final: bool
 ) -> Verdict:
     k1, n1, k0, n0, thresholds = _exceedances(strata, guard.min_control_samples)
-    verdict = non_inferiority(name, k1, n1, k0, n0, guard.margin, alpha, allow_pass=final)
+    level = alpha if final else spent(alpha, n1 + n0)
+    verdict = non_inferiority(name, k1, n1, k0, n0, guard.margin, level, allow_pass=final)
     p95s = ", ".join(f"{t:.0f}" for t in thresholds) or "none yet"
     return Verdict(
         name,
@@ -93,7 +96,8 @@ def evaluate(
     only: Iterable[str] | None = None,
     alpha: float | None = None,
 ) -> tuple[Verdict, ...]:
-    """Every configured guard's verdict; interim looks (final=False) use interim_alpha and never Pass."""
+    """Every configured guard's verdict; interim looks (final=False) never Pass and spend interim_alpha
+    over the sample counts looked at (stats.spent), so ticking every second does not inflate it."""
     level = alpha if alpha is not None else (spec.alpha if final else spec.interim_alpha)
     wanted = set(only) if only is not None else set(GUARD_NAMES)
     guards, cand, ctrl = spec.guards, obs.candidate, obs.control
@@ -102,7 +106,8 @@ def evaluate(
         breach = hard_breach(guards, cand, spec.interim_alpha)
         counts = (cand.errors, cand.requests, ctrl.errors, ctrl.requests)
         margin = guards.error_rate.margin
-        verdicts.append(breach or non_inferiority("error_rate", *counts, margin, level, allow_pass=final))
+        at = level if final else spent(level, cand.requests + ctrl.requests)
+        verdicts.append(breach or non_inferiority("error_rate", *counts, margin, at, allow_pass=final))
     if guards.ttft_p95 is not None and "ttft_p95" in wanted:
         strata = [
             (cand.ttft.get(s, Counter()), ctrl.ttft.get(s, Counter()))
@@ -113,7 +118,8 @@ def evaluate(
         verdicts.append(_latency("tpot_p95", guards.tpot_p95, [(cand.tpot, ctrl.tpot)], level, final))
     if guards.shadow_quality is not None and "shadow_quality" in wanted and shadow_active:
         wins, losses = obs.pairs[PairOutcome.WIN], obs.pairs[PairOutcome.LOSS]
+        at = level if final else spent(level, wins + losses)
         verdicts.append(
-            win_share("shadow_quality", wins, losses, guards.shadow_quality.margin, level, allow_pass=final)
+            win_share("shadow_quality", wins, losses, guards.shadow_quality.margin, at, allow_pass=final)
         )
     return tuple(verdicts)

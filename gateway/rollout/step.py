@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gateway.rollout.analysis import evaluate, hard_breach
@@ -48,6 +49,8 @@ __all__ = [
 ]
 
 TICKER = "ticker"
+TICK_S = 1.0  # how often the leader calls step() (gateway/experiments/rollouts.py)
+HOLD_LOOK_BASE_S = 10.0
 
 
 def step(spec: RolloutSpec, state: RolloutState, obs: Observations, now: float) -> RolloutState:
@@ -132,7 +135,11 @@ def _advance(spec: RolloutSpec, state: RolloutState, obs: Observations, now: flo
 def _wait(
     spec: RolloutSpec, state: RolloutState, obs: Observations, now: float, current: PauseStep | AnalysisStep
 ) -> RolloutState:
-    """A timed pause or analysis: end-of-step check once due; Inconclusive holds, then pauses at max_hold."""
+    """A timed pause or analysis: end-of-step check once due; Inconclusive holds, then pauses at max_hold.
+
+    While a step holds, the check looks again only at hold_look()'s few ticks, each at a share of alpha,
+    so holding for long does not multiply its chances of a false pass or a false abort.
+    """
     if isinstance(current, PauseStep):
         due_at = state.step_started_at + (current.pause.duration_s or 0.0)
         min_samples = current.pause.until.min_samples if current.pause.until else 0
@@ -142,7 +149,13 @@ def _wait(
         only, alpha = current.analysis.guards, current.analysis.alpha
     if now < due_at:
         return state
-    verdicts = evaluate(spec, obs, final=True, shadow_active=state.shadow_pct > 0, only=only, alpha=alpha)
+    level = alpha if alpha is not None else spec.alpha
+    if state.hold_since is not None:
+        band = hold_look(now - state.hold_since)
+        if band is None:
+            return _held(spec, state, now, state.reasons)
+        level /= 2 ** (band + 1)
+    verdicts = evaluate(spec, obs, final=True, shadow_active=state.shadow_pct > 0, only=only, alpha=level)
     failed = [v for v in verdicts if v.status is Status.FAIL]
     if failed:
         return _aborted(state, now, TICKER, "end-of-step check failed", failed)
@@ -155,6 +168,21 @@ def _wait(
         return _enter(state, state.step_index + 1, now, "step passed")
     if state.hold_since is None:
         return state.moved(now, TICKER, "hold", "; ".join(waiting), hold_since=now, reasons=tuple(waiting))
+    return _held(spec, state, now, tuple(waiting))
+
+
+def hold_look(held_s: float) -> int | None:
+    """Whether the end-of-step check looks again at this tick of a hold: its band j >= 1 at the first tick
+    past HOLD_LOOK_BASE_S * (2**j - 1) s of holding (10, 30, 70, 150 … s), else None. A look in band j
+    tests at alpha / 2**(j+1): however long the step holds, its later looks spend at most alpha / 2."""
+    band = int(math.log2(1.0 + held_s / HOLD_LOOK_BASE_S))
+    before = int(math.log2(1.0 + max(held_s - TICK_S, 0.0) / HOLD_LOOK_BASE_S))
+    return band if band > before else None
+
+
+def _held(spec: RolloutSpec, state: RolloutState, now: float, waiting: tuple[str, ...]) -> RolloutState:
+    """Still inconclusive: keep holding, or pause for a human once max_hold_s has passed."""
+    assert state.hold_since is not None
     if now - state.hold_since >= spec.max_hold_s:
         reasons = (f"inconclusive for {spec.max_hold_s:g} s (max_hold_s)", *waiting)
         return state.moved(now, TICKER, "pause", reasons[0], phase=Phase.PAUSED, reasons=reasons)

@@ -61,11 +61,11 @@ def test_hard_breach_aborts_within_one_tick_on_ten_samples() -> None:
     spec = spec_of(STEPS)
     state = step(spec, start(spec.id, 0), EMPTY, 0)
     assert (state.phase, state.weight_pct) == (Phase.PROGRESSING, 10)
-    two_in_ten = scripted(samples(10, errors=2), samples(10))
-    assert step(spec, state, two_in_ten, 5) is state  # 2 in 10 is not proof at alpha 0.001
-    aborted = step(spec, state, scripted(samples(10, errors=3), samples(10)), 6)
+    three_in_ten = scripted(samples(10, errors=3), samples(10))
+    assert step(spec, state, three_in_ten, 5) is state  # 3 in 10 is not proof at alpha 0.001
+    aborted = step(spec, state, scripted(samples(10, errors=4), samples(10)), 6)
     assert (aborted.phase, aborted.weight_pct, aborted.shadow_pct) == (Phase.ABORTED, 0, 0)
-    assert aborted.reasons[0].startswith("error_rate_slo: 3 errors in 10 requests")
+    assert aborted.reasons[0].startswith("error_rate_slo: 4 errors in 10 requests")
     assert step(spec, aborted, healthy(), 7) is aborted  # an abort is final until a human retries
 
 
@@ -154,7 +154,7 @@ def test_manual_pause_step_then_resume_pause_and_promote() -> None:
 def test_paused_rollout_still_aborts_on_a_hard_breach() -> None:
     spec = spec_of(MANUAL)
     state = step(spec, start(spec.id, 0), EMPTY, 0)
-    assert step(spec, state, scripted(samples(20, 4), samples(20)), 10).phase is Phase.ABORTED
+    assert step(spec, state, scripted(samples(20, 5), samples(20)), 10).phase is Phase.ABORTED
 
 
 def test_stale_generation_raises_and_changes_nothing() -> None:
