@@ -20,6 +20,7 @@ from gateway.cli.command import main
 from gateway.policy import model as policy_module
 from gateway.policy.tenancy import Window
 from gateway.server.resources import ACCOUNTING
+from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
@@ -207,12 +208,11 @@ def store_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 async def _settled(stack: Stack) -> tuple[float, int]:
     """Once no hold is left: the day's spend and the output tokens charged on fast."""
-    for _ in range(200):
-        spend, reserved = await _day(stack)
-        if reserved == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert reserved == 0
+    async def no_hold() -> bool:
+        return (await _day(stack))[1] == 0
+
+    await until(no_hold, what="every hold settled")
+    spend, _ = await _day(stack)
     rows = await _accounting(stack).store.usage("anonymous")
     out = sum(r.tokens_out for r in rows if r.window is Window.DAY and r.deployment == "fast")
     return spend, out

@@ -90,7 +90,7 @@ async def test_sighup_reloads_a_running_server(make_stack: Any, tmp_path: Path) 
             await _wait_for(up, 60)
             assert await served_by() == "fast"
             stack.policy_path.write_text(stack.policy_path.read_text().replace("default: fast", "default: hq"))
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # a negative check: a poller (the tests poll every 0.1 s) would have reloaded
             assert await served_by() == "fast"  # polling is off: only SIGHUP reloads
             proc.send_signal(signal.SIGHUP)
 

@@ -19,6 +19,7 @@ from gateway.store.contract import Hold, Reservation, Spend, StoreError
 from gateway.store.fallback import FallbackStore
 from gateway.store.memory import MemoryStore
 from gateway.store.redis_store import RedisStore
+from tests.fixtures.conditions import until
 from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -151,6 +152,15 @@ async def test_hung_redis_times_out(private_redis: RedisServer) -> None:
         await store.close()
 
 
+async def _reconnected(store: FallbackStore) -> bool:
+    """Whether the store reaches Redis again (it probes at most once per retry_s; until then it refuses)."""
+    try:
+        await store.ping()
+    except StoreUnavailable:
+        return False
+    return True
+
+
 def _fallback(server: RedisServer, mode: str) -> tuple[FallbackStore, MemoryStore]:
     local = MemoryStore()
     shared = RedisStore(server.url, timeout_s=0.2)
@@ -177,13 +187,10 @@ async def test_allow_keeps_serving_locally_and_replays_spend_after_restart(
         await budgets.settle(r, _price(), 1000, 0)
     assert store.pending_settles == 6
     private_redis.restart()
-    await asyncio.sleep(0.3)
+    await until(lambda: _reconnected(store), what="the store probed Redis again")
     after = await budgets.reserve("acme", limits, "hq", Cost(0.1, 10))
     assert after.origin == "shared" and not store.degraded
-    for _ in range(50):
-        if store.pending_settles == 0:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: store.pending_settles == 0, what="the outage's settles replayed")
     day = (await store.snapshot("acme")).windows[Window.DAY]
     assert day.spend_usd == pytest.approx(6 * 0.001)  # the outage's spend reached the shared ledger
     await store.close()
@@ -203,7 +210,7 @@ async def test_reject_raises_store_unavailable_quickly_and_recovers(private_redi
     assert time.monotonic() - started < 1.5  # one timed-out probe, the rest refused at once
     private_redis.resume()
     private_redis.restart()
-    await asyncio.sleep(0.3)
+    await until(lambda: _reconnected(store), what="the store probed Redis again")
     assert (await budgets.reserve("acme", None, "hq", Cost(0.1, 10))).origin == "shared"
     await store.close()
 

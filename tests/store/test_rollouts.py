@@ -16,6 +16,7 @@ from gateway.rollout.step import RolloutState, abort, start
 from gateway.store.contract import StoreError
 from gateway.store.memory import MemoryRolloutStore
 from gateway.store.rollouts import RedisRolloutStore, RolloutStore
+from tests.fixtures.conditions import until
 from tests.fixtures.redis_server import RedisServer
 
 
@@ -71,10 +72,10 @@ async def test_pairs_come_back_oldest_first_by_target(store: RolloutStore) -> No
 
 async def test_a_written_state_is_announced(store: RolloutStore) -> None:
     changes = store.changes()
-    waiter = asyncio.ensure_future(_next_route(changes))
-    await asyncio.sleep(0.2)  # subscribed
+    # The first item comes once the subscription is live (a change, or None after a quiet second).
+    assert await asyncio.wait_for(anext(changes), 5.0) is None
     await store.write_state("auto", -1, _json(start("r2", 1.0)), 0)
-    assert await asyncio.wait_for(waiter, 3.0) == "auto"
+    assert await asyncio.wait_for(_next_route(changes), 5.0) == "auto"
     await changes.aclose()
 
 
@@ -98,8 +99,9 @@ async def test_one_leader_and_fencing_tokens_that_only_grow(
         assert await a.lead("a", 0.3) == token  # renewal keeps the token
         state = start("r1", 1.0)
         assert await a.write_state("hq", -1, _json(state), token)
-        await asyncio.sleep(0.4)  # a stops renewing: its lock expires
-        newer = await b.lead("b", 5.0)
+        # a stops renewing: once its lock expires (0.3 s), b takes the lead with a newer token
+        await until(lambda: b.lead("b", 5.0), what="the lock passed to b", every_s=0.05)
+        newer = await b.lead("b", 5.0)  # renewal: the same token
         assert newer is not None and newer > token
         stepped = abort(state, actor="t", reason="r", generation=state.generation, now=2.0)
         assert not await a.write_state("hq", state.generation, _json(stepped), token)  # fenced off

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ vllm_pair = vllm_fixtures.vllm_pair
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 MESSAGES = [{"role": "user", "content": "Say something about the old stone bridge over the river."}]
+ADMIN_TOKEN = "e2e-admin-token"
 
 
 def _client(base_url: str) -> openai.OpenAI:
@@ -158,6 +160,7 @@ def gateway(vllm_supervisor: PairSupervisor, tmp_path_factory: pytest.TempPathFa
         process = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path), "--port", str(port)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, "AGENT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN},
         )  # fmt: skip
     gateway = Gateway(f"http://127.0.0.1:{port}", process, log)
     try:
@@ -231,20 +234,36 @@ async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gat
 
         flood = [asyncio.create_task(generate_long()) for _ in range(8)]
         try:
-            await _until(lambda: _sum(_metrics(fast.url), "vllm:num_requests_waiting") >= 3, 30.0)
-            await asyncio.sleep(1.0)  # the gateway scrapes every 0.2 s
+            # Wait on what the decision reads: the gateway's own scrape of fast's queue, not vLLM's.
+            await _until(lambda: _sum(_metrics(gateway.url), "gateway_deployment_requests_waiting",
+                                      "deployment=fast") >= 3, 60.0)
             client = openai.AsyncOpenAI(
                 base_url=gateway.base_url, api_key="none", timeout=60.0, max_retries=0
             )
-            reply = await client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=8)
-            waiting = _metrics(gateway.url)
-            assert reply.model == vllm_pair.hq.served_model
-            assert _sum(waiting, "gateway_deployment_requests_waiting", "deployment=fast") >= 3
+            # The queue can drain between a scrape and a decision: judge the decision by the load it saw.
+            for _ in range(5):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="auto", messages=MESSAGES, max_tokens=8)
+                seen = await asyncio.to_thread(_explain, gateway, raw.headers["x-request-id"])
+                if seen["load"]["fast"]["requests_waiting"] >= 3:
+                    break
+            else:
+                pytest.fail("the queue on fast drained before any of 5 decisions saw it deep")
+            assert raw.parse().model == vllm_pair.hq.served_model
+            assert any(r.startswith("spill: fast has") for r in seen["reasons"])
         finally:
             for task in flood:
                 task.cancel()  # dropping the connections makes vLLM abort the long requests
             await asyncio.gather(*flood, return_exceptions=True)
     await _until(lambda: _sum(_metrics(fast.url), "vllm:num_requests_waiting") == 0, 60.0)
+
+
+def _explain(gateway: Gateway, request_id: str) -> Any:
+    """The decision trail of a recent request, with the load it was decided on."""
+    request = urllib.request.Request(f"{gateway.url}/admin/requests/{request_id}/explain",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5.0) as response:
+        return json.loads(response.read())
 
 
 async def _until(condition: Any, timeout_s: float) -> None:

@@ -24,8 +24,10 @@ from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
 from gateway.telemetry.otlp import otlp_json
 from gateway.telemetry.spans import LoopExport, Spans
 from gateway.upstream.client import Pool
+from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack
+from tests.server.test_proxy import _ready_status
 
 HELLO = [{"role": "user", "content": "hi"}]
 
@@ -131,7 +133,7 @@ def test_a_parent_based_sampler_follows_the_callers_sampled_flag() -> None:
 async def test_failed_request_span_is_an_error_and_secrets_stay_out(stack: Stack) -> None:
     exporter = _capture(stack)
     stack.fast.healthy = stack.hq.healthy = False
-    await asyncio.sleep(0.5)
+    await until(lambda: _ready_status(stack, 503), what="both deployments seen unhealthy")
     async with aiohttp.ClientSession() as http:
         async with http.post(stack.base_url + "/chat/completions", json={"model": "auto", "messages": HELLO},
                              headers={"Authorization": "Bearer sk-very-secret"}) as resp:

@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway.upstream.client import ConnectError, Disconnected, Pool, ResponseTimeout
+from tests.fixtures.conditions import until
 from tests.fixtures.processes import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -229,16 +230,17 @@ async def test_at_the_limit_requests_wait_for_a_connection_instead_of_opening_mo
 
 
 async def test_a_cancelled_request_closes_its_connection(pool: Pool) -> None:
-    closed = asyncio.Event()
+    arrived, closed = asyncio.Event(), asyncio.Event()
 
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
+        arrived.set()
         await reader.read()  # returns at EOF: the client dropped the connection
         closed.set()
 
     async with raw_server(slow) as base:
         task = asyncio.ensure_future(pool.request("POST", f"{base}/x", b"{}", read_s=30))
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(arrived.wait(), 5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -260,7 +262,8 @@ async def test_a_slow_reader_pauses_the_socket_instead_of_buffering_without_boun
         response = await pool.request("POST", f"{base}/x", b"{}", read_s=5)
         chunks = response.iter_chunks()
         received = len(await anext(chunks))
-        await asyncio.sleep(0.5)  # the server keeps writing while nobody reads
+        # The server keeps writing while nobody reads: the client stops reading the socket at the mark.
+        await until(lambda: response._connection._reading_paused, what="reading paused")
         assert response._buffered < 2 * (1 << 20)
         async for part in chunks:
             received += len(part)
