@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from serving import vllm_args
-from serving.profile import TINY_MODEL, Deployment, Profile
+from serving.profile import Deployment, Profile, tiny_member
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 Progress = Callable[[str], None]
@@ -82,6 +82,8 @@ def engine_args(dep: Deployment, model: str, platform: str, host: str, port: int
         args += ["--gpu-memory-utilization", str(dep.share)]
     if dep.max_num_seqs is not None:
         args += ["--max-num-seqs", str(dep.max_num_seqs)]
+    if dep.tool_call_parser is not None:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", dep.tool_call_parser]
     return [*args, *dep.extra_args]
 
 
@@ -110,18 +112,17 @@ def build_commands(
     python: str | None = None,
     cores: Sequence[int] | None = None,
 ) -> dict[str, ServerCommand]:
-    """The server command of each deployment; ports default to the profile's, cores to this process's."""
+    """The server command of each deployment; ports default to the profile's, cores to this process's.
+
+    model_dir is the tiny family's directory (serving.tiny_model.build) when the profile uses it.
+    """
     pairs = profile.deployments.items()
     if profile.platform == "cpu":
         available = sorted(cores if cores is not None else os.sched_getaffinity(0))
         core_runs = split_cores([dep.share for _, dep in pairs], available)
     commands = {}
     for i, (name, dep) in enumerate(pairs):
-        if dep.model == TINY_MODEL and model_dir is None:
-            raise LaunchError(
-                f"deployments.{name}.model is {TINY_MODEL!r}: build it first (serving.tiny_model)"
-            )
-        model = str(model_dir) if dep.model == TINY_MODEL else dep.model
+        model = model_path(name, dep, model_dir)
         port = (ports or {}).get(name, dep.port)
         env = {**profile.env, **dep.env}
         if profile.platform == "cpu":
@@ -137,6 +138,16 @@ def build_commands(
             max_model_len=dep.max_model_len,
         )
     return commands
+
+
+def model_path(name: str, dep: Deployment, model_dir: str | Path | None) -> str:
+    """What vLLM's --model gets: the tiny family member's directory, else the profile's model as written."""
+    member = tiny_member(dep.model)
+    if member is None:
+        return dep.model
+    if model_dir is None:
+        raise LaunchError(f"deployments.{name}.model is {dep.model!r}: build it first (serving.tiny_model)")
+    return str(Path(model_dir) / member)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

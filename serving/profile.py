@@ -11,8 +11,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-# The model value that stands for serving.tiny_model's locally built model directory.
-TINY_MODEL = "tiny"
+# Model values "tiny:small" and "tiny:large" stand for the members of serving.tiny_model's locally built
+# family (one tokenizer and chat template; the large member is the small one's network made 4x wider and deeper).
+TINY_PREFIX = "tiny:"
+TINY_MEMBERS = ("small", "large")
 BUILTIN_PROFILES = ("cpu", "gpu")
 # vLLM refuses to start when the instances on one GPU together ask for more than is free; leave headroom.
 GPU_MEMORY_CEILING = 0.95
@@ -52,10 +54,15 @@ class SpeculativeDecoding(Frozen):
         return json.dumps(self.model_dump(exclude_none=True), separators=(",", ":"))
 
 
+def tiny_member(model: str) -> str | None:
+    """The tiny family's member a model value names ("tiny:small" -> "small"), None for any other model."""
+    return model.removeprefix(TINY_PREFIX) if model.startswith(TINY_PREFIX) else None
+
+
 class Deployment(Frozen):
     """One vLLM server of the pair."""
 
-    # A model id or directory; "tiny" stands for serving.tiny_model's locally built model.
+    # A model id or directory; "tiny:<member>" stands for a member of serving.tiny_model's family.
     model: str = Field(min_length=1)
     served_model: str = Field(min_length=1)
     port: int = Field(ge=1, le=65535)
@@ -67,9 +74,21 @@ class Deployment(Frozen):
     # Fraction of the node this deployment gets: GPU memory on gpu, CPU cores on cpu.
     share: float = Field(gt=0, lt=1)
     max_num_seqs: int | None = Field(None, ge=1)
+    # vLLM's --tool-call-parser for the model's chat template (hermes: <tool_call> JSON, as Qwen2.5 and the
+    # tiny family write it); set, the deployment also gets --enable-auto-tool-choice.
+    tool_call_parser: str | None = None
     # Further vLLM engine flags, checked against vLLM's own parser like the generated ones.
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _tiny_member_exists(self) -> Deployment:
+        member = tiny_member(self.model)
+        if member is not None and member not in TINY_MEMBERS:
+            raise ValueError(
+                f"model {self.model!r}: the tiny family has {', '.join(TINY_PREFIX + m for m in TINY_MEMBERS)}"
+            )
+        return self
 
 
 class Pair(Frozen):
@@ -111,7 +130,7 @@ class Profile(Frozen):
         return self
 
     def uses_tiny_model(self) -> bool:
-        return any(dep.model == TINY_MODEL for _, dep in self.deployments.items())
+        return any(tiny_member(dep.model) is not None for _, dep in self.deployments.items())
 
 
 class ProfileError(Exception):

@@ -1,4 +1,4 @@
-"""A tiny, servable Llama-architecture model built locally in seconds (random weights, local tokenizer)."""
+"""A tiny, servable Llama family built locally in seconds: one tokenizer and chat template, two sizes."""
 
 from __future__ import annotations
 
@@ -15,37 +15,48 @@ from pathlib import Path
 
 import numpy as np
 
+from serving.profile import TINY_MEMBERS
+
 # Bump when the build changes in a way the content hash cannot see (e.g. tensor naming).
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 DEFAULT_CACHE_DIR = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-gateway/tiny-model"
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+# Hermes tool-calling tags, one token each as in Qwen2.5, and not special, so decoded text keeps them
+# (vLLM's hermes parser reads them from the text).
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+CHAT_TEMPLATE = (resources.files("serving") / "chat_template.jinja").read_text(encoding="utf-8")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _DONE_MARKER = ".complete"
+RMS_NORM_EPS = 1e-5
 
 
 @dataclass(frozen=True)
-class TinyModelSpec:
-    """Shape of the model; CPU attention in vLLM rejects head_dim 16, so heads stay at 64 wide."""
+class Shape:
+    """One member's size; CPU attention in vLLM rejects head_dim 16, so heads stay 64 wide."""
 
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    num_key_value_heads: int = 1
-    max_position_embeddings: int = 4096
-    tokenizer_vocab_size: int = 1024
-    seed: int = 0
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """The family's shapes: the large member is the small one's network inside a 4x wider, 4x deeper one."""
+
+    small: Shape = Shape(128, 256, 2, 2, 1)
+    # ~25M parameters: per token about 50x the small member's matrix work (see widen()).
+    large: Shape = Shape(512, 1536, 8, 8, 2)
+    max_position_embeddings: int = 4096
+    tokenizer_vocab_size: int = 1024
+    seed: int = 0
 
 
 def read_corpus() -> list[str]:
@@ -66,7 +77,8 @@ def content_hash(spec: TinyModelSpec, corpus: list[str]) -> str:
 
 
 def build(cache_dir: str | Path | None = None, spec: TinyModelSpec | None = None) -> Path:
-    """Return a servable model directory, building it under cache_dir unless an identical one exists."""
+    """Return the family's directory (one servable model directory per member), built under cache_dir
+    unless an identical one exists."""
     spec = spec or TinyModelSpec()
     corpus = read_corpus()
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
@@ -77,7 +89,7 @@ def build(cache_dir: str | Path | None = None, spec: TinyModelSpec | None = None
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
     staging.chmod(0o755)  # mkdtemp makes it private; servers in other users' containers read it
     try:
-        write_model(staging, spec, corpus)
+        write_family(staging, spec, corpus)
         (staging / _DONE_MARKER).write_text("ok\n")
         try:
             staging.rename(target)
@@ -90,12 +102,30 @@ def build(cache_dir: str | Path | None = None, spec: TinyModelSpec | None = None
     return target
 
 
-def write_model(folder: Path, spec: TinyModelSpec, corpus: list[str]) -> None:
-    """Write tokenizer, config and weights of the tiny model into folder."""
-    vocab = train_tokenizer(folder, spec, corpus)
+def write_family(folder: Path, spec: TinyModelSpec, corpus: list[str]) -> None:
+    """Write each member's directory: the same tokenizer files, its config, its weights."""
+    small, large = (folder / member for member in TINY_MEMBERS)
+    small.mkdir()
+    large.mkdir()
+    vocab = train_tokenizer(small, spec, corpus)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(small / name, large / name)
     # Padding the embedding table to a multiple of 64 keeps the matmul shapes friendly.
     vocab_size = -(-vocab["size"] // 64) * 64
-    write_json(folder / "config.json", model_config(spec, vocab_size, vocab))
+    weights = random_weights(spec.small, vocab_size, spec.seed)
+    write_member(small, spec, spec.small, vocab, weights)
+    write_member(large, spec, spec.large, vocab, widen(weights, spec.small, spec.large, spec.seed + 1))
+
+
+def rms_norm_eps(spec: TinyModelSpec, shape: Shape) -> float:
+    """The small member's epsilon, scaled like the mean square it is added to (see widen())."""
+    return RMS_NORM_EPS * spec.small.hidden_size / shape.hidden_size
+
+
+def write_member(folder: Path, spec: TinyModelSpec, shape: Shape, vocab: dict[str, int],
+                 weights: dict[str, np.ndarray]) -> None:
+    vocab_size = weights["lm_head.weight"].shape[0]
+    write_json(folder / "config.json", model_config(spec, shape, vocab_size, vocab))
     write_json(
         folder / "generation_config.json",
         {
@@ -104,12 +134,12 @@ def write_model(folder: Path, spec: TinyModelSpec, corpus: list[str]) -> None:
             "pad_token_id": vocab["<|endoftext|>"],
         },
     )
-    write_safetensors(folder / "model.safetensors", random_weights(spec, vocab_size))
+    write_safetensors(folder / "model.safetensors", weights)
 
 
 def train_tokenizer(folder: Path, spec: TinyModelSpec, corpus: list[str]) -> dict[str, int]:
     """Train a byte-level BPE tokenizer on the corpus; return its size and special-token ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -122,6 +152,7 @@ def train_tokenizer(folder: Path, spec: TinyModelSpec, corpus: list[str]) -> dic
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
     tokenizer.save(str(folder / "tokenizer.json"))
     write_json(
         folder / "tokenizer_config.json",
@@ -137,27 +168,29 @@ def train_tokenizer(folder: Path, spec: TinyModelSpec, corpus: list[str]) -> dic
         },
     )
     ids: dict[str, int] = {}
-    for token in SPECIAL_TOKENS:
+    for token in (*SPECIAL_TOKENS, *TOOL_TAGS):
         token_id = tokenizer.token_to_id(token)
         assert token_id is not None, f"{token} missing from the trained vocabulary"
         ids[token] = token_id
     return {"size": tokenizer.get_vocab_size(), **ids}
 
 
-def model_config(spec: TinyModelSpec, vocab_size: int, vocab: dict[str, int]) -> dict[str, object]:
-    """The Hugging Face config.json of a LlamaForCausalLM with the spec's shape."""
+def model_config(
+    spec: TinyModelSpec, shape: Shape, vocab_size: int, vocab: dict[str, int]
+) -> dict[str, object]:
+    """The Hugging Face config.json of a LlamaForCausalLM of the given shape."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_hidden_layers,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_key_value_heads": spec.num_key_value_heads,
-        "head_dim": spec.head_dim,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_hidden_layers,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "head_dim": shape.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": spec.max_position_embeddings,
-        "rms_norm_eps": 1e-5,
+        "rms_norm_eps": rms_norm_eps(spec, shape),
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
         "vocab_size": vocab_size,
@@ -167,30 +200,69 @@ def model_config(spec: TinyModelSpec, vocab_size: int, vocab: dict[str, int]) ->
     }
 
 
-def random_weights(spec: TinyModelSpec, vocab_size: int) -> dict[str, np.ndarray]:
-    """Seeded normal(0, 0.02) weights in Hugging Face Llama tensor names, as float32."""
-    rng = np.random.Generator(np.random.PCG64(spec.seed))
-    hidden, inter, head = spec.hidden_size, spec.intermediate_size, spec.head_dim
-    kv = spec.num_key_value_heads * head
+def random_weights(shape: Shape, vocab_size: int, seed: int) -> dict[str, np.ndarray]:
+    """Seeded normal(0, 0.02) matrices and unit norms in Hugging Face Llama tensor names, as float32."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    tensors = {}
+    for name, dims in tensor_shapes(shape, vocab_size).items():
+        if name.endswith("norm.weight"):
+            tensors[name] = np.ones(dims, dtype=np.float32)
+        else:
+            tensors[name] = rng.normal(0.0, 0.02, size=dims).astype(np.float32)
+    return tensors
+
+
+def tensor_shapes(shape: Shape, vocab_size: int) -> dict[str, tuple[int, ...]]:
+    hidden, inter, head = shape.hidden_size, shape.intermediate_size, shape.head_dim
+    heads, kv = shape.num_attention_heads * head, shape.num_key_value_heads * head
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab_size, hidden)}
-    for layer in range(spec.num_hidden_layers):
+    for layer in range(shape.num_hidden_layers):
         prefix = f"model.layers.{layer}"
         shapes |= {
-            f"{prefix}.self_attn.q_proj.weight": (spec.num_attention_heads * head, hidden),
+            f"{prefix}.input_layernorm.weight": (hidden,),
+            f"{prefix}.self_attn.q_proj.weight": (heads, hidden),
             f"{prefix}.self_attn.k_proj.weight": (kv, hidden),
             f"{prefix}.self_attn.v_proj.weight": (kv, hidden),
-            f"{prefix}.self_attn.o_proj.weight": (hidden, spec.num_attention_heads * head),
+            f"{prefix}.self_attn.o_proj.weight": (hidden, heads),
+            f"{prefix}.post_attention_layernorm.weight": (hidden,),
             f"{prefix}.mlp.gate_proj.weight": (inter, hidden),
             f"{prefix}.mlp.up_proj.weight": (inter, hidden),
             f"{prefix}.mlp.down_proj.weight": (hidden, inter),
         }
+    shapes["model.norm.weight"] = (hidden,)
     shapes["lm_head.weight"] = (vocab_size, hidden)
-    tensors = {name: rng.normal(0.0, 0.02, size=shape).astype(np.float32) for name, shape in shapes.items()}
-    for layer in range(spec.num_hidden_layers):
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            tensors[f"model.layers.{layer}.{norm}.weight"] = np.ones(hidden, dtype=np.float32)
-    tensors["model.norm.weight"] = np.ones(hidden, dtype=np.float32)
-    return tensors
+    return shapes
+
+
+def widen(small: dict[str, np.ndarray], inner: Shape, outer: Shape, seed: int) -> dict[str, np.ndarray]:
+    """Weights of the outer shape that compute exactly what the inner network computes.
+
+    The inner network fills the first rows and columns of each matrix and the first layers; every other
+    unit is random but writes nothing back: its columns of o_proj and down_proj are zero, and so are the
+    residual stream's extra dimensions (embeddings, every writer's extra rows). The norms' mean square now
+    averages over the zero dimensions too, inner/outer of its value: their weights shrink by the square
+    root of that and their epsilon by that (rms_norm_eps()), which makes every norm's output the same.
+    """
+    vocab_size = small["lm_head.weight"].shape[0]
+    groups_inner = inner.num_attention_heads // inner.num_key_value_heads
+    groups_outer = outer.num_attention_heads // outer.num_key_value_heads
+    # Each inner query head must keep its key/value head: heads h and h // groups share one in both.
+    assert inner.head_dim == outer.head_dim and groups_inner * inner.num_key_value_heads <= groups_outer
+    assert inner.num_key_value_heads == 1 and inner.num_hidden_layers <= outer.num_hidden_layers
+    big = random_weights(outer, vocab_size, seed)
+    norm_scale = np.float32(np.sqrt(inner.hidden_size / outer.hidden_size))
+    writers = {"self_attn.o_proj.weight", "mlp.down_proj.weight"}
+    for name, array in big.items():
+        if name.endswith(tuple(writers)):
+            array[:] = 0.0  # idle units and idle layers write nothing to the residual stream
+        elif name.endswith("norm.weight"):
+            array *= norm_scale
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            array[:, inner.hidden_size :] = 0.0
+        if name in small:
+            target = array[tuple(slice(0, n) for n in small[name].shape)]
+            target[:] = small[name] * (norm_scale if name.endswith("norm.weight") else 1.0)
+    return big
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:

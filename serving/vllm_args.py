@@ -58,6 +58,7 @@ def speculative_problems(args: list[str], fields: set[str]) -> list[str]:
 def main() -> None:
     from vllm.config import SpeculativeConfig
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.launcher import validate_api_server_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     def reject(message: str) -> NoReturn:
@@ -73,9 +74,14 @@ def main() -> None:
         if not found:
             try:
                 with contextlib.redirect_stderr(io.StringIO()):
-                    validate_parsed_serve_args(parser.parse_args(args))
+                    parsed = parser.parse_args(args)
+                    validate_parsed_serve_args(parsed)
+                    # What the server checks before loading: the tool-call and reasoning parsers' names.
+                    validate_api_server_args(parsed)  # type: ignore[no-untyped-call]
             except (Rejected, ValueError, TypeError) as exc:
                 found.append(str(exc))
+            except KeyError as exc:
+                found.append(str(exc.args[0]))
             except SystemExit as exc:
                 found.append(f"vLLM's parser exited with {exc.code}")
         if found:

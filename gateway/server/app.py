@@ -139,8 +139,11 @@ def _export_load(metrics: m.Metrics, name: str, tracked: Tracked, deployments: D
     metrics.deployment_waiting.labels(name).set(load.requests_waiting)
     metrics.deployment_running.labels(name).set(load.requests_running)
     metrics.deployment_kv_cache.labels(name).set(load.kv_cache_usage)
-    if tracked.spec_acceptance is not None:
-        metrics.deployment_spec_acceptance.labels(name).set(tracked.spec_acceptance)
+    spec = tracked.spec_decode
+    if spec is not None:
+        metrics.spec_decode.by_deployment[name] = (spec.drafts, spec.draft_tokens, spec.accepted_tokens)
+        if spec.acceptance_ratio is not None:
+            metrics.deployment_spec_acceptance.labels(name).set(spec.acceptance_ratio)
 
 
 async def _classifier(app: web.Application) -> AsyncIterator[None]:

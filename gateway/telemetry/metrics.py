@@ -55,6 +55,34 @@ class _ScoringCollector(Collector):
                                   value=self.cost.scores)
 
 
+@dataclass(slots=True)
+class SpecDecodeCounts:
+    """Each speculating deployment's (drafts, draft tokens, accepted tokens) as its vLLM last reported them,
+    exported at scrape time as counters: vLLM's own counters since it started, so a restart reads as a
+    counter reset, which rate() handles."""
+
+    by_deployment: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+
+SPEC_DECODE_SERIES = (
+    ("gateway_deployment_spec_decode_drafts", "Speculative drafts the deployment's proposer made (vLLM's count)"),
+    ("gateway_deployment_spec_decode_draft_tokens", "Tokens drafted by the deployment's proposer (vLLM's count)"),
+    ("gateway_deployment_spec_decode_accepted_tokens", "Drafted tokens the deployment's model accepted (vLLM's count)"),
+)
+
+
+class _SpecDecodeCollector(Collector):
+    def __init__(self, counts: SpecDecodeCounts) -> None:
+        self.counts = counts
+
+    def collect(self) -> Any:
+        families = [CounterMetricFamily(name, text, labels=["deployment"]) for name, text in SPEC_DECODE_SERIES]
+        for deployment, values in sorted(self.counts.by_deployment.items()):
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([deployment], value)
+        yield from families
+
+
 @dataclass(frozen=True)
 class Metrics:
     """The gateway's Prometheus series, in a registry of its own (one per app)."""
@@ -92,6 +120,7 @@ class Metrics:
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
     token_children: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     scoring: ScoringCost = field(default_factory=ScoringCost)
+    spec_decode: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
 
     # Each request's figures wait here and reach the series in batches: prometheus_client takes a lock
     # and scans the buckets per observation, which in place, amid a request, costs ~15 µs per request;
@@ -155,8 +184,11 @@ def make_metrics() -> Metrics:
     dep = ["deployment"]
     scoring = ScoringCost()
     r.register(_ScoringCollector(scoring))
+    spec_decode = SpecDecodeCounts()
+    r.register(_SpecDecodeCollector(spec_decode))
     return Metrics(
         scoring=scoring,
+        spec_decode=spec_decode,
         registry=r,
         requests=Counter("gateway_requests", "Requests by outcome", ["endpoint", "deployment", "rule", "status"],
                          registry=r),
@@ -174,7 +206,8 @@ def make_metrics() -> Metrics:
         deployment_running=Gauge("gateway_deployment_requests_running", "vLLM running requests", dep, registry=r),
         deployment_kv_cache=Gauge("gateway_deployment_kv_cache_usage_ratio", "vLLM KV cache usage", dep, registry=r),
         deployment_spec_acceptance=Gauge("gateway_deployment_spec_decode_acceptance_ratio",
-                                         "Accepted / drafted speculative tokens", dep, registry=r),
+                                         "Accepted / drafted speculative tokens since the deployment started",
+                                         dep, registry=r),
         in_flight=Gauge("gateway_deployment_in_flight", "Requests the gateway has open", dep, registry=r),
         shadow_dropped=Counter("gateway_shadow_dropped", "Shadows not sent, by reason", ["target", "reason"],
                                registry=r),

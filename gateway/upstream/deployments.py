@@ -24,8 +24,26 @@ VLLM_GAUGES = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",
 }
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-SPEC_DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
+# vLLM's speculative-decoding counters (v1 engine); only a deployment that speculates has them.
+VLLM_SPEC_DECODE = {
+    "vllm:spec_decode_num_drafts_total": "drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "accepted_tokens",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecode:
+    """A speculating deployment's counts since its vLLM started, as vLLM reports them."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
+
+    @property
+    def acceptance_ratio(self) -> float | None:
+        """Accepted / drafted tokens; None until the proposer has drafted any."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
 
 @dataclass(slots=True)
@@ -37,7 +55,7 @@ class Tracked:
     consecutive_failures: int = 0
     ejected_until: float = 0.0
     probe_ok: bool = True
-    spec_acceptance: float | None = None
+    spec_decode: SpecDecode | None = None
 
 
 # Ratios, one per engine: the deployment's figure is their mean (the share of its whole KV cache in use,
@@ -47,7 +65,7 @@ _MEAN_SERIES = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc
 
 def parse_metrics(text: str) -> dict[str, float]:
     """The vLLM series we use, over all label sets (one engine or several): ratios averaged, counts summed."""
-    wanted = {*VLLM_GAUGES, SPEC_ACCEPTED, SPEC_DRAFTED}
+    wanted = {*VLLM_GAUGES, *VLLM_SPEC_DECODE}
     totals: dict[str, float] = {}
     samples: dict[str, int] = {}
     for line in text.splitlines():
@@ -177,6 +195,6 @@ class Deployments:
         figures = parse_metrics(raw.decode("utf-8", "replace"))
         fields = {VLLM_GAUGES[k]: v for k, v in figures.items() if k in VLLM_GAUGES}
         tracked.load = replace(tracked.load, **fields)  # type: ignore[arg-type]  # every field named is a float
-        drafted = figures.get(SPEC_DRAFTED)
-        if drafted:
-            tracked.spec_acceptance = figures.get(SPEC_ACCEPTED, 0.0) / drafted
+        counts = {VLLM_SPEC_DECODE[k]: v for k, v in figures.items() if k in VLLM_SPEC_DECODE}
+        if counts:
+            tracked.spec_decode = SpecDecode(**counts)

@@ -36,6 +36,9 @@ def test_builtin_profiles_load() -> None:
     assert cpu.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert cpu.deployments.fast.speculative is not None and cpu.deployments.fast.speculative.method == "ngram"
     assert cpu.deployments.hq.speculative is None
+    # One family: both members of the tiny family, and tool calls parsed on both deployments of each profile.
+    assert (cpu.deployments.hq.model, cpu.deployments.fast.model) == ("tiny:large", "tiny:small")
+    assert {dep.tool_call_parser for profile in (cpu, gpu) for _, dep in profile.deployments.items()} == {"hermes"}
     assert gpu.deployments.hq.dtype == "bfloat16" and gpu.deployments.hq.quantization is None
     assert gpu.deployments.fast.quantization == "fp8"
     assert gpu.deployments.hq.share + gpu.deployments.fast.share < 0.95
@@ -79,6 +82,12 @@ def test_gpu_memory_split_must_stay_below_ceiling() -> None:
     assert "deployments.hq.share + deployments.fast.share = 0.55 + 0.4 = 0.95 must be below 0.95" in message
 
 
+def test_profile_rejects_unknown_tiny_member() -> None:
+    data = _cpu_data()
+    data["deployments"]["hq"]["model"] = "tiny:huge"
+    assert "deployments.hq: model 'tiny:huge': the tiny family has tiny:small, tiny:large" in _problems(data)
+
+
 def test_profile_rejects_shared_served_model_name() -> None:
     data = _cpu_data()
     data["deployments"]["fast"]["served_model"] = "tiny-hq"
@@ -96,11 +105,12 @@ def test_cpu_commands_are_exact() -> None:
     )
     hq, fast = commands["hq"], commands["fast"]
     assert hq.argv == [
-        "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--served-model-name", "tiny-hq",
-        "--host", "127.0.0.1", "--port", "9001", "--dtype", "bfloat16", "--max-model-len", "2048",
-        "--enable-prefix-caching",
+        "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/large", "--served-model-name",
+        "tiny-hq", "--host", "127.0.0.1", "--port", "9001", "--dtype", "bfloat16", "--max-model-len", "2048",
+        "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]  # fmt: skip
-    assert fast.argv[-2:] == [
+    assert fast.argv[4] == "/m/small"
+    assert fast.argv[-5:-3] == [
         "--speculative-config",
         '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}',
     ]
@@ -121,7 +131,7 @@ def test_gpu_commands_split_memory_and_quantize_fast() -> None:
 
 
 def test_tiny_model_needs_a_directory() -> None:
-    with pytest.raises(LaunchError, match=r"deployments\.hq\.model is 'tiny'"):
+    with pytest.raises(LaunchError, match=r"deployments\.hq\.model is 'tiny:large'"):
         build_commands(profiles.load("cpu"))
 
 
@@ -149,14 +159,17 @@ def test_vllm_parser_accepts_profiles_and_names_typos() -> None:
         cpu["hq"],
         engine_args=(*cpu["hq"].engine_args, "--speculative-config", '{"method":"ngram","lookup":3}'),
     )
+    parser = dataclasses.replace(cpu["hq"], engine_args=(*cpu["hq"].engine_args, "--tool-call-parser", "hermez"))
     started = time.monotonic()
     # One batch: importing vLLM's parser costs ~20 s on this machine.
     problems = check(
         {f"cpu-{n}": c for n, c in cpu.items()}
         | {f"gpu-{n}": c for n, c in gpu.items()}
-        | {"typo": typo, "choice": choice, "spec": spec}
+        | {"typo": typo, "choice": choice, "spec": spec, "parser": parser}
     )
     print(f"vLLM argument check took {time.monotonic() - started:.1f} s")
+    # The tool-call parser's name is checked as the server checks it before loading.
+    assert problems.pop("parser")[0].startswith("invalid tool call parser: hermez (chose from {")
     assert problems == {
         "typo": ["unknown vLLM argument --enable-prefix-cachng (did you mean --enable-prefix-caching?)"],
         "choice": [
@@ -182,41 +195,95 @@ def test_tiny_model_builds_deterministically_and_fast(tmp_path: Path) -> None:
     first = tiny_model.build(tmp_path / "a")
     elapsed = time.monotonic() - started
     second = tiny_model.build(tmp_path / "b")
-    assert elapsed < 10, f"building the tiny model took {elapsed:.1f} s"
+    assert elapsed < 10, f"building the tiny family took {elapsed:.1f} s"
     assert first.name == second.name
-    names = sorted(p.name for p in first.iterdir())
-    assert names == sorted(p.name for p in second.iterdir())
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-            "tokenizer_config.json"} <= set(names)  # fmt: skip
-    _, mismatch, errors = filecmp.cmpfiles(first, second, names, shallow=False)
+    assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in second.iterdir())
+    files = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    for member in profiles.TINY_MEMBERS:
+        _, mismatch, errors = filecmp.cmpfiles(first / member, second / member, files, shallow=False)
+        assert not mismatch and not errors, member
+    # One family: the members share the tokenizer and chat template byte for byte.
+    _, mismatch, errors = filecmp.cmpfiles(first / "small", first / "large", tiny_model.TOKENIZER_FILES, shallow=False)
     assert not mismatch and not errors
     again = time.monotonic()
     assert tiny_model.build(tmp_path / "a") == first
     assert time.monotonic() - again < 1.0  # a cache hit does not rebuild
 
 
-def test_tiny_model_shape_and_tokenizer(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model.build(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.parametrize(("member", "hidden", "heads", "kv_heads", "layers"),
+                         [("small", 128, 2, 1, 2), ("large", 512, 8, 2, 8)])  # fmt: skip
+def test_tiny_model_shape(family: Path, member: str, hidden: int, heads: int, kv_heads: int, layers: int) -> None:
+    config = json.loads((family / member / "config.json").read_text())
+    shape = (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"])
+    assert shape == (hidden, heads, kv_heads) and config["num_hidden_layers"] == layers
+    assert config["head_dim"] == 64  # vLLM's CPU attention rejects 16
+    header = _safetensors_header(family / member / "model.safetensors")
+    assert header["model.layers.0.self_attn.k_proj.weight"]["shape"] == [64 * kv_heads, hidden]
+    assert header["lm_head.weight"]["shape"] == [config["vocab_size"], hidden]
+    assert {entry["dtype"] for name, entry in header.items() if name != "__metadata__"} == {"BF16"}
+
+
+def test_tiny_tokenizer_keeps_text_and_tool_tags(family: Path) -> None:
     from tokenizers import Tokenizer
 
-    folder = tiny_model.build(tmp_path)
-    config = json.loads((folder / "config.json").read_text())
-    assert (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]) == (
-        128,
-        2,
-        1,
-    )
-    assert config["head_dim"] == 64 and config["num_hidden_layers"] == 2
-    header = _safetensors_header(folder / "model.safetensors")
-    assert header["model.layers.0.self_attn.k_proj.weight"]["shape"] == [64, 128]
-    assert header["lm_head.weight"]["shape"] == [config["vocab_size"], 128]
-    assert {entry["dtype"] for name, entry in header.items() if name != "__metadata__"} == {"BF16"}
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(family / "small" / "tokenizer.json"))
+    config = json.loads((family / "small" / "config.json").read_text())
     assert tokenizer.get_vocab_size() <= config["vocab_size"]
     text = "def add(a, b):\n    return a + b  # héllo"
     assert tokenizer.decode(tokenizer.encode(text).ids) == text
-    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
-    assert "<|im_start|>" in tok_config["chat_template"]
     assert config["eos_token_id"] == tokenizer.token_to_id("<|im_end|>")
+    # vLLM's hermes parser reads the tags from decoded text: one token each, not dropped as special.
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    ids = tokenizer.encode(call).ids
+    assert ids[0] == tokenizer.token_to_id("<tool_call>") and ids[-1] == tokenizer.token_to_id("</tool_call>")
+    assert tokenizer.decode(ids, skip_special_tokens=True) == call
+
+
+def test_tiny_chat_template_renders_tool_turns_as_hermes(family: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(family / "small"))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 18}'},
+    ]  # fmt: skip
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert '\n<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    assert text.endswith(
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        "<|im_end|>\n"
+        '<|im_start|>user\n<tool_response>\n{"temp_c": 18}\n</tool_response><|im_end|>\n'
+        "<|im_start|>assistant\n"
+    )
+    plain = tokenizer.apply_chat_template(messages[1:2], tokenize=False, add_generation_prompt=True)
+    assert plain == "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tiny_large_member_computes_what_the_small_one_does(family: Path) -> None:
+    """hq and fast mean the same thing by the same request: the large member is the small network widened."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(family / "small"))
+    ids = torch.tensor([tokenizer("<|im_start|>user\nSay something about the old stone bridge.")["input_ids"]])
+    logits = {}
+    for member in profiles.TINY_MEMBERS:
+        model = transformers.LlamaForCausalLM.from_pretrained(str(family / member), torch_dtype=torch.float32)
+        with torch.no_grad():
+            logits[member] = model(ids).logits[0]
+    assert torch.allclose(logits["small"], logits["large"], atol=1e-4)
+    assert torch.equal(logits["small"].argmax(-1), logits["large"].argmax(-1))
 
 
 def _safetensors_header(path: Path) -> dict:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,15 @@ vllm_pair = vllm_fixtures.vllm_pair
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 MESSAGES = [{"role": "user", "content": "Say something about the old stone bridge over the river."}]
 ADMIN_TOKEN = "e2e-admin-token"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+SPEC_COUNTS = ("drafts", "draft_tokens", "accepted_tokens")
 
 
 def _client(base_url: str) -> openai.OpenAI:
@@ -54,6 +63,14 @@ def _sum(samples: dict[str, float], prefix: str, *label_parts: str) -> float:
     return sum(
         v for k, v in samples.items() if k.startswith(prefix + "{") and all(p in k for p in label_parts)
     )
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(0.2)
 
 
 # --- directly against vLLM -------------------------------------------------------------------------------
@@ -215,6 +232,60 @@ def test_stream_through_gateway_with_usage(vllm_pair: VllmPair, gateway: Gateway
         before, "gateway_tokens_total", "deployment=hq"
     )
     assert counted == usage.total_tokens
+
+
+def test_fast_speculation_is_visible_on_the_gateway(vllm_pair: VllmPair, gateway: Gateway) -> None:
+    """fast's drafted and accepted tokens reach the gateway's /metrics as vLLM counts them, with their ratio."""
+    # Greedy decoding makes the random-weight model repeat itself, which ngram prompt lookup predicts.
+    _client(gateway.base_url).chat.completions.create(
+        model="fast", messages=MESSAGES, max_tokens=200, temperature=0, extra_body={"ignore_eos": True}
+    )
+    own = _metrics(vllm_pair.fast.url)
+    vllm = {key: _sum(own, f"vllm:spec_decode_num_{key}_total") for key in SPEC_COUNTS}
+    assert vllm["accepted_tokens"] > 0
+
+    def counts(seen: dict[str, float]) -> dict[str, float]:
+        return {k: _sum(seen, f"gateway_deployment_spec_decode_{k}_total", "deployment=fast") for k in SPEC_COUNTS}
+
+    # The gateway scrapes fast every 0.2 s; its copy catches up with what vLLM counted.
+    _wait_for(lambda: counts(_metrics(gateway.url))["draft_tokens"] >= vllm["draft_tokens"], 30.0)
+    seen = _metrics(gateway.url)
+    mirrored = counts(seen)
+    ratio = seen["gateway_deployment_spec_decode_acceptance_ratio{deployment=fast}"]
+    assert ratio == pytest.approx(mirrored["accepted_tokens"] / mirrored["draft_tokens"]) and 0 < ratio <= 1
+    assert mirrored["drafts"] >= vllm["drafts"] > 0
+    # hq does not speculate: no speculation series for it at all.
+    assert not [key for key in seen if "spec_decode" in key and "deployment=hq" in key]
+
+
+@pytest.mark.parametrize("model", ["hq", "fast"])
+def test_tool_calling_through_gateway(vllm_pair: VllmPair, gateway: Gateway, model: str) -> None:
+    """An agent's tool step and its tool-result turn are served (vLLM needs auto tool choice and a parser)."""
+    client = _client(gateway.base_url)
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    step = client.chat.completions.create(model=model, messages=ask, tools=[WEATHER], tool_choice="auto", max_tokens=8)
+    assert step.model == vllm_pair[model].served_model
+    # A random-weight model answers in text rather than calling the tool; the parser hands that through.
+    assert step.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}  # fmt: skip
+    result = client.chat.completions.create(
+        model=model,
+        messages=[
+            *ask,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 18, "sky": "light rain"}'},
+        ],
+        tools=[WEATHER],
+        max_tokens=8,
+    )
+    assert result.model == vllm_pair[model].served_model and result.usage is not None
+    # The chat template rendered the call and its result into the prompt (a plain turn would be much shorter).
+    assert result.usage.prompt_tokens > step.usage.prompt_tokens + 20  # type: ignore[union-attr]
+    stream = client.chat.completions.create(
+        model=model, messages=ask, tools=[WEATHER], tool_choice="auto", max_tokens=8, stream=True
+    )
+    assert {chunk.model for chunk in stream} == {vllm_pair[model].served_model}
 
 
 async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gateway) -> None:

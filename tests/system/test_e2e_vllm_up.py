@@ -85,6 +85,15 @@ def test_up_serves_then_sigterm_leaves_no_orphans(tmp_path: Path) -> None:
             model="hq", messages=[{"role": "user", "content": "Hello!"}], max_tokens=4
         )
         assert reply.model == "tiny-hq"
+        # A tool-using agent's step and its tool-result turn: vLLM serves them with auto tool choice on.
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        step = client.chat.completions.create(model="auto", messages=ask, tools=tools, max_tokens=4)
+        call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+        result = {"role": "tool", "tool_call_id": "c1", "content": "18 C"}
+        turn = [*ask, {"role": "assistant", "tool_calls": [call]}, result]
+        answer = client.chat.completions.create(model="auto", messages=turn, tools=tools, max_tokens=4)
+        assert {step.model, answer.model} <= {"tiny-hq", "tiny-fast"}
         children = descendants(process.pid)
         # gateway + 2 vLLM API servers + their engine cores (and helpers): several processes.
         assert len(children) >= 5, children

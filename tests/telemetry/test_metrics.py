@@ -188,6 +188,33 @@ async def test_prometheus_series(stack: Stack) -> None:
     assert 'gateway_deployment_kv_cache_usage_ratio{deployment="fast"} 0.1' in text
 
 
+async def _metrics_with(stack: Stack, needle: str, timeout_s: float = 5.0) -> str:
+    """The gateway's /metrics once it shows needle (it scrapes the deployments every 0.1 s)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while needle not in (text := await _metrics_text(stack)):
+        assert asyncio.get_running_loop().time() < deadline, f"{needle} not in /metrics:\n{text}"
+        await asyncio.sleep(0.05)
+    return text
+
+
+async def test_speculative_decoding_counts_and_acceptance_per_deployment(stack: Stack) -> None:
+    stack.fast.spec_decode = (10.0, 40.0, 30.0)
+    text = await _metrics_with(stack, 'gateway_deployment_spec_decode_drafts_total{deployment="fast"}')
+    assert 'gateway_deployment_spec_decode_drafts_total{deployment="fast"} 10.0' in text
+    assert 'gateway_deployment_spec_decode_draft_tokens_total{deployment="fast"} 40.0' in text
+    assert 'gateway_deployment_spec_decode_accepted_tokens_total{deployment="fast"} 30.0' in text
+    assert 'gateway_deployment_spec_decode_acceptance_ratio{deployment="fast"} 0.75' in text
+    # hq does not speculate: no series for it at all (not a misleading 0).
+    assert 'spec_decode_drafts_total{deployment="hq"}' not in text
+    assert 'spec_decode_acceptance_ratio{deployment="hq"}' not in text
+
+
+async def test_a_speculating_deployment_that_drafted_nothing_has_counts_but_no_ratio(stack: Stack) -> None:
+    stack.fast.spec_decode = (0.0, 0.0, 0.0)
+    text = await _metrics_with(stack, 'gateway_deployment_spec_decode_drafts_total{deployment="fast"} 0.0')
+    assert "gateway_deployment_spec_decode_acceptance_ratio{" not in text
+
+
 @pytest.fixture
 async def collector() -> AsyncIterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
     """An OTLP/HTTP endpoint on a real aiohttp server that keeps each batch it is sent."""
