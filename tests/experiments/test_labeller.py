@@ -16,8 +16,9 @@ from aiohttp.test_utils import TestServer
 
 from gateway.server.app import create_app
 from gateway.settings import Settings
+from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import FakeVLLM, Fault
-from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, policy_yaml, until, with_deployment
+from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, policy_yaml, with_deployment
 
 HELLO = [{"role": "user", "content": "hello there"}]
 
