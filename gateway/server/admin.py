@@ -9,6 +9,7 @@ from gateway.accounting.budgets import usage_report
 from gateway.decision.explain import explanation
 from gateway.decision.routing import decide
 from gateway.errors import NotFound
+from gateway.experiments.shares import export as export_shares
 from gateway.features import extract
 from gateway.server.proxy import context
 from gateway.server.resources import ACCOUNTING, DEPLOYMENTS, POLICY, RECENT, SETTINGS, SHARES, TELEMETRY, TENANT
@@ -36,7 +37,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[TELEMETRY].metrics.render()
+    metrics = request.app[TELEMETRY].metrics
+    export_shares(request.app[SHARES], metrics)  # fresh at every scrape, not only at the once-a-second sync
+    body = metrics.render()
     return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
