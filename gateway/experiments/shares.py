@@ -1,5 +1,6 @@
-"""Keeps the live complexity-share thresholds in step: the fleet's score windows through the store, and the
-target, observed share and threshold of every route as metrics, once a second (off the request path)."""
+"""Keeps the live complexity-share thresholds in step across replicas (the fleet's score windows through the
+store, once a second, off the request path), and exports each route's target, served share and threshold as
+metrics when /metrics is scraped."""
 
 from __future__ import annotations
 
@@ -18,23 +19,19 @@ log = logging.getLogger(__name__)
 SYNC_PERIOD_S = 1.0
 
 
-async def keep_in_step(
-    tracker: ShareTracker, store: RolloutStore, metrics: Metrics, current: Callable[[], Policy]
-) -> None:
-    """Every SYNC_PERIOD_S: exchange windows with the fleet (when shared), then export the figures."""
+async def keep_in_step(tracker: ShareTracker, store: RolloutStore, current: Callable[[], Policy]) -> None:
+    """Every SYNC_PERIOD_S, exchange this replica's windows with the fleet's (run only with a shared store)."""
     failing = False
     while True:
         await asyncio.sleep(SYNC_PERIOD_S)
         tracker.follow(current())
         try:
-            if tracker.shared:
-                await _exchange(tracker, store)
+            await _exchange(tracker, store)
             failing = False
         except StoreError as exc:
             if not failing:  # once per outage: the local window keeps the thresholds going meanwhile
                 log.warning("share windows not exchanged (%s); thresholds follow this replica's calls", exc)
             failing = True
-        export(tracker, metrics)
 
 
 async def _exchange(tracker: ShareTracker, store: RolloutStore) -> None:

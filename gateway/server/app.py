@@ -163,8 +163,11 @@ async def _shares(app: web.Application) -> AsyncIterator[None]:
     stores, policy_file = app[STORES], app[POLICY]
     app[SHARES] = tracker = ShareTracker(shared=stores.shared)
     tracker.follow(policy_file.current)
+    if not stores.shared:  # one process: its own window is the whole truth, nothing to exchange
+        yield
+        return
     task = asyncio.get_running_loop().create_task(
-        keep_in_step(tracker, stores.rollouts, app[TELEMETRY].metrics, lambda: policy_file.current))
+        keep_in_step(tracker, stores.rollouts, lambda: policy_file.current))
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
