@@ -222,7 +222,13 @@ def scan_window(texts: Iterable[str]) -> str:
 
 def has_code(window: str) -> bool:
     """Code-like markers: fences, definitions, operators and punctuation prose rarely uses."""
-    return _CODE_MARKER.search(window) is not None
+    for match in _CODE_MARKER.finditer(window):
+        # a marker that starts with a letter must start a word ("himself." is prose, "self." code); checked
+        # here because a lookbehind in the alternation costs a hundred times more (re stops skipping ahead)
+        start = match.start()
+        if start == 0 or not window[start].isalpha() or not window[start - 1].isalpha():
+            return True
+    return False
 
 
 def has_math(window: str) -> bool:

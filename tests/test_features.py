@@ -130,6 +130,16 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"has_math": True},
     ),
     (
+        "a code marker inside a word is prose (himself., blueprint()",
+        chat({"role": "user", "content": "He saw himself. The blueprint(s) malfunction(ed)."}),
+        {"has_code": False},
+    ),
+    (
+        "self. starting a word is code",
+        chat({"role": "user", "content": "Why is self.items empty?"}),
+        {"has_code": True},
+    ),
+    (
         "plain prose has neither marker",
         chat({"role": "user", "content": "Write a short poem about autumn leaves."}),
         {"has_math": False, "has_code": False},
