@@ -36,6 +36,7 @@ def test_small_chat_counts_by_part() -> None:
     assert (f.system_tokens, f.history_tokens, f.last_user_tokens) == (4, 3, 3)
     assert f.prompt_tokens == 10 and f.prompt_tokens_exact
     assert (f.message_count, f.user_turns, f.tool_result_turns, f.tools_count) == (4, 2, 0, 0)
+    assert f.prior_answers == 1  # the assistant turn before the last user turn
     assert f.last_user_text == "hello world again"
     assert f.endpoint == "chat" and f.requested_model == "m"
 
