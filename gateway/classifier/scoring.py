@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gateway.classifier.cues import NO_CUES, Cues, read_cues
+from gateway.classifier.inputs import FEATURES_ONLY, INPUTS
 from gateway.classifier.ngrams import CharNgrams, NgramWeights
 from gateway.features import Features
 
@@ -30,26 +32,6 @@ class ModelFileError(ValueError):
     """A model or calibration file that is not a readable artifact of ours; the message names the file."""
 
 
-def _log1p(value: float) -> float:
-    return math.log1p(max(value, 0.0))
-
-
-# The structured inputs a model may use, by the name stored in the artifact; each maps Features to a float.
-NUMERIC_FEATURES: dict[str, Callable[[Features], float]] = {
-    "prompt_tokens": lambda f: _log1p(f.prompt_tokens),
-    "last_user_tokens": lambda f: _log1p(f.last_user_tokens),
-    "history_tokens": lambda f: _log1p(f.history_tokens),
-    "system_tokens": lambda f: _log1p(f.system_tokens),
-    "message_count": lambda f: _log1p(f.message_count),
-    "tools_count": lambda f: _log1p(f.tools_count),
-    "tool_result_turns": lambda f: _log1p(f.tool_result_turns),
-    "has_code": lambda f: float(f.has_code),
-    "has_math": lambda f: float(f.has_math),
-    "json_output": lambda f: float(f.response_format in ("json_object", "json_schema")),
-    "max_tokens": lambda f: _log1p(f.max_tokens or 0),
-}
-
-
 def sigmoid(z: float) -> float:
     """The logistic function, safe for large |z|."""
     if z >= 0:
@@ -60,15 +42,15 @@ def sigmoid(z: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class NumericInput:
-    """One structured input: a NUMERIC_FEATURES name, standardized with the training mean and scale."""
+    """One structured input: an INPUTS name, standardized with the training mean and scale."""
 
     name: str
     mean: float
     scale: float
     coef: float
 
-    def contribution(self, features: Features) -> float:
-        return self.coef * (NUMERIC_FEATURES[self.name](features) - self.mean) / self.scale
+    def contribution(self, features: Features, cues: Cues) -> float:
+        return self.coef * (INPUTS[self.name](features, cues) - self.mean) / self.scale
 
 
 class Classifier:
@@ -88,7 +70,9 @@ class Classifier:
         self.intercept = intercept
         self.meta = dict(meta or {})
         # (input, mean, coef / scale) of the inputs that move the logit, looked up once here, not per call
-        self._terms = tuple((NUMERIC_FEATURES[n.name], n.mean, n.coef / n.scale) for n in self.numeric if n.coef)
+        self._terms = tuple((INPUTS[n.name], n.mean, n.coef / n.scale) for n in self.numeric if n.coef)
+        # the cues cost 5-25 µs a request: read only by a model with a weight on an input that needs them
+        self.reads_cues = any(n.coef and n.name not in FEATURES_ONLY for n in self.numeric)
 
     @property
     def text_weights(self) -> dict[str, float]:
@@ -124,7 +108,7 @@ class Classifier:
             intercept = float(doc["intercept"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ModelFileError(f"{source}: not a valid classifier artifact: {exc!r}") from exc
-        unknown = [n.name for n in numeric if n.name not in NUMERIC_FEATURES]
+        unknown = [n.name for n in numeric if n.name not in INPUTS]
         if unknown:
             raise ModelFileError(f"{source}: unknown numeric feature(s) {unknown}")
         return cls(text, weights, numeric, intercept, doc.get("meta"))
@@ -158,10 +142,15 @@ class Classifier:
         """The text block's contribution to the logit: w . x / ||x||, x the text's vocabulary n-gram counts."""
         return self.text_block.logit(text)
 
+    def cues(self, features: Features) -> Cues:
+        """The request's cues, or the empty cues when no input with a weight reads them."""
+        return read_cues(features) if self.reads_cues else NO_CUES
+
     def logit(self, features: Features) -> float:
         z = self.intercept + self.text_block.logit(features.last_user_text)
+        cues = self.cues(features)
         for value_of, mean, slope in self._terms:
-            z += slope * (value_of(features) - mean)
+            z += slope * (value_of(features, cues) - mean)
         return z
 
     def score(self, features: Features) -> float:
@@ -170,7 +159,8 @@ class Classifier:
 
     def explain(self, features: Features, top: int = 5) -> list[tuple[str, float]]:
         """The inputs that moved the logit most, as (readable name, logit contribution), largest |c| first."""
-        contributions = {n.name: n.contribution(features) for n in self.numeric if n.coef}
+        cues = self.cues(features)
+        contributions = {n.name: n.contribution(features, cues) for n in self.numeric if n.coef}
         for gram, weight in self.text_block.contributions(features.last_user_text).items():
             contributions[f"char:{gram!r}"] = weight
         ranked = sorted(contributions.items(), key=lambda item: -abs(item[1]))

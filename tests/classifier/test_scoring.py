@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import CountVectorizer
 
+from gateway.classifier.evaluation import compare_routers, routing_curve, summarize
 from gateway.classifier.ngrams import SHORT_TEXT_CHARS, CharNgrams, NgramWeights, PackedVocabulary
 from gateway.classifier.options import TrainingOptions
 from gateway.classifier.scoring import Calibration, Classifier, ModelFileError
@@ -19,11 +20,8 @@ from gateway.classifier.training import (
     Example,
     Fitted,
     boosted,
-    compare_routers,
     design_matrix,
     fit,
-    routing_curve,
-    summarize,
     tune_length_boost,
     with_length_boost,
 )
@@ -126,8 +124,9 @@ def test_inputs_constant_in_training_get_no_weight(fitted: Fitted) -> None:
 
 
 def test_model_learned_the_synthetic_signal(fitted: Fitted) -> None:
-    easy = fitted.model.score(request("what is the capital city of the dog"))
-    hard = fitted.model.score(request("prove the theorem: the integral of the eigenvalue derivative matrix"))
+    # shaped like the training prompts, which end with "?" or "Answer:"
+    easy = fitted.model.score(request("what is the capital city of the dog?"))
+    hard = fitted.model.score(request("prove the theorem: the integral of the eigenvalue derivative matrix?"))
     assert hard > easy + 0.2
 
 
