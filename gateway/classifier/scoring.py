@@ -42,15 +42,25 @@ def sigmoid(z: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class NumericInput:
-    """One structured input: an INPUTS name, standardized with the training mean and scale."""
+    """One structured input: an INPUTS name, standardized with the training mean and scale.
+
+    A value outside the range seen in training is read as the nearest end of it: a linear model extrapolates
+    without limit, and a request unlike any training prompt (two characters, 100k tokens) should get no
+    more weight than the most extreme one it learned from.
+    """
 
     name: str
     mean: float
     scale: float
     coef: float
+    low: float = -math.inf
+    high: float = math.inf
+
+    def value(self, features: Features, cues: Cues) -> float:
+        return min(max(INPUTS[self.name](features, cues), self.low), self.high)
 
     def contribution(self, features: Features, cues: Cues) -> float:
-        return self.coef * (INPUTS[self.name](features, cues) - self.mean) / self.scale
+        return self.coef * (self.value(features, cues) - self.mean) / self.scale
 
 
 class Classifier:
@@ -63,14 +73,20 @@ class Classifier:
         numeric: Sequence[NumericInput],
         intercept: float,
         meta: Mapping[str, Any] | None = None,
+        text_mean: float = 0.0,
     ) -> None:
         self.text = text
         self.text_block = NgramWeights(text, text_weights)
         self.numeric: tuple[NumericInput, ...] = tuple(numeric)
         self.intercept = intercept
         self.meta = dict(meta or {})
-        # (input, mean, coef / scale) of the inputs that move the logit, looked up once here, not per call
-        self._terms = tuple((INPUTS[n.name], n.mean, n.coef / n.scale) for n in self.numeric if n.coef)
+        # A text with no vocabulary n-gram ("hi") reads as the average training text, not as a text logit of
+        # 0, which would set it apart from every prompt the model learned from (their mean is not 0).
+        self.text_mean = text_mean
+        # (input, mean, coef / scale, range) of the inputs that move the logit, looked up once here
+        self._terms = tuple(
+            (INPUTS[n.name], n.mean, n.coef / n.scale, n.low, n.high) for n in self.numeric if n.coef
+        )
         # the cues cost 5-25 µs a request: read only by a model with a weight on an input that needs them
         self.reads_cues = any(n.coef and n.name not in FEATURES_ONLY for n in self.numeric)
 
@@ -102,16 +118,24 @@ class Classifier:
             )
             weights = {str(gram): float(weight) for gram, weight in doc["text_weights"].items()}
             numeric = [
-                NumericInput(str(n["name"]), float(n["mean"]), float(n["scale"]), float(n["coef"]))
+                NumericInput(
+                    str(n["name"]),
+                    float(n["mean"]),
+                    float(n["scale"]),
+                    float(n["coef"]),
+                    float(n.get("low", -math.inf)),  # artifacts trained before ranges were kept
+                    float(n.get("high", math.inf)),
+                )
                 for n in doc["numeric"]
             ]
             intercept = float(doc["intercept"])
+            text_mean = float(doc.get("text_mean", 0.0))  # 0: an artifact from before it was kept
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ModelFileError(f"{source}: not a valid classifier artifact: {exc!r}") from exc
         unknown = [n.name for n in numeric if n.name not in INPUTS]
         if unknown:
             raise ModelFileError(f"{source}: unknown numeric feature(s) {unknown}")
-        return cls(text, weights, numeric, intercept, doc.get("meta"))
+        return cls(text, weights, numeric, intercept, doc.get("meta"), text_mean)
 
     def to_dict(self) -> dict[str, Any]:
         """The artifact: settings, the vocabulary with its weights and the structured inputs."""
@@ -128,9 +152,8 @@ class Classifier:
                 "norm": "l2",
             },
             "intercept": self.intercept,
-            "numeric": [
-                {"name": n.name, "mean": n.mean, "scale": n.scale, "coef": n.coef} for n in self.numeric
-            ],
+            "text_mean": self.text_mean,
+            "numeric": [_numeric_entry(n) for n in self.numeric],
             "text_weights": {gram: float(f"{w:.6g}") for gram, w in self.text_weights.items()},
             "meta": self.meta,
         }
@@ -139,18 +162,21 @@ class Classifier:
         Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n", encoding="utf-8")
 
     def text_logit(self, text: str) -> float:
-        """The text block's contribution to the logit: w . x / ||x||, x the text's vocabulary n-gram counts."""
-        return self.text_block.logit(text)
+        """The text block's contribution to the logit: w . x / ||x||, x the text's vocabulary n-gram counts,
+        or text_mean for a text with none (the walks return exactly 0.0 then)."""
+        logit = self.text_block.logit(text)
+        return logit if logit != 0.0 else self.text_mean
 
     def cues(self, features: Features) -> Cues:
         """The request's cues, or the empty cues when no input with a weight reads them."""
         return read_cues(features) if self.reads_cues else NO_CUES
 
     def logit(self, features: Features) -> float:
-        z = self.intercept + self.text_block.logit(features.last_user_text)
+        z = self.intercept + self.text_logit(features.last_user_text)
         cues = self.cues(features)
-        for value_of, mean, slope in self._terms:
-            z += slope * (value_of(features, cues) - mean)
+        for value_of, mean, slope, low, high in self._terms:
+            value = value_of(features, cues)
+            z += slope * ((low if value < low else high if value > high else value) - mean)
         return z
 
     def score(self, features: Features) -> float:
@@ -161,10 +187,19 @@ class Classifier:
         """The inputs that moved the logit most, as (readable name, logit contribution), largest |c| first."""
         cues = self.cues(features)
         contributions = {n.name: n.contribution(features, cues) for n in self.numeric if n.coef}
-        for gram, weight in self.text_block.contributions(features.last_user_text).items():
+        grams = self.text_block.contributions(features.last_user_text)
+        for gram, weight in grams.items():
             contributions[f"char:{gram!r}"] = weight
+        if not grams:
+            contributions["text: no known n-gram, read as the average"] = self.text_mean
         ranked = sorted(contributions.items(), key=lambda item: -abs(item[1]))
         return [(name, round(value, 4)) for name, value in ranked[:top]]
+
+
+def _numeric_entry(n: NumericInput) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": n.name, "mean": n.mean, "scale": n.scale, "coef": n.coef}
+    entry.update({k: v for k, v in (("low", n.low), ("high", n.high)) if math.isfinite(v)})  # JSON has no inf
+    return entry
 
 
 def read_json(path: str | Path, expected_format: str, expected_version: int) -> dict[str, Any]:

@@ -4,7 +4,7 @@ leave-one-benchmark-out scores."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -22,7 +22,7 @@ from gateway.classifier.scoring import Classifier, FloatArray, NumericInput
 from gateway.features import Features
 
 MIN_STD = 1e-9  # a structured input that varies less than this in training is a constant there
-LENGTH_INPUT = "last_user_tokens"
+LENGTH_INPUT = "ask_chars"
 LENGTH_BOOSTS = tuple(round(0.1 * i, 1) for i in range(0, 16))
 
 Progress = Callable[[str], None]
@@ -113,9 +113,16 @@ def design_matrix(model: Classifier, features: Sequence[Features]) -> sp.csr_mat
     raw = numeric_matrix(features, names)
     means = np.array([n.mean for n in model.numeric])
     scales = np.array([n.scale for n in model.numeric])
+    clipped = np.clip(raw, [n.low for n in model.numeric], [n.high for n in model.numeric])
     texts = [f.last_user_text for f in features]
     text_block = text_matrix(model.text, list(model.text_weights), texts)
-    return sp.hstack([text_block, sp.csr_matrix((raw - means) / scales)]).tocsr()
+    weights = np.fromiter(model.text_weights.values(), dtype=np.float64, count=text_block.shape[1])
+    unknown = np.flatnonzero(text_block.getnnz(axis=1) == 0)
+    if model.text_mean and len(unknown):
+        # the scorer reads a text without vocabulary n-grams as text_mean: a row with w . row = text_mean
+        text_block = sp.lil_matrix(text_block)
+        text_block[unknown] = np.tile(model.text_mean * weights / weights.dot(weights), (len(unknown), 1))
+    return sp.hstack([text_block, sp.csr_matrix((clipped - means) / scales)]).tocsr()
 
 
 @dataclass(slots=True)
@@ -152,7 +159,7 @@ def fit(examples: Sequence[Example], options: TrainingOptions = DEFAULT_OPTIONS)
     # residue, and a zero weight spares the scorer its lookup
     varied = raw.std(axis=0) > MIN_STD
     numeric = [
-        NumericInput(n.name, n.mean, n.scale, w if varies else 0.0)
+        replace(n, coef=w if varies else 0.0)
         for n, w, varies in zip(skeleton.numeric, coef[len(vocabulary) :], varied.tolist(), strict=True)
     ]
     meta = {
@@ -166,17 +173,21 @@ def fit(examples: Sequence[Example], options: TrainingOptions = DEFAULT_OPTIONS)
         "vocabulary": len(vocabulary),
     }
     weights = dict(zip(vocabulary, coef[: len(vocabulary)], strict=True))
-    model = Classifier(options.text, weights, numeric, float(estimator.intercept_[0]), meta)
+    text_logits = design[:, : len(vocabulary)] @ np.asarray(coef[: len(vocabulary)])
+    known = design[:, : len(vocabulary)].getnnz(axis=1) > 0
+    text_mean = float(text_logits[known].mean()) if known.any() else 0.0
+    model = Classifier(options.text, weights, numeric, float(estimator.intercept_[0]), meta, text_mean)
     return Fitted(model, estimator, design)
 
 
 def standardized(raw: FloatArray, options: TrainingOptions) -> list[NumericInput]:
-    """Each structured input with its training mean and scale (and no weight yet)."""
+    """Each structured input with its training mean, scale and range (and no weight yet)."""
     stds = raw.std(axis=0)
     scales = np.where(stds > MIN_STD, stds, 1.0) / options.numeric_weight
+    lows, highs = (raw.min(axis=0), raw.max(axis=0)) if len(raw) else (np.zeros(0), np.zeros(0))
     return [
-        NumericInput(name, float(mean), float(scale), 0.0)
-        for name, mean, scale in zip(options.numeric, raw.mean(axis=0), scales, strict=True)
+        NumericInput(name, float(mean), float(scale), 0.0, float(low), float(high))
+        for name, mean, scale, low, high in zip(options.numeric, raw.mean(axis=0), scales, lows, highs, strict=True)
     ]
 
 
@@ -212,9 +223,15 @@ def hold_out_each(
     return scores
 
 
+def lengths_of(examples: Sequence[Example]) -> FloatArray:
+    """Each example's LENGTH_INPUT (the log length of the ask), as the model reads it."""
+    value_of = INPUTS[LENGTH_INPUT]
+    return np.array([value_of(e.features, read_cues(e.features)) for e in examples], dtype=np.float64)
+
+
 def boosted(scores: FloatArray, examples: Sequence[Example], boost: float) -> FloatArray:
-    """Scores with `boost` added to the logit per standard deviation of log last-user tokens."""
-    lengths = np.log1p([max(e.features.last_user_tokens, 0) for e in examples])
+    """Scores with `boost` added to the logit per standard deviation of the log length of the ask."""
+    lengths = lengths_of(examples)
     std = float(lengths.std()) or 1.0
     clipped = np.clip(scores, 1e-12, 1 - 1e-12)
     logits = np.log(clipped / (1 - clipped)) + boost * (lengths - lengths.mean()) / std
@@ -241,13 +258,16 @@ def tune_length_boost(scores: FloatArray, examples: Sequence[Example]) -> tuple[
 
 def with_length_boost(model: Classifier, examples: Sequence[Example], boost: float) -> Classifier:
     """The model with the boost folded into its coefficient for LENGTH_INPUT (same units as boosted())."""
-    lengths = np.log1p([max(e.features.last_user_tokens, 0) for e in examples])
+    if LENGTH_INPUT not in {n.name for n in model.numeric}:
+        raise ValueError(f"the length boost needs the input {LENGTH_INPUT!r}, which this model leaves out")
+    lengths = lengths_of(examples)
     mean, std = float(lengths.mean()), float(lengths.std()) or 1.0
     numeric = list(model.numeric)
     intercept = model.intercept
     for i, n in enumerate(numeric):
         if n.name == LENGTH_INPUT:
             # contribution = coef * (x - n.mean) / n.scale; the boost adds boost * (x - mean) / std
-            numeric[i] = NumericInput(n.name, n.mean, n.scale, n.coef + boost * n.scale / std)
+            numeric[i] = replace(n, coef=n.coef + boost * n.scale / std)
             intercept += boost * (n.mean - mean) / std
-    return Classifier(model.text, model.text_weights, numeric, intercept, {**model.meta, "length_boost": boost})
+    meta = {**model.meta, "length_boost": boost}
+    return Classifier(model.text, model.text_weights, numeric, intercept, meta, model.text_mean)
