@@ -9,6 +9,7 @@ from gateway.features import Features
 
 # The cues read the ask's last characters, where its question, options and instructions are.
 ASK_SCAN_CHARS = 600
+OPENING_CHARS = 40  # an open-ended ask opens with its verb ("Write", "Explain") in these characters
 # A closing line this short is an answer cue ("Answer:", "A:") only when it is one of these words.
 ANSWER_CUES = frozenset({"answer", "a", "answer is", "output", "solution", "response", "答案"})
 MIN_REPEATED_LINE_CHARS = 6
@@ -29,6 +30,9 @@ MATH_WORDS = frozenset(
     {"average", "percent", "percentage", "calculate", "compute", "solve", "simplify", "evaluate", "total", "remainder"}
 )
 MATH_PHRASES = ("how many", "how much", "how long", "how far", "how old", "how fast", "find the", "express your answer")
+# A phrase is looked for only when one of its words is in the ask: most asks have none, and the word test
+# is one set lookup against up to ten substring scans.
+MATH_PHRASE_WORDS = frozenset({"how", "find", "express"})
 LATEX = ("\\frac", "\\dfrac", "\\sqrt", "\\cdot", "\\times", "\\le", "\\ge", "\\pi", "^{")
 OPEN_VERBS = (
     "write",
@@ -59,6 +63,7 @@ OPEN_NOUNS = frozenset(
 )
 REASONING_WORDS = frozenset({"prove", "derive", "justify", "reasoning"})
 REASONING_PHRASES = ("step by step", "step-by-step", "explain your", "show your work")
+REASONING_PHRASE_WORDS = frozenset({"step", "explain", "show"})
 NEGATIONS = frozenset({"not", "except", "least", "false"})
 LETTER_ONLY = (
     "without explanation",
@@ -72,6 +77,7 @@ LETTER_ONLY = (
     "true or false",
     "yes or no",
 )
+LETTER_ONLY_WORDS = frozenset({"explanation", "single", "letter", "only", "true", "yes"})
 
 
 @dataclass(slots=True)
@@ -146,11 +152,15 @@ def read_cues(features: Features) -> Cues:
     code_request = not CODE_WORDS.isdisjoint(words) or (
         not CODE_VERBS.isdisjoint(words) and not CODE_NOUNS.isdisjoint(words)
     )
-    latex = tail.count("$") >= 2 or _any(tail, LATEX)
-    word_problem = "$" in tail or not MATH_WORDS.isdisjoint(words) or _any(lowered, MATH_PHRASES)
-    opening = lowered.lstrip(" \t\n\"'*#-")
+    latex = tail.count("$") >= 2 or (("\\" in tail or "^{" in tail) and _any(tail, LATEX))
+    word_problem = (
+        "$" in tail
+        or not MATH_WORDS.isdisjoint(words)
+        or (not MATH_PHRASE_WORDS.isdisjoint(words) and _any(lowered, MATH_PHRASES))
+    )
+    opening = ask[:OPENING_CHARS].lower().lstrip(" \t\n\"'*#-")  # the ask's first words, however long it is
     open_ended = options < 2 and (opening.startswith(OPEN_VERBS) or not OPEN_NOUNS.isdisjoint(words))
-    letter_only = _any(lowered, LETTER_ONLY)
+    letter_only = not LETTER_ONLY_WORDS.isdisjoint(words) and _any(lowered, LETTER_ONLY)
     kind = _kind(features, options, code_request, latex or word_problem, open_ended)
     expected = EXPECTED_ANSWER_TOKENS["letter" if kind == "choice" and letter_only else kind]
     if features.max_tokens:
@@ -165,7 +175,8 @@ def read_cues(features: Features) -> Cues:
         word_problem=word_problem,
         code_request=code_request,
         open_ended=open_ended,
-        reasoning=not REASONING_WORDS.isdisjoint(words) or _any(lowered, REASONING_PHRASES),
+        reasoning=not REASONING_WORDS.isdisjoint(words)
+        or (not REASONING_PHRASE_WORDS.isdisjoint(words) and _any(lowered, REASONING_PHRASES)),
         negation=not NEGATIONS.isdisjoint(words),
         question_mark="?" in tail,
         cjk_share=0.0 if tail.isascii() else len(_CJK.findall(tail)) / len(tail),

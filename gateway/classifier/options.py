@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from gateway.classifier.inputs import INPUTS
 from gateway.classifier.ngrams import CharNgrams
 
-# The whole-prompt total is left out: on single-turn data it equals last_user_tokens, and sharing weight
-# with it would push every agent turn with a long system prompt to HQ. The parts are learned separately.
-DEFAULT_NUMERIC = tuple(name for name in INPUTS if name != "prompt_tokens")
+# Left out: the whole-prompt total (on single-turn data it equals last_user_tokens, and sharing weight with
+# it would push every agent turn with a long system prompt to HQ; the parts are learned separately), and
+# last_user_tokens, which next to ask_chars (its length in characters, worked examples apart) made the
+# characters per token an input: "hi", two characters in one token, read as dense as code.
+DEFAULT_NUMERIC = tuple(name for name in INPUTS if name not in ("prompt_tokens", "last_user_tokens"))
 DEFAULT_TEXT = CharNgrams(ngram_min=4, ngram_max=4)
 
 

@@ -99,3 +99,8 @@ def test_a_huge_prompt_is_read_within_bounds() -> None:
 
 def test_no_cues_is_a_complete_placeholder() -> None:
     assert isinstance(NO_CUES, Cues) and NO_CUES.kind == "question"
+
+
+def test_an_open_ended_ask_is_read_from_its_first_words_however_long() -> None:
+    cues = cues_of("Summarize the following report.\n\n" + "The committee met on Tuesday. " * 60)
+    assert cues.open_ended and cues.kind == "open" and cues.ask_chars > 1_000
