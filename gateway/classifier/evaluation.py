@@ -7,17 +7,27 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from gateway.classifier.scoring import FloatArray
 
-if TYPE_CHECKING:
-    from gateway.classifier.training import Example
-
 CURVE_POINTS = 10  # RouteLLM: thresholds at the score's deciles
 RANDOM_SEEDS = 10
+
+
+class Example(Protocol):
+    """What the procedure reads of a labelled prompt (training.Example has it)."""
+
+    @property
+    def q_strong(self) -> float: ...
+    @property
+    def q_weak(self) -> float: ...
+    @property
+    def prompt_chars(self) -> int: ...
+    @property
+    def dataset(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -226,7 +226,7 @@ def _train_examples(args: argparse.Namespace) -> tuple[list[Example], dict[str, 
     """The CSV's or the manifest's examples plus those of the labels file, and what the model's meta records
     about them."""
     if not args.data and not args.sets and not args.labels:
-        raise DataError("give --data CSV, --sets MANIFEST, --labels JSONL, or labels beside data")
+        raise DataError("give --data CSV or --sets MANIFEST, --labels JSONL, or both")
     examples = _examples(args) if args.data or args.sets else []
     source = Path(args.sets or args.data).name if args.data or args.sets else None
     if not args.labels:

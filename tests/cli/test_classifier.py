@@ -301,7 +301,7 @@ def test_bad_labels_exit_2_naming_file_line_and_field(
 
 def test_train_needs_data_or_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("classifier", "train", "--out", str(tmp_path / "m.json")) == 2
-    assert "give --data CSV, --labels JSONL or both" in capsys.readouterr().err
+    assert "give --data CSV or --sets MANIFEST, --labels JSONL, or both" in capsys.readouterr().err
 
 
 def _manifest(folder: Path, body: str) -> Path:
