@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.classifier_bench [--model MODEL] [--iterations N]
 
-Prints p50/p99 (µs) of `extract` and `score` for a small chat and a 2,000-token prompt (token counts
-cold, i.e. with the exact-count memo cleared, and warm, as a repeated system prompt would be), the
+Prints p50/p99 (µs) of `extract` and `score` (and of the task cues `score` reads) for a small chat, a
+2,000-token prompt and a 2,000-token conversation of six turns (token counts cold, i.e. with the
+exact-count memo cleared, and warm, as a repeated system prompt would be), the
 same scored by scikit-learn's transform + predict_proba for comparison, `score` over 10,000 distinct
 short prompts (so that nothing keyed by the prompt can help), `extract` on a 200k-token prompt to
 show that its cost is bounded, and the text logit's three paths (C extension, dict walk, numpy) side by side.
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import features
+from gateway.classifier.cues import read_cues
 from gateway.classifier.scoring import Classifier
 from gateway.features import extract
 
@@ -181,11 +183,16 @@ def main() -> None:
     }
     long_text = prose(2000)
     long = {"model": "m", "messages": [{"role": "user", "content": long_text}]}
+    turns = [("system", 150), ("user", 300), ("assistant", 400), ("user", 300), ("assistant", 350), ("user", 500)]
+    conversation = {
+        "model": "m",
+        "messages": [{"role": role, "content": prose(tokens, seed=i)} for i, (role, tokens) in enumerate(turns)],
+    }
     huge = {"model": "m", "messages": [{"role": "user", "content": prose(200_000, seed=1)}]}
     n = args.iterations
     cold = features.count_exact.cache_clear
     print(f"{'µs per request (' + str(n) + ' iterations)':<46}{'p50':>10}{'p99':>10}")
-    for name, body in (("small chat", small), ("2,000-token prompt", long)):
+    for name, body in (("small chat", small), ("2,000-token prompt", long), ("2,000-token conversation", conversation)):
         f = extract(body, "chat")
         print(
             f"-- {name}: prompt_tokens={f.prompt_tokens} exact={f.prompt_tokens_exact}, "
@@ -196,6 +203,7 @@ def main() -> None:
         )
         print(line("  extract (token counts memoized)", percentiles_us(lambda b=body: extract(b, "chat"), n)))
         print(line("  score", percentiles_us(lambda f=f: model.score(f), n)))
+        print(line("  of which the task cues (read_cues)", percentiles_us(lambda f=f: read_cues(f), n)))
         print(
             line(
                 "  extract + score (cold)",

@@ -96,6 +96,7 @@ class Features:
     user_turns: int
     tools_count: int
     tool_result_turns: int
+    prior_answers: int  # assistant turns before the last user turn: earlier answers, or worked examples
     has_code: bool
     has_math: bool
     response_format: str | None
@@ -222,7 +223,13 @@ def scan_window(texts: Iterable[str]) -> str:
 
 def has_code(window: str) -> bool:
     """Code-like markers: fences, definitions, operators and punctuation prose rarely uses."""
-    return _CODE_MARKER.search(window) is not None
+    for match in _CODE_MARKER.finditer(window):
+        # a marker that starts with a letter must start a word ("himself." is prose, "self." code); checked
+        # here because a lookbehind in the alternation costs a hundred times more (re stops skipping ahead)
+        start = match.start()
+        if start == 0 or not window[start].isalpha() or not window[start - 1].isalpha():
+            return True
+    return False
 
 
 def has_math(window: str) -> bool:
@@ -244,6 +251,7 @@ class _Tally:
     message_count: int = 0
     user_turns: int = 0
     tool_result_turns: int = 0
+    prior_answers: int = 0
     last_user_text: str = ""
 
 
@@ -279,6 +287,7 @@ def extract(body: Mapping[str, Any], endpoint: str) -> Features:
         user_turns=tally.user_turns,
         tools_count=tools_count,
         tool_result_turns=tally.tool_result_turns,
+        prior_answers=tally.prior_answers,
         has_code=has_code(window),
         has_math=has_math(window),
         response_format=_response_format(body.get("response_format")),
@@ -297,6 +306,7 @@ def _tally_chat(body: Mapping[str, Any], counter: _Counter) -> tuple[_Tally, lis
     last_user = max((i for i, role in enumerate(roles) if role == "user"), default=-1)
     tally = _Tally(message_count=len(messages), user_turns=roles.count("user"))
     tally.tool_result_turns = sum(1 for role in roles if role in ("tool", "function"))
+    tally.prior_answers = roles[: max(last_user, 0)].count("assistant")
     scan_texts: list[str] = []
     for i, (message, role) in enumerate(zip(messages, roles, strict=True)):
         text = text_of(message.get("content"))

@@ -36,6 +36,7 @@ def test_small_chat_counts_by_part() -> None:
     assert (f.system_tokens, f.history_tokens, f.last_user_tokens) == (4, 3, 3)
     assert f.prompt_tokens == 10 and f.prompt_tokens_exact
     assert (f.message_count, f.user_turns, f.tool_result_turns, f.tools_count) == (4, 2, 0, 0)
+    assert f.prior_answers == 1  # the assistant turn before the last user turn
     assert f.last_user_text == "hello world again"
     assert f.endpoint == "chat" and f.requested_model == "m"
 
@@ -128,6 +129,16 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         "math markers (symbols)",
         chat({"role": "user", "content": "Is √2 ≤ 1.5?"}),
         {"has_math": True},
+    ),
+    (
+        "a code marker inside a word is prose (himself., blueprint()",
+        chat({"role": "user", "content": "He saw himself. The blueprint(s) malfunction(ed)."}),
+        {"has_code": False},
+    ),
+    (
+        "self. starting a word is code",
+        chat({"role": "user", "content": "Why is self.items empty?"}),
+        {"has_code": True},
     ),
     (
         "plain prose has neither marker",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gateway.classifier.cues import NO_CUES, Cues, read_cues
+from gateway.classifier.inputs import FEATURES_ONLY, INPUTS
 from gateway.classifier.ngrams import CharNgrams, NgramWeights
 from gateway.features import Features
 
@@ -30,26 +32,6 @@ class ModelFileError(ValueError):
     """A model or calibration file that is not a readable artifact of ours; the message names the file."""
 
 
-def _log1p(value: float) -> float:
-    return math.log1p(max(value, 0.0))
-
-
-# The structured inputs a model may use, by the name stored in the artifact; each maps Features to a float.
-NUMERIC_FEATURES: dict[str, Callable[[Features], float]] = {
-    "prompt_tokens": lambda f: _log1p(f.prompt_tokens),
-    "last_user_tokens": lambda f: _log1p(f.last_user_tokens),
-    "history_tokens": lambda f: _log1p(f.history_tokens),
-    "system_tokens": lambda f: _log1p(f.system_tokens),
-    "message_count": lambda f: _log1p(f.message_count),
-    "tools_count": lambda f: _log1p(f.tools_count),
-    "tool_result_turns": lambda f: _log1p(f.tool_result_turns),
-    "has_code": lambda f: float(f.has_code),
-    "has_math": lambda f: float(f.has_math),
-    "json_output": lambda f: float(f.response_format in ("json_object", "json_schema")),
-    "max_tokens": lambda f: _log1p(f.max_tokens or 0),
-}
-
-
 def sigmoid(z: float) -> float:
     """The logistic function, safe for large |z|."""
     if z >= 0:
@@ -60,15 +42,25 @@ def sigmoid(z: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class NumericInput:
-    """One structured input: a NUMERIC_FEATURES name, standardized with the training mean and scale."""
+    """One structured input: an INPUTS name, standardized with the training mean and scale.
+
+    A value outside the range seen in training is read as the nearest end of it: a linear model extrapolates
+    without limit, and a request unlike any training prompt (two characters, 100k tokens) should get no
+    more weight than the most extreme one it learned from.
+    """
 
     name: str
     mean: float
     scale: float
     coef: float
+    low: float = -math.inf
+    high: float = math.inf
 
-    def contribution(self, features: Features) -> float:
-        return self.coef * (NUMERIC_FEATURES[self.name](features) - self.mean) / self.scale
+    def value(self, features: Features, cues: Cues) -> float:
+        return min(max(INPUTS[self.name](features, cues), self.low), self.high)
+
+    def contribution(self, features: Features, cues: Cues) -> float:
+        return self.coef * (self.value(features, cues) - self.mean) / self.scale
 
 
 class Classifier:
@@ -81,14 +73,22 @@ class Classifier:
         numeric: Sequence[NumericInput],
         intercept: float,
         meta: Mapping[str, Any] | None = None,
+        text_mean: float = 0.0,
     ) -> None:
         self.text = text
         self.text_block = NgramWeights(text, text_weights)
         self.numeric: tuple[NumericInput, ...] = tuple(numeric)
         self.intercept = intercept
         self.meta = dict(meta or {})
-        # (input, mean, coef / scale) of the inputs that move the logit, looked up once here, not per call
-        self._terms = tuple((NUMERIC_FEATURES[n.name], n.mean, n.coef / n.scale) for n in self.numeric if n.coef)
+        # A text with no vocabulary n-gram ("hi") reads as the average training text, not as a text logit of
+        # 0, which would set it apart from every prompt the model learned from (their mean is not 0).
+        self.text_mean = text_mean
+        # (input, mean, coef / scale, range) of the inputs that move the logit, looked up once here
+        self._terms = tuple(
+            (INPUTS[n.name], n.mean, n.coef / n.scale, n.low, n.high) for n in self.numeric if n.coef
+        )
+        # the cues cost 5-25 µs a request: read only by a model with a weight on an input that needs them
+        self.reads_cues = any(n.coef and n.name not in FEATURES_ONLY for n in self.numeric)
 
     @property
     def text_weights(self) -> dict[str, float]:
@@ -118,16 +118,24 @@ class Classifier:
             )
             weights = {str(gram): float(weight) for gram, weight in doc["text_weights"].items()}
             numeric = [
-                NumericInput(str(n["name"]), float(n["mean"]), float(n["scale"]), float(n["coef"]))
+                NumericInput(
+                    str(n["name"]),
+                    float(n["mean"]),
+                    float(n["scale"]),
+                    float(n["coef"]),
+                    float(n.get("low", -math.inf)),  # artifacts trained before ranges were kept
+                    float(n.get("high", math.inf)),
+                )
                 for n in doc["numeric"]
             ]
             intercept = float(doc["intercept"])
+            text_mean = float(doc.get("text_mean", 0.0))  # 0: an artifact from before it was kept
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ModelFileError(f"{source}: not a valid classifier artifact: {exc!r}") from exc
-        unknown = [n.name for n in numeric if n.name not in NUMERIC_FEATURES]
+        unknown = [n.name for n in numeric if n.name not in INPUTS]
         if unknown:
             raise ModelFileError(f"{source}: unknown numeric feature(s) {unknown}")
-        return cls(text, weights, numeric, intercept, doc.get("meta"))
+        return cls(text, weights, numeric, intercept, doc.get("meta"), text_mean)
 
     def to_dict(self) -> dict[str, Any]:
         """The artifact: settings, the vocabulary with its weights and the structured inputs."""
@@ -144,9 +152,8 @@ class Classifier:
                 "norm": "l2",
             },
             "intercept": self.intercept,
-            "numeric": [
-                {"name": n.name, "mean": n.mean, "scale": n.scale, "coef": n.coef} for n in self.numeric
-            ],
+            "text_mean": self.text_mean,
+            "numeric": [_numeric_entry(n) for n in self.numeric],
             "text_weights": {gram: float(f"{w:.6g}") for gram, w in self.text_weights.items()},
             "meta": self.meta,
         }
@@ -155,13 +162,21 @@ class Classifier:
         Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n", encoding="utf-8")
 
     def text_logit(self, text: str) -> float:
-        """The text block's contribution to the logit: w . x / ||x||, x the text's vocabulary n-gram counts."""
-        return self.text_block.logit(text)
+        """The text block's contribution to the logit: w . x / ||x||, x the text's vocabulary n-gram counts,
+        or text_mean for a text with none (the walks return exactly 0.0 then)."""
+        logit = self.text_block.logit(text)
+        return logit if logit != 0.0 else self.text_mean
+
+    def cues(self, features: Features) -> Cues:
+        """The request's cues, or the empty cues when no input with a weight reads them."""
+        return read_cues(features) if self.reads_cues else NO_CUES
 
     def logit(self, features: Features) -> float:
-        z = self.intercept + self.text_block.logit(features.last_user_text)
-        for value_of, mean, slope in self._terms:
-            z += slope * (value_of(features) - mean)
+        z = self.intercept + self.text_logit(features.last_user_text)
+        cues = self.cues(features)
+        for value_of, mean, slope, low, high in self._terms:
+            value = value_of(features, cues)
+            z += slope * ((low if value < low else high if value > high else value) - mean)
         return z
 
     def score(self, features: Features) -> float:
@@ -170,11 +185,21 @@ class Classifier:
 
     def explain(self, features: Features, top: int = 5) -> list[tuple[str, float]]:
         """The inputs that moved the logit most, as (readable name, logit contribution), largest |c| first."""
-        contributions = {n.name: n.contribution(features) for n in self.numeric if n.coef}
-        for gram, weight in self.text_block.contributions(features.last_user_text).items():
+        cues = self.cues(features)
+        contributions = {n.name: n.contribution(features, cues) for n in self.numeric if n.coef}
+        grams = self.text_block.contributions(features.last_user_text)
+        for gram, weight in grams.items():
             contributions[f"char:{gram!r}"] = weight
+        if not grams:
+            contributions["text: no known n-gram, read as the average"] = self.text_mean
         ranked = sorted(contributions.items(), key=lambda item: -abs(item[1]))
         return [(name, round(value, 4)) for name, value in ranked[:top]]
+
+
+def _numeric_entry(n: NumericInput) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": n.name, "mean": n.mean, "scale": n.scale, "coef": n.coef}
+    entry.update({k: v for k, v in (("low", n.low), ("high", n.high)) if math.isfinite(v)})  # JSON has no inf
+    return entry
 
 
 def read_json(path: str | Path, expected_format: str, expected_version: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import CountVectorizer
 
+from gateway.classifier.evaluation import compare_routers, routing_curve, summarize
 from gateway.classifier.ngrams import SHORT_TEXT_CHARS, CharNgrams, NgramWeights, PackedVocabulary
 from gateway.classifier.options import TrainingOptions
 from gateway.classifier.scoring import Calibration, Classifier, ModelFileError
@@ -19,11 +20,8 @@ from gateway.classifier.training import (
     Example,
     Fitted,
     boosted,
-    compare_routers,
     design_matrix,
     fit,
-    routing_curve,
-    summarize,
     tune_length_boost,
     with_length_boost,
 )
@@ -122,12 +120,13 @@ def test_alphabet_too_large_for_packed_keys_falls_back_to_the_dict_walk() -> Non
 def test_inputs_constant_in_training_get_no_weight(fitted: Fitted) -> None:
     weights = {n.name: n.coef for n in fitted.model.numeric}
     assert weights["message_count"] == weights["history_tokens"] == weights["tools_count"] == 0.0  # one turn
-    assert weights["last_user_tokens"] != 0.0
+    assert weights["ask_chars"] != 0.0
 
 
 def test_model_learned_the_synthetic_signal(fitted: Fitted) -> None:
-    easy = fitted.model.score(request("what is the capital city of the dog"))
-    hard = fitted.model.score(request("prove the theorem: the integral of the eigenvalue derivative matrix"))
+    # shaped like the training prompts, which end with "?" or "Answer:"
+    easy = fitted.model.score(request("what is the capital city of the dog?"))
+    hard = fitted.model.score(request("prove the theorem: the integral of the eigenvalue derivative matrix?"))
     assert hard > easy + 0.2
 
 
@@ -185,12 +184,13 @@ def test_explain_contributions_add_up_to_the_logit(fitted: Fitted) -> None:
     assert len(top) == 5
     assert [abs(v) for _, v in top] == sorted((abs(v) for _, v in top), reverse=True)
     assert any(name.startswith("char:") for name, _ in everything)
-    assert any(name == "last_user_tokens" for name, _ in everything)
+    assert any(name == "ask_chars" for name, _ in everything)
 
 
 def test_default_model_ships_and_scores() -> None:
     model = Classifier.default()
-    assert model.meta["rows"] == 14037
+    assert model.meta["rows"] == 24980 and model.meta["target"] == "fast-fails"  # default.sets.yaml, every row
+    assert model.reads_cues
     scores = [model.score(request(t)) for t in TRICKY_TEXTS]
     assert all(0.0 < s < 1.0 for s in scores)
     assert model.explain(request("Find the derivative of x^3 sin(x)."))
@@ -262,14 +262,14 @@ def test_compare_routers_prints_baselines() -> None:
 
 
 def test_length_boost_folds_into_the_model_exactly(fitted: Fitted) -> None:
-    examples = examples_of(synthetic_rows(120, seed=9))
+    examples = examples_of(synthetic_rows(300))[:120]  # rows it was fitted on: inputs within their range
     model = Classifier.from_dict(fitted.model.to_dict())
     before = np.array([model.score(e.features) for e in examples])
     boosted_model = with_length_boost(model, examples, 0.7)
     after = np.array([boosted_model.score(e.features) for e in examples])
     assert np.abs(after - boosted(before, examples, 0.7)).max() < 1e-9
     assert boosted_model.meta["length_boost"] == 0.7 and "length_boost" not in model.meta
-    long_first = np.argsort([-e.features.last_user_tokens for e in examples])
+    long_first = np.argsort([-len(e.features.last_user_text) for e in examples])
     assert (after - before)[long_first[0]] > 0 > (after - before)[long_first[-1]]
 
 
@@ -292,3 +292,28 @@ def test_long_text_keeps_head_and_tail() -> None:
     ngrams = CharNgrams(3, 4, max_chars=100, tail_chars=30)
     clipped = ngrams.clip("h" * 200 + "QUESTION" + "t" * 22)
     assert len(clipped) == 100 and clipped.startswith("h" * 70) and clipped.endswith("QUESTION" + "t" * 22)
+
+
+def test_inputs_outside_the_training_range_read_as_its_ends(fitted: Fitted) -> None:
+    model = Classifier.from_dict(json.loads(json.dumps(fitted.model.to_dict())))
+    ask = next(n for n in model.numeric if n.name == "ask_chars")
+    assert math.isfinite(ask.low) and ask.low < ask.high
+    tiny, huge = request("?"), request("integral " * 5000)
+    cues = model.cues(tiny), model.cues(huge)
+    assert ask.value(tiny, cues[0]) == ask.low and ask.value(huge, cues[1]) == ask.high
+    doc = fitted.model.to_dict()
+    for entry in doc["numeric"]:  # an artifact from before ranges were kept reads every value as it is
+        entry.pop("low", None), entry.pop("high", None)
+    unbounded = Classifier.from_dict(doc)
+    assert all(n.low == -math.inf and n.high == math.inf for n in unbounded.numeric)
+    assert unbounded.score(huge) != model.score(huge)  # a linear model extrapolates without the clip
+
+
+def test_a_text_without_known_ngrams_reads_as_the_average_text(fitted: Fitted) -> None:
+    model = Classifier.from_dict(json.loads(json.dumps(fitted.model.to_dict())))
+    assert model.text_mean != 0.0 and model.text_mean == fitted.model.text_mean
+    assert model.text_logit("hi") == model.text_mean  # no 4-gram at all
+    assert model.text_logit("zzzzqqqq") == model.text_mean  # 4-grams, none in the vocabulary
+    assert model.text_logit("prove the theorem") != model.text_mean
+    names = [name for name, _ in model.explain(request("hi"), top=100)]
+    assert "text: no known n-gram, read as the average" in names

@@ -301,4 +301,103 @@ def test_bad_labels_exit_2_naming_file_line_and_field(
 
 def test_train_needs_data_or_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("classifier", "train", "--out", str(tmp_path / "m.json")) == 2
-    assert "give --data CSV, --labels JSONL or both" in capsys.readouterr().err
+    assert "give --data CSV or --sets MANIFEST, --labels JSONL, or both" in capsys.readouterr().err
+
+
+def _manifest(folder: Path, body: str) -> Path:
+    path = folder / "sets.yaml"
+    path.write_text(f"data_dir: {folder}\n{body}")
+    return path
+
+
+SETS = """sets:
+  - file: pairs.csv.gz
+    name: pairs
+    split_by: category
+    datasets: {algebra: [algebra, math], trivia: [trivia, trivia], physics: [physics, science], chat: [chat, chat]}
+  - file: pool.csv
+    name: pool
+    label: fail-share
+    pair: ["score:big", "score:small"]
+    dataset: everything
+    benchmark: science
+"""
+
+
+@pytest.fixture(scope="module")
+def sets(workdir: Path) -> Path:
+    folder = workdir / "sets"
+    folder.mkdir()
+    write_csv(folder / "pairs.csv.gz", synthetic_rows(160, seed=3))
+    pool = [
+        {"prompt": r["prompt"], "score:big": r["q_strong"], "score:small": r["q_weak"], "score:mid": "0.5"}
+        for r in synthetic_rows(80, seed=4)
+    ]
+    write_csv(folder / "pool.csv", pool)
+    return _manifest(folder, SETS)
+
+
+def test_eval_leaves_each_benchmark_out_and_reports_datasets_and_a_mixed_stream(
+    sets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("classifier", "eval", "--sets", str(sets), "--leave-one-out", *SMALL) == 0
+    printed = capsys.readouterr()
+    assert "holding out 'science'" in printed.err  # physics (pairs) and everything (pool) go together
+    names = [line.split()[0] for line in printed.out.splitlines()[1:]]
+    assert names == ["pairs/algebra", "pairs/chat", "pairs/physics", "pairs/trivia", "pool/everything", "mixed", "all"]
+    assert "random" in printed.out and "length" in printed.out and "CPT(80%)" in printed.out
+
+
+def test_train_on_sets_records_the_held_out_figures(workdir: Path, sets: Path) -> None:
+    out = workdir / "sets-model.json"
+    assert run("classifier", "train", "--sets", str(sets), "--leave-one-out", "--out", str(out), *SMALL) == 0
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["datasets"]["pool/everything"] == 80 and meta["rows"] == 240 and meta["target"] == "fast-fails"
+    assert set(meta["cv"]["leave_one_out"]["mixed stream"]) == {"classifier", "random", "prompt length"}
+    assert Classifier.load(out).reads_cues
+
+
+def test_calibrate_on_the_mixed_stream_of_sets(workdir: Path, sets: Path, model: Path) -> None:
+    out = workdir / "sets-calibration.json"
+    argv = ["--sets", str(sets), "--target-hq-share", "0.2", "--model", str(model), "--out", str(out)]
+    assert run("classifier", "calibrate", *argv) == 0
+    assert Calibration.load(out).meta == {"data": "sets.yaml", "rows": 240}
+
+
+@pytest.mark.parametrize(
+    ("body", "fragments"),
+    [
+        (SETS.replace("split_by: category", "split_by: category\n    colour: red"), ["sets.0.colour", "xtra"]),
+        (SETS.replace("trivia: [trivia, trivia], ", ""), ["pairs.csv.gz", "row", "'category'", "'trivia'"]),
+        (SETS.replace("    dataset: everything\n", ""), ["sets.1", "`dataset` and `benchmark`"]),
+        (SETS.replace("label: fail-share", "label: vibes"), ["sets.1.label", "vibes"]),
+        ("sets: [", ["not YAML"]),
+    ],
+)
+def test_bad_manifest_exits_2_naming_file_and_field(
+    sets: Path, tmp_path: Path, body: str, fragments: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("pairs.csv.gz", "pool.csv"):
+        (tmp_path / name).write_bytes((sets.parent / name).read_bytes())
+    manifest = _manifest(tmp_path, body)
+    assert run("classifier", "eval", "--sets", str(manifest), "--leave-one-out", *SMALL) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_leave_one_out_needs_something_to_hold_out(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("classifier", "eval", "--data", str(data), "--leave-one-out") == 2
+    assert "--group-by" in capsys.readouterr().err
+
+
+def test_default_sets_manifest_is_valid() -> None:
+    from gateway.cli.classifier_data import DEFAULT_SETS_PATH, read_manifest
+
+    manifest = read_manifest(DEFAULT_SETS_PATH)
+    assert [s.file for s in manifest.sets] == [
+        "mmlu_gpt4_vs_mixtral.csv.gz",
+        "routerbench_train.csv.gz",
+        "small7_train.csv.gz",
+    ]
