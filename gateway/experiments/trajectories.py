@@ -1,0 +1,410 @@
+"""Agent trajectories at run time: the request path's step hook and session verdict, and the flusher that
+digests, judges and stores the queued steps in batches, off the request path.
+
+The request path only reads the session's active flags (when the tenant's rules act beyond flagging),
+hangs a `PendingStep` on the exchange (the relay keeps the response's tool-call bytes on it) and, when the
+exchange ends, queues it. Every FLUSH_S the flusher parses the tool calls, reads the batch's sessions from
+the store in one round trip, raises loop and spike flags, writes the steps back in one transaction,
+updates the process metrics and the rollout cohorts, and records each step's span (deferred until then,
+so it can carry the step's tool calls and flag events) with `execute_tool` children for the tool outputs
+the step sent back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import SpanKind
+
+from gateway.decision import loops as found
+from gateway.decision import spikes
+from gateway.decision import trajectory as tr
+from gateway.decision.loops import AgentVerdict, Finding
+from gateway.decision.trajectory import Step, Summary
+from gateway.features import Features
+from gateway.policy.agents import LoopPolicy, SpikePolicy
+from gateway.policy.model import Policy
+from gateway.rollout.samples import Cohort, ProcessSample
+from gateway.rollout.spec import RolloutSpec
+from gateway.rollout.state import RolloutState
+from gateway.store.contract import StoreError
+from gateway.store.trajectories import Active, Append, Ref, SessionRecord, SpendSeries, TrajectoryStore
+from gateway.telemetry import metrics as t
+from gateway.telemetry.exchange import Exchange
+from gateway.telemetry.otlp import SpanEvent
+from gateway.telemetry.spans import Spans
+
+log = logging.getLogger(__name__)
+
+FLUSH_S = 0.1
+QUEUE_MAX = 20_000  # steps waiting for the flusher; beyond this they are dropped (and counted)
+RECENT_STEPS = 50  # a session's steps the flusher reads to judge a new one (loop windows, rework)
+
+
+@dataclass(frozen=True, slots=True)
+class Cohorted:
+    """The rollout cohort a step was served in, for its process counters."""
+
+    route: str
+    spec: RolloutSpec
+    state: RolloutState
+    cohort: Cohort
+
+
+class PendingStep:
+    """A step in the making: what the request path knows, the response's tool-call bytes, the outcome."""
+
+    __slots__ = ("at", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "messages", "policy", "raw",
+                 "recorder", "session_id", "spans", "status", "tenant", "ttft_s")
+
+    def __init__(self, recorder: Trajectories, policy: Policy, tenant: str, session_id: str, messages: Any,
+                 tools: bool, cohorted: Cohorted | None) -> None:
+        self.recorder, self.policy, self.tenant, self.session_id = recorder, policy, tenant, session_id
+        self.messages, self.cohorted = messages, cohorted
+        self.at = recorder.clock()
+        self.chunks: list[bytes] | None = [] if tools else None  # a stream's tool-call events, as relayed
+        self.raw: bytes | None = None  # a non-streamed body that may hold tool calls
+        self.ex: Exchange | None = None
+        self.status, self.elapsed_s, self.end_ns = 0, 0.0, 0
+        self.ttft_s: float | None = None
+        self.spans: Spans | None = None  # the exporter the exchange would have recorded its span with
+
+    def finished(self, ex: Exchange, status: int, elapsed_s: float, ttft_s: float | None,
+                 spans: Spans | None) -> None:
+        self.ex, self.elapsed_s, self.ttft_s, self.end_ns = ex, elapsed_s, ttft_s, time.time_ns()
+        self.spans = spans
+        self.status = ex.error.status if ex.error is not None and status == 200 else status
+        self.recorder.queue(self)
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One flush's view of its sessions and tenants, updated step by step as the batch is judged."""
+
+    records: dict[Ref, SessionRecord]
+    tenants: dict[str, SpendSeries]
+    appends: list[Append] = field(default_factory=list)
+
+
+class Trajectories:
+    """The process's trajectory recorder: request-path hooks plus the background flusher."""
+
+    def __init__(self, store: TrajectoryStore, current: Callable[[], Policy], metrics: t.Metrics,
+                 record_process: Callable[..., None] | None = None, *,
+                 keep_text: bool = False, clock: Callable[[], float] = time.time) -> None:
+        self.store, self._current, self.series = store, current, metrics.agents
+        self._record_process, self.keep_text, self.clock = record_process, keep_text, clock
+        self._queue: list[PendingStep] = []
+        self._task: asyncio.Task[None] | None = None
+        self._children: dict[tuple[str, ...], Any] = {}
+        self._window_spend: dict[str, tuple[int, dict[str, float]]] = {}  # tenant -> (window, session -> USD)
+        self._spikes_logged: dict[tuple[str, int], None] = {}
+
+    # --- the request path ---
+
+    @staticmethod
+    def recording(policy: Policy, features: Features) -> bool:
+        return policy.agents.record.enabled and features.endpoint != "embeddings"
+
+    async def verdict(self, policy: Policy, tenant: str, session_id: str, ex: Exchange) -> AgentVerdict | None:
+        """What the session's active flags ask of this request; reads the store only when the tenant's
+        rules act beyond flagging. A store that does not answer means no action (fail open)."""
+        loop_rules, spike_rules = policy.agents.for_tenant(tenant)
+        if loop_rules.action == "flag" and spike_rules.action == "flag":
+            return None
+        try:
+            active = await self.store.active((tenant, session_id))
+        except StoreError as exc:
+            log.debug("trajectory store: %s", exc)
+            return None
+        verdict = found.verdict(active, loop_rules, spike_rules, self.clock()) if active else None
+        if verdict is not None:
+            self._child("actions", verdict.flag, verdict.action).inc()
+            ex.attributes[t.AGENT_ACTION] = f"{verdict.action} ({verdict.flag})"
+        return verdict
+
+    def begin(self, ex: Exchange, policy: Policy, tenant: str, session_id: str, body: Mapping[str, Any],
+              features: Features, cohorted: Cohorted | None) -> None:
+        """Hang the step on the exchange; it queues itself when the exchange ends."""
+        ex.attributes[t.GEN_AI_CONVERSATION_ID] = session_id
+        ex.step = PendingStep(self, policy, tenant, session_id, body.get("messages"), features.tools_count > 0,
+                              cohorted)
+
+    def queue(self, step: PendingStep) -> None:
+        if len(self._queue) >= QUEUE_MAX:
+            self._child("dropped", "queue_full").inc()
+            self._plain_span(step)
+            return
+        self._queue.append(step)
+
+    def _plain_span(self, p: PendingStep) -> None:
+        """The span of a step that is not recorded, as it would have been without trajectories."""
+        if p.spans is not None and p.ex is not None:
+            p.ex.record_span(p.spans, p.status, p.ttft_s, p.end_ns)
+
+    # --- the flusher ---
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="trajectory-flush")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(StoreError):
+            await self.flush()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            try:
+                await self.flush()
+            except Exception:  # one bad batch must not end the recorder
+                log.exception("trajectory flush failed")
+
+    async def flush(self) -> None:
+        pending, self._queue = self._queue, []
+        if not pending:
+            return
+        steps = [self._digest(p) for p in pending]
+        refs = list(dict.fromkeys((p.tenant, p.session_id) for p in pending))
+        try:
+            batch = _Batch(await self.store.read(refs, RECENT_STEPS),
+                           await self.store.tenant_spend(list(dict.fromkeys(p.tenant for p in pending))))
+        except StoreError as exc:
+            log.warning("trajectory store unreachable: %d steps not recorded (%s)", len(pending), exc)
+            self._child("dropped", "store_unavailable").inc(len(pending))
+            for p in pending:
+                self._plain_span(p)
+            return
+        for p, step in zip(pending, steps, strict=True):
+            self._judge(batch, p, step)
+        policy = self._current()
+        with contextlib.suppress(StoreError):
+            await self.store.append(batch.appends, _old_tenant_buckets(batch, policy), policy.agents.record)
+            return
+        self._child("dropped", "store_unavailable").inc(len(pending))
+
+    def _digest(self, p: PendingStep) -> Step:
+        """The step as data: parse the response's tool calls and the tool outputs the request sent back."""
+        ex, keep = p.ex, self.keep_text
+        assert ex is not None
+        usage = ex.usage
+        tokens_in, tokens_out = (usage.prompt_tokens, usage.completion_tokens) if usage else (0, 0)
+        deployment = ex.deployment or "none"
+        dep = p.policy.deployments.get(deployment)
+        calls: tuple[tr.ToolCall, ...] = ()
+        if p.raw is not None:
+            calls = tr.tool_calls_in_body(p.raw, keep)
+        elif p.chunks:
+            calls = tr.tool_calls_in_stream(p.chunks, keep)
+        arm = p.cohorted.cohort.value if p.cohorted is not None else None
+        return Step(p.at, deployment, ex.rule or "", arm, tokens_in, tokens_out,
+                    dep.price.cost_usd(tokens_in, tokens_out) if dep is not None else 0.0, p.elapsed_s * 1000,
+                    None if p.ttft_s is None else p.ttft_s * 1000, p.status, calls,
+                    tr.tool_results(p.messages, keep), tr.echo(p.messages),
+                    prompt=tr.last_prompt(p.messages) if keep else None)
+
+    def _judge(self, batch: _Batch, p: PendingStep, step: Step) -> None:
+        """Flag the step against its session's recent steps and spend; queue its append; count and trace it."""
+        ref = (p.tenant, p.session_id)
+        rec = batch.records.setdefault(ref, SessionRecord())
+        loop_rules, spike_rules = p.policy.agents.for_tenant(p.tenant)
+        first = rec.summary is None
+        total = 1 if rec.summary is None else rec.summary.steps + 1
+        step.step = total
+        step.rework = found.rework(rec.steps, step)
+        findings = found.loops(rec.steps, step, loop_rules, total)
+        findings += self._spikes(batch, rec, p, step, spike_rules)
+        step.flags = tuple(f.flag for f in findings)
+        active, cleared, raised = _flags(rec.active, findings, step.at, spike_rules, p.policy)
+        rate = tr.steps_per_min([s.at for s in rec.steps[-60:]] + [step.at], step.at)
+        old = tuple(b for b in rec.spend.buckets if b < spikes.bucket(step.at) - _history_buckets(spike_rules))
+        batch.appends.append(Append(p.tenant, p.session_id, step, rate, active, cleared, raised, old))
+        previous_at = rec.steps[-1].at if rec.steps else (rec.summary.last_at if rec.summary else step.at)
+        _advance(rec, p, step, active, cleared)
+        self._count(p, step, first, max(0.0, step.at - previous_at))
+        events = self._report(p, step, findings, raised, loop_rules, spike_rules)
+        self._record_span(p, step, rec.steps, events)
+
+    def _spikes(self, batch: _Batch, rec: SessionRecord, p: PendingStep, step: Step,
+                rules: SpikePolicy) -> list[Finding]:
+        if not step.cost_usd:
+            return []
+        index = spikes.bucket(step.at)
+        rec.spend.buckets[index] = rec.spend.buckets.get(index, 0.0) + step.cost_usd
+        out = []
+        if "session" in rules.scopes:
+            since = rec.summary.started_at if rec.summary is not None else step.at
+            spike = spikes.spike(rec.spend.buckets, since, step.at, rules)
+            if spike is not None:
+                out.append(Finding(found.SPIKE_SESSION, spike.describe("the session")))
+        tenant = batch.tenants.setdefault(p.tenant, SpendSeries(step.at))
+        tenant.since = tenant.since or step.at
+        tenant.buckets[index] = tenant.buckets.get(index, 0.0) + step.cost_usd
+        if "tenant" in rules.scopes:
+            window = self._note_window_spend(p, step, rules)
+            spike = spikes.spike(tenant.buckets, tenant.since, step.at, rules)
+            if spike is not None and self._drives(p, spike, window):
+                out.append(Finding(found.SPIKE_TENANT, spike.describe(f"tenant {p.tenant!r}")))
+        return out
+
+    def _drives(self, p: PendingStep, spike: spikes.Spike, window: int) -> bool:
+        """Whether this step's session spent the most of its tenant's current window (of the sessions this
+        process served in it): the session a tenant's spike is pinned on. Logged once per tenant and window."""
+        spent = self._window_spend[p.tenant][1]
+        driver = max(spent, key=lambda sid: spent[sid])
+        if (p.tenant, window) not in self._spikes_logged:
+            self._spikes_logged[(p.tenant, window)] = None
+            while len(self._spikes_logged) > 1024:
+                del self._spikes_logged[next(iter(self._spikes_logged))]
+            log.warning("cost spike: %s; driven by session %r (%.4g USD in this window)",
+                        spike.describe(f"tenant {p.tenant!r}"), driver, spent[driver])
+        return driver == p.session_id
+
+    def _note_window_spend(self, p: PendingStep, step: Step, rules: SpikePolicy) -> int:
+        """Add the step to its tenant's per-session spend of the current window; returns the window's index."""
+        window = spikes.bucket(step.at) // max(1, round(rules.window_s / spikes.BUCKET_S))
+        seen = self._window_spend.get(p.tenant)
+        if seen is None or seen[0] != window:
+            seen = self._window_spend[p.tenant] = (window, {})
+            if len(self._window_spend) > 4096:
+                self._window_spend.clear()
+                self._window_spend[p.tenant] = seen
+        seen[1][p.session_id] = seen[1].get(p.session_id, 0.0) + step.cost_usd
+        return window
+
+    def _count(self, p: PendingStep, step: Step, first: bool, grown_s: float) -> None:
+        """The process metrics, per deployment and arm, and the rollout cohort's process counters."""
+        labels = (step.deployment, step.arm or "none")
+        self._child("steps", *labels).inc()
+        if first:
+            self._child("sessions", *labels).inc()
+        if grown_s:
+            self._child("session_seconds", *labels).inc(grown_s)
+        if step.cost_usd:
+            self._child("cost", *labels).inc(step.cost_usd)
+        if step.tool_calls:
+            self._child("tool_calls", *labels).inc(len(step.tool_calls))
+            self._child("steps_with_tool_calls", *labels).inc()
+        if step.rework:
+            self._child("repeated_tool_calls", *labels).inc()
+        errors = sum(1 for r in step.tool_results if not r.ok)
+        if errors:
+            self._child("tool_results", *labels, "error").inc(errors)
+        if len(step.tool_results) > errors:
+            self._child("tool_results", *labels, "ok").inc(len(step.tool_results) - errors)
+        c = p.cohorted
+        if c is not None and self._record_process is not None:
+            sample = ProcessSample(len(step.tool_results), errors, bool(step.tool_calls), step.rework)
+            self._record_process(c.route, c.spec, c.state, c.cohort, sample)
+
+    def _report(self, p: PendingStep, step: Step, findings: list[Finding], raised: tuple[str, ...],
+                loop_rules: LoopPolicy, spike_rules: SpikePolicy) -> list[SpanEvent]:
+        """A newly raised flag: counted, logged, and an event on the step's span."""
+        events: list[SpanEvent] = []
+        for finding in findings:
+            if finding.flag not in raised:
+                continue
+            action = loop_rules.action if finding.flag.startswith("loop:") else spike_rules.action
+            self._child("flags", finding.flag, action).inc()
+            log.warning("agent session %r (tenant %r), step %d: %s: %s; action: %s", p.session_id, p.tenant,
+                        step.step, finding.flag, finding.detail, action)
+            events.append((int(step.at * 1e9), t.AGENT_FLAG_EVENT,
+                           {"gateway.agent.flag": finding.flag, "gateway.agent.action": action,
+                            "gateway.agent.detail": finding.detail}))
+        return events
+
+    def _record_span(self, p: PendingStep, step: Step, earlier: Sequence[Step], events: Sequence[SpanEvent]) -> None:
+        ex, spans = p.ex, p.spans
+        if spans is None or ex is None:
+            return
+        attrs = ex.attributes
+        attrs[t.AGENT_STEP] = step.step
+        if step.tool_calls:
+            attrs[t.AGENT_TOOL_CALLS] = tuple(c.name for c in step.tool_calls)
+        if step.flags:
+            attrs[t.AGENT_FLAGS] = step.flags
+        ex.record_span(spans, p.status, p.ttft_s, p.end_ns, events)
+        if ex.trace is not None and step.tool_results:
+            self._tool_spans(spans, ex, p, step, earlier)
+
+    def _tool_spans(self, spans: Spans, ex: Exchange, p: PendingStep, step: Step, earlier: Sequence[Step]) -> None:
+        """One `execute_tool` span per tool output this step sent back: from the end of the step whose
+        response asked for the call to the start of this one (the tool ran, as the gateway saw it, between)."""
+        assert ex.trace is not None
+        asked = {c.call_id: (s, c) for s in earlier[:-1] for c in s.tool_calls if c.call_id}
+        for result in step.tool_results:
+            hit = asked.get(result.tool_call_id)
+            if hit is None:
+                continue
+            source, call = hit
+            attrs: dict[str, Any] = {
+                t.GEN_AI_OPERATION: "execute_tool", t.GEN_AI_TOOL_NAME: call.name,
+                t.GEN_AI_TOOL_CALL_ID: result.tool_call_id, t.GEN_AI_TOOL_TYPE: "function",
+                t.GEN_AI_CONVERSATION_ID: p.session_id, t.TOOL_ARGS_DIGEST: call.args_digest,
+            }  # fmt: skip
+            if call.arguments is not None:
+                attrs[t.GEN_AI_TOOL_CALL_ARGUMENTS] = call.arguments
+            if result.content is not None:
+                attrs[t.GEN_AI_TOOL_CALL_RESULT] = result.content
+            if not result.ok:
+                attrs[t.ERROR_TYPE] = "tool_error"
+            start_ns = int((source.at + source.latency_ms / 1000) * 1e9)
+            spans.record(f"execute_tool {call.name}", start_ns, attrs, None if result.ok else "tool error",
+                         spans.child(ex.trace), end_ns=max(start_ns, ex.started_ns), kind=SpanKind.INTERNAL)
+
+    def _child(self, series: str, *labels: str) -> Any:
+        key = (series, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = getattr(self.series, series).labels(*labels)
+        return child
+
+
+def _flags(
+    active: Active, findings: Sequence[Finding], now: float, spike: SpikePolicy, policy: Policy
+) -> tuple[Active, tuple[str, ...], tuple[str, ...]]:
+    """The session's active flags after a step: what it found stays active (a stopped loop for the session's
+    lifetime, a spike for one window); what it no longer shows lapses. Returns (active, cleared, raised)."""
+    now_active: Active = {}
+    for f in findings:
+        lasts_s = policy.agents.record.ttl_s if f.flag.startswith("loop:") else spike.window_s
+        now_active[f.flag] = (now + lasts_s, f.detail)
+    cleared = tuple(flag for flag in active if flag not in now_active)
+    raised = tuple(flag for flag in now_active if active.get(flag, (0.0, ""))[0] <= now)
+    return now_active, cleared, raised
+
+
+def _advance(rec: SessionRecord, p: PendingStep, step: Step, active: Active, cleared: tuple[str, ...]) -> None:
+    """The batch's view of the session after the step, for the batch's next step of the same session."""
+    if rec.summary is None:
+        rec.summary = Summary(p.session_id, p.tenant, started_at=step.at)
+    rec.summary.steps += 1
+    rec.summary.last_at = step.at
+    rec.steps.append(step)
+    del rec.steps[:-RECENT_STEPS]
+    for flag in cleared:
+        rec.active.pop(flag, None)
+    rec.active.update(active)
+
+
+def _history_buckets(rules: SpikePolicy) -> int:
+    return (rules.history_windows + 2) * max(1, round(rules.window_s / spikes.BUCKET_S))
+
+
+def _old_tenant_buckets(batch: _Batch, policy: Policy) -> dict[str, list[int]]:
+    out = {}
+    for tenant, series in batch.tenants.items():
+        _, rules = policy.agents.for_tenant(tenant)
+        if series.buckets:
+            newest = max(series.buckets)
+            out[tenant] = [b for b in series.buckets if b < newest - _history_buckets(rules)]
+    return out
