@@ -17,11 +17,9 @@ from typing import Any
 
 from gateway import openai
 from gateway.decision.sessions import text_of
+from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS
 
 KEPT_CHARS = 4096  # an opted-in prompt, argument or tool output is truncated to this
-# A tool output that starts with one of these (case-insensitive) is an error sent back to the model.
-ERROR_PREFIXES = ("error", "traceback", "exception", "failed", "fatal", "tool error", "command failed")
-_ERROR_KEYS = ("error", "is_error", "isError")
 
 
 def digest(text: str) -> str:
@@ -260,29 +258,17 @@ def tool_results(messages: Any, keep: bool = False) -> tuple[ToolResult, ...]:
         if role in ("tool", "function"):
             text = text_of(message.get("content"))
             call_id = message.get("tool_call_id") or message.get("name") or ""
-            found.append(ToolResult(str(call_id)[:128], tool_ok(message.get("content"), text), len(text),
+            found.append(ToolResult(str(call_id)[:128], tool_ok(text), len(text),
                                     digest(text), text[:KEPT_CHARS] if keep else None))
         elif role == "assistant":
             break
     return tuple(reversed(found))
 
 
-def tool_ok(content: Any, text: str) -> bool:
-    """False when a tool's output says it failed: an object with a truthy `error`/`is_error` or a `status`
-    of error/failed, or text that starts with an error word (Error, Traceback, Exception, Failed…)."""
-    parsed = content
-    stripped = text.lstrip()
-    if isinstance(content, str) and stripped[:1] == "{":
-        try:
-            parsed = json.loads(stripped)
-        except ValueError:
-            parsed = None
-    if isinstance(parsed, dict):
-        if any(parsed.get(key) for key in _ERROR_KEYS):
-            return False
-        if str(parsed.get("status", "")).lower() in ("error", "failed", "failure"):
-            return False
-    return not stripped[:32].lower().startswith(ERROR_PREFIXES)
+def tool_ok(text: str) -> bool:
+    """False when a tool's output says it failed, by the markers the routing rules' `tool_error` reads
+    (gateway/steps.py): error words (error, exception, traceback, failed, not found…) or an "error" key."""
+    return not ERROR_MARKERS.search(text[:MAX_ERROR_SCAN_CHARS])
 
 
 def echo(messages: Any) -> str:
