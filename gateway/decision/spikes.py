@@ -46,6 +46,8 @@ class Spike:
 
 def spike(spend: Mapping[int, float], since: float, now: float, rules: SpikePolicy) -> Spike | None:
     """The spike the bucketed spend shows at `now`, else None (cheap when the rate is under the floor)."""
+    if now - since < rules.min_windows * rules.window_s:
+        return None  # too young for a baseline: the common case of a session's first steps, kept cheap
     width = max(1, round(rules.window_s / BUCKET_S))
     last = bucket(now)
     per_min = 60.0 / (width * BUCKET_S)

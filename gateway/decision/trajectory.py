@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import openai
-from gateway.decision.sessions import text_of
+from gateway.decision.sessions import HEADER, text_of
+from gateway.features import Features
 from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS
 
 KEPT_CHARS = 4096  # an opted-in prompt, argument or tool output is truncated to this
@@ -166,6 +167,15 @@ class Summary:
             "steps_per_min": round(self.steps_per_min, 3), "deployments": dict(self.deployments),
             "flags": list(self.flags),
         }  # fmt: skip
+
+
+def is_step(features: Features, headers: Mapping[str, str], body: Mapping[str, Any]) -> bool:
+    """Whether a call is a step of an agent session worth recording: it names its session (`x-session-id`,
+    `user`), offers tools, sends tool results back, or continues a conversation. A one-shot completion is
+    not one (recording it would fill the record with one-step sessions)."""
+    return (features.endpoint != "embeddings"
+            and bool(features.tools_count or features.tool_result_turns or features.user_turns > 1
+                     or HEADER in headers or body.get("user")))
 
 
 SORTS = {

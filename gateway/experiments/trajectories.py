@@ -26,7 +26,7 @@ from gateway.decision import loops as found
 from gateway.decision import spikes
 from gateway.decision import trajectory as tr
 from gateway.decision.loops import AgentVerdict, Finding
-from gateway.decision.trajectory import Step, Summary
+from gateway.decision.trajectory import Step
 from gateway.features import Features
 from gateway.policy.agents import LoopPolicy, SpikePolicy
 from gateway.policy.model import Policy
@@ -103,14 +103,15 @@ class Trajectories:
         self._queue: list[PendingStep] = []
         self._task: asyncio.Task[None] | None = None
         self._children: dict[tuple[str, ...], Any] = {}
+        self._sums: dict[tuple[str, ...], float] = {}
         self._window_spend: dict[str, tuple[int, dict[str, float]]] = {}  # tenant -> (window, session -> USD)
         self._spikes_logged: dict[tuple[str, int], None] = {}
 
     # --- the request path ---
 
     @staticmethod
-    def recording(policy: Policy, features: Features) -> bool:
-        return policy.agents.record.enabled and features.endpoint != "embeddings"
+    def recording(policy: Policy, features: Features, headers: Mapping[str, str], body: Mapping[str, Any]) -> bool:
+        return policy.agents.record.enabled and tr.is_step(features, headers, body)
 
     async def verdict(self, policy: Policy, tenant: str, session_id: str, ex: Exchange) -> AgentVerdict | None:
         """What the session's active flags ask of this request; reads the store only when the tenant's
@@ -186,6 +187,7 @@ class Trajectories:
             return
         for p, step in zip(pending, steps, strict=True):
             self._judge(batch, p, step)
+        self._apply()
         policy = self._current()
         with contextlib.suppress(StoreError):
             await self.store.append(batch.appends, _old_tenant_buckets(batch, policy), policy.agents.record)
@@ -217,8 +219,8 @@ class Trajectories:
         ref = (p.tenant, p.session_id)
         rec = batch.records.setdefault(ref, SessionRecord())
         loop_rules, spike_rules = p.policy.agents.for_tenant(p.tenant)
-        first = rec.summary is None
-        total = 1 if rec.summary is None else rec.summary.steps + 1
+        first = rec.steps_total == 0
+        total = rec.steps_total + 1
         step.step = total
         step.rework = found.rework(rec.steps, step)
         findings = found.loops(rec.steps, step, loop_rules, total)
@@ -228,7 +230,7 @@ class Trajectories:
         rate = tr.steps_per_min([s.at for s in rec.steps[-60:]] + [step.at], step.at)
         old = tuple(b for b in rec.spend.buckets if b < spikes.bucket(step.at) - _history_buckets(spike_rules))
         batch.appends.append(Append(p.tenant, p.session_id, step, rate, active, cleared, raised, old))
-        previous_at = rec.steps[-1].at if rec.steps else (rec.summary.last_at if rec.summary else step.at)
+        previous_at = rec.last_at if rec.steps_total else step.at
         _advance(rec, p, step, active, cleared)
         self._count(p, step, first, max(0.0, step.at - previous_at))
         events = self._report(p, step, findings, raised, loop_rules, spike_rules)
@@ -242,7 +244,7 @@ class Trajectories:
         rec.spend.buckets[index] = rec.spend.buckets.get(index, 0.0) + step.cost_usd
         out = []
         if "session" in rules.scopes:
-            since = rec.summary.started_at if rec.summary is not None else step.at
+            since = rec.started_at if rec.steps_total else step.at
             spike = spikes.spike(rec.spend.buckets, since, step.at, rules)
             if spike is not None:
                 out.append(Finding(found.SPIKE_SESSION, spike.describe("the session")))
@@ -284,23 +286,23 @@ class Trajectories:
     def _count(self, p: PendingStep, step: Step, first: bool, grown_s: float) -> None:
         """The process metrics, per deployment and arm, and the rollout cohort's process counters."""
         labels = (step.deployment, step.arm or "none")
-        self._child("steps", *labels).inc()
+        self._add("steps", *labels)
         if first:
-            self._child("sessions", *labels).inc()
+            self._add("sessions", *labels)
         if grown_s:
-            self._child("session_seconds", *labels).inc(grown_s)
+            self._add("session_seconds", *labels, by=grown_s)
         if step.cost_usd:
-            self._child("cost", *labels).inc(step.cost_usd)
+            self._add("cost", *labels, by=step.cost_usd)
         if step.tool_calls:
-            self._child("tool_calls", *labels).inc(len(step.tool_calls))
-            self._child("steps_with_tool_calls", *labels).inc()
+            self._add("tool_calls", *labels, by=len(step.tool_calls))
+            self._add("steps_with_tool_calls", *labels)
         if step.rework:
-            self._child("repeated_tool_calls", *labels).inc()
+            self._add("repeated_tool_calls", *labels)
         errors = sum(1 for r in step.tool_results if not r.ok)
         if errors:
-            self._child("tool_results", *labels, "error").inc(errors)
+            self._add("tool_results", *labels, "error", by=errors)
         if len(step.tool_results) > errors:
-            self._child("tool_results", *labels, "ok").inc(len(step.tool_results) - errors)
+            self._add("tool_results", *labels, "ok", by=len(step.tool_results) - errors)
         c = p.cohorted
         if c is not None and self._record_process is not None:
             sample = ProcessSample(len(step.tool_results), errors, bool(step.tool_calls), step.rework)
@@ -314,7 +316,7 @@ class Trajectories:
             if finding.flag not in raised:
                 continue
             action = loop_rules.action if finding.flag.startswith("loop:") else spike_rules.action
-            self._child("flags", finding.flag, action).inc()
+            self._add("flags", finding.flag, action)
             log.warning("agent session %r (tenant %r), step %d: %s: %s; action: %s", p.session_id, p.tenant,
                         step.step, finding.flag, finding.detail, action)
             events.append((int(step.at * 1e9), t.AGENT_FLAG_EVENT,
@@ -368,6 +370,17 @@ class Trajectories:
             child = self._children[key] = getattr(self.series, series).labels(*labels)
         return child
 
+    def _add(self, series: str, *labels: str, by: float = 1.0) -> None:
+        """Count into the batch's sums; `_apply` hands them to Prometheus once per flush (its lock and
+        label lookup per increment would cost more than the rest of a step)."""
+        key = (series, *labels)
+        self._sums[key] = self._sums.get(key, 0.0) + by
+
+    def _apply(self) -> None:
+        sums, self._sums = self._sums, {}
+        for (series, *labels), total in sums.items():
+            self._child(series, *labels).inc(total)
+
 
 def _flags(
     active: Active, findings: Sequence[Finding], now: float, spike: SpikePolicy, policy: Policy
@@ -385,10 +398,10 @@ def _flags(
 
 def _advance(rec: SessionRecord, p: PendingStep, step: Step, active: Active, cleared: tuple[str, ...]) -> None:
     """The batch's view of the session after the step, for the batch's next step of the same session."""
-    if rec.summary is None:
-        rec.summary = Summary(p.session_id, p.tenant, started_at=step.at)
-    rec.summary.steps += 1
-    rec.summary.last_at = step.at
+    if not rec.steps_total:
+        rec.started_at = step.at
+    rec.steps_total += 1
+    rec.last_at = step.at
     rec.steps.append(step)
     del rec.steps[:-RECENT_STEPS]
     for flag in cleared:

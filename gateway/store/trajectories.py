@@ -49,9 +49,11 @@ class SpendSeries:
 
 @dataclass(slots=True)
 class SessionRecord:
-    """What the flusher reads of a session before adding its new steps."""
+    """What the flusher reads of a session before adding its new steps (steps_total 0: a new session)."""
 
-    summary: Summary | None = None
+    steps_total: int = 0
+    started_at: float = 0.0
+    last_at: float = 0.0
     steps: list[Step] = field(default_factory=list)
     active: Active = field(default_factory=dict)
     spend: SpendSeries = field(default_factory=SpendSeries)
@@ -169,9 +171,10 @@ class RedisTrajectoryStore(RedisStore):
         out = {}
         for i, ref in enumerate(refs):
             fields, raw = _strs(replies[2 * i]), [str(s) for s in replies[2 * i + 1]]
-            summary = summary_of(fields) if fields else None
-            steps = numbered(raw, summary.steps) if summary is not None else []
-            out[ref] = SessionRecord(summary, steps, parse_active(fields), spend_of(fields, "started"))
+            total = int(fields.get("steps", 0))
+            out[ref] = SessionRecord(total, float(fields.get("started", 0.0)), float(fields.get("last", 0.0)),
+                                     numbered(raw, total) if total else [], parse_active(fields),
+                                     spend_of(fields, "started"))
         return out
 
     async def tenant_spend(self, tenants: Sequence[str]) -> dict[str, SpendSeries]:

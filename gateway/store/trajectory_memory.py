@@ -41,9 +41,10 @@ class MemoryTrajectoryStore:
             if found is None:
                 out[ref] = SessionRecord()
                 continue
-            steps = list(found.steps)[-count:]
-            spend = SpendSeries(found.summary.started_at, dict(found.spend))
-            out[ref] = SessionRecord(_copy(found.summary), steps, dict(found.active), spend)
+            s = found.summary
+            steps = list(found.steps)[-count:] if found.steps else []
+            spend = SpendSeries(s.started_at, dict(found.spend))
+            out[ref] = SessionRecord(s.steps, s.started_at, s.last_at, steps, dict(found.active), spend)
         return out
 
     async def tenant_spend(self, tenants: Sequence[str]) -> dict[str, SpendSeries]:

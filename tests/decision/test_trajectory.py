@@ -130,3 +130,20 @@ def test_a_step_round_trips_and_shows_only_the_contract() -> None:
 
 def test_steps_per_min_counts_the_trailing_minute() -> None:
     assert steps_per_min([0.0, 30.0, 61.0, 90.0, 100.0], 100.0) == 3.0  # (40, 100]
+
+
+@pytest.mark.parametrize(("body", "headers", "recorded"), [
+    ({"messages": [{"role": "user", "content": "hi"}]}, {}, False),
+    ({"messages": [{"role": "user", "content": "hi"}]}, {"x-session-id": "run-1"}, True),
+    ({"messages": [{"role": "user", "content": "hi"}], "user": "alice"}, {}, True),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     {}, True),
+    ({"messages": MESSAGES}, {}, True),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                   {"role": "user", "content": "c"}]}, {}, True),
+])
+def test_what_is_an_agent_step(body: dict[str, Any], headers: dict[str, str], recorded: bool) -> None:
+    from gateway.decision.trajectory import is_step
+    from gateway.features import extract
+
+    assert is_step(extract({"model": "auto", **body}, "chat"), headers, body) is recorded

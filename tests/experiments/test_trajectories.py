@@ -220,3 +220,15 @@ async def _metrics(stack: Stack) -> str:
 
     async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
         return await resp.text()
+
+
+async def test_a_one_shot_call_is_no_session_but_a_conversation_is(stack: Stack) -> None:
+    first = [{"role": "user", "content": "what is a monad?"}]
+    follow_up = [*first, {"role": "assistant", "content": "A monoid in..."}, {"role": "user", "content": "simpler?"}]
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=first)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="auto", messages=follow_up)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="auto", messages=first, user="alice")  # type: ignore[arg-type]
+    await stack.gateway.app[TRAJECTORIES].flush()
+    status, listed = await admin(_base(stack), "/admin/sessions")
+    assert status == 200 and sorted(s["session_id"][:2] for s in listed["data"]) == ["p:", "u:"]
