@@ -21,14 +21,17 @@ SUBJECTS = ("the capital of France", "a binary search tree", "photosynthesis", "
 DISTINCT_PROMPTS = 10_000
 
 
-def payloads(stream: bool) -> list[bytes]:
-    """Distinct small chat requests, so no cache keyed by the prompt text flatters the figures."""
+def payloads(stream: bool, sessions: int = 0) -> list[bytes]:
+    """Distinct small chat requests, so no cache keyed by the prompt text flatters the figures; with
+    `sessions`, each names one of that many agent sessions (`user`), so the gateway records every call."""
     out = []
     for i in range(DISTINCT_PROMPTS):
         subject = SUBJECTS[i % len(SUBJECTS)]
         body = dict(BODY, messages=[{"role": "user", "content": f"Request {i}: explain {subject} briefly."}])
         if stream:
             body["stream"] = True
+        if sessions:
+            body["user"] = f"agent-{i % sessions}"
         out.append(json.dumps(body).encode())
     return out
 
@@ -119,8 +122,9 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=4.0)
     parser.add_argument("--max-requests", type=int, default=100_000)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--sessions", type=int, default=0, help="spread the calls over this many agent sessions")
     args = parser.parse_args()
-    payload = payloads(args.stream)
+    payload = payloads(args.stream, args.sessions)
     import uvloop
 
     if args.rate:
