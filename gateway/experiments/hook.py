@@ -21,10 +21,10 @@ from gateway.classifier.scoring import Classifier
 from gateway.decision.routing import Context, Decision, decide, substitute
 from gateway.decision.sessions import session_id
 from gateway.errors import GatewayError
+from gateway.experiments.agent_steps import Cohorted
 from gateway.experiments.request_log import RequestLog, loggable_headers
 from gateway.experiments.rollouts import Rollouts
 from gateway.experiments.shadows import ShadowLimits, Shadows, parse_capture
-from gateway.experiments.trajectories import Cohorted
 from gateway.features import Features
 from gateway.policy.model import Policy
 from gateway.rollout.assignment import bucket, shadow_sampled, sticky_key

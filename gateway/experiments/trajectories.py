@@ -20,67 +20,25 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.trace import SpanKind
-
 from gateway.decision import loops as found
 from gateway.decision import spikes
 from gateway.decision import trajectory as tr
 from gateway.decision.loops import AgentVerdict, Finding
 from gateway.decision.trajectory import Step
+from gateway.experiments.agent_steps import Cohorted, PendingStep, StepReport
 from gateway.features import Features
-from gateway.policy.agents import LoopPolicy, SpikePolicy
+from gateway.policy.agents import SpikePolicy
 from gateway.policy.model import Policy
-from gateway.rollout.samples import Cohort, ProcessSample
-from gateway.rollout.spec import RolloutSpec
-from gateway.rollout.state import RolloutState
 from gateway.store.contract import StoreError
 from gateway.store.trajectories import Active, Append, Ref, SessionRecord, SpendSeries, TrajectoryStore
 from gateway.telemetry import metrics as t
 from gateway.telemetry.exchange import Exchange
-from gateway.telemetry.otlp import SpanEvent
-from gateway.telemetry.spans import Spans
 
 log = logging.getLogger(__name__)
 
 FLUSH_S = 0.1
 QUEUE_MAX = 20_000  # steps waiting for the flusher; beyond this they are dropped (and counted)
 RECENT_STEPS = 50  # a session's steps the flusher reads to judge a new one (loop windows, rework)
-
-
-@dataclass(frozen=True, slots=True)
-class Cohorted:
-    """The rollout cohort a step was served in, for its process counters."""
-
-    route: str
-    spec: RolloutSpec
-    state: RolloutState
-    cohort: Cohort
-
-
-class PendingStep:
-    """A step in the making: what the request path knows, the response's tool-call bytes, the outcome."""
-
-    __slots__ = ("at", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "messages", "policy", "raw",
-                 "recorder", "session_id", "spans", "status", "tenant", "ttft_s")
-
-    def __init__(self, recorder: Trajectories, policy: Policy, tenant: str, session_id: str, messages: Any,
-                 tools: bool, cohorted: Cohorted | None) -> None:
-        self.recorder, self.policy, self.tenant, self.session_id = recorder, policy, tenant, session_id
-        self.messages, self.cohorted = messages, cohorted
-        self.at = recorder.clock()
-        self.chunks: list[bytes] | None = [] if tools else None  # a stream's tool-call events, as relayed
-        self.raw: bytes | None = None  # a non-streamed body that may hold tool calls
-        self.ex: Exchange | None = None
-        self.status, self.elapsed_s, self.end_ns = 0, 0.0, 0
-        self.ttft_s: float | None = None
-        self.spans: Spans | None = None  # the exporter the exchange would have recorded its span with
-
-    def finished(self, ex: Exchange, status: int, elapsed_s: float, ttft_s: float | None,
-                 spans: Spans | None) -> None:
-        self.ex, self.elapsed_s, self.ttft_s, self.end_ns = ex, elapsed_s, ttft_s, time.time_ns()
-        self.spans = spans
-        self.status = ex.error.status if ex.error is not None and status == 200 else status
-        self.recorder.queue(self)
 
 
 @dataclass(slots=True)
@@ -98,12 +56,10 @@ class Trajectories:
     def __init__(self, store: TrajectoryStore, current: Callable[[], Policy], metrics: t.Metrics,
                  record_process: Callable[..., None] | None = None, *,
                  keep_text: bool = False, clock: Callable[[], float] = time.time) -> None:
-        self.store, self._current, self.series = store, current, metrics.agents
-        self._record_process, self.keep_text, self.clock = record_process, keep_text, clock
+        self.store, self._current, self.keep_text, self.clock = store, current, keep_text, clock
+        self.report = StepReport(metrics, record_process)
         self._queue: list[PendingStep] = []
         self._task: asyncio.Task[None] | None = None
-        self._children: dict[tuple[str, ...], Any] = {}
-        self._sums: dict[tuple[str, ...], float] = {}
         self._window_spend: dict[str, tuple[int, dict[str, float]]] = {}  # tenant -> (window, session -> USD)
         self._spikes_logged: dict[tuple[str, int], None] = {}
 
@@ -126,7 +82,7 @@ class Trajectories:
             return None
         verdict = found.verdict(active, loop_rules, spike_rules, self.clock()) if active else None
         if verdict is not None:
-            self._child("actions", verdict.flag, verdict.action).inc()
+            self.report.child("actions", verdict.flag, verdict.action).inc()
             ex.attributes[t.AGENT_ACTION] = f"{verdict.action} ({verdict.flag})"
         return verdict
 
@@ -134,20 +90,15 @@ class Trajectories:
               features: Features, cohorted: Cohorted | None) -> None:
         """Hang the step on the exchange; it queues itself when the exchange ends."""
         ex.attributes[t.GEN_AI_CONVERSATION_ID] = session_id
-        ex.step = PendingStep(self, policy, tenant, session_id, body.get("messages"), features.tools_count > 0,
-                              cohorted)
+        ex.step = PendingStep(self.queue, self.clock(), policy, tenant, session_id, body.get("messages"),
+                              features.tools_count > 0, cohorted)
 
     def queue(self, step: PendingStep) -> None:
         if len(self._queue) >= QUEUE_MAX:
-            self._child("dropped", "queue_full").inc()
-            self._plain_span(step)
+            self.report.child("dropped", "queue_full").inc()
+            self.report.plain_span(step)
             return
         self._queue.append(step)
-
-    def _plain_span(self, p: PendingStep) -> None:
-        """The span of a step that is not recorded, as it would have been without trajectories."""
-        if p.spans is not None and p.ex is not None:
-            p.ex.record_span(p.spans, p.status, p.ttft_s, p.end_ns)
 
     # --- the flusher ---
 
@@ -181,18 +132,18 @@ class Trajectories:
                            await self.store.tenant_spend(list(dict.fromkeys(p.tenant for p in pending))))
         except StoreError as exc:
             log.warning("trajectory store unreachable: %d steps not recorded (%s)", len(pending), exc)
-            self._child("dropped", "store_unavailable").inc(len(pending))
+            self.report.child("dropped", "store_unavailable").inc(len(pending))
             for p in pending:
-                self._plain_span(p)
+                self.report.plain_span(p)
             return
         for p, step in zip(pending, steps, strict=True):
             self._judge(batch, p, step)
-        self._apply()
+        self.report.apply()
         policy = self._current()
         with contextlib.suppress(StoreError):
             await self.store.append(batch.appends, _old_tenant_buckets(batch, policy), policy.agents.record)
             return
-        self._child("dropped", "store_unavailable").inc(len(pending))
+        self.report.child("dropped", "store_unavailable").inc(len(pending))
 
     def _digest(self, p: PendingStep) -> Step:
         """The step as data: parse the response's tool calls and the tool outputs the request sent back."""
@@ -232,9 +183,9 @@ class Trajectories:
         batch.appends.append(Append(p.tenant, p.session_id, step, rate, active, cleared, raised, old))
         previous_at = rec.last_at if rec.steps_total else step.at
         _advance(rec, p, step, active, cleared)
-        self._count(p, step, first, max(0.0, step.at - previous_at))
-        events = self._report(p, step, findings, raised, loop_rules, spike_rules)
-        self._record_span(p, step, rec.steps, events)
+        self.report.count(p, step, first, max(0.0, step.at - previous_at))
+        events = self.report.flagged(p, step, findings, raised, loop_rules, spike_rules)
+        self.report.record_span(p, step, rec.steps, events)
 
     def _spikes(self, batch: _Batch, rec: SessionRecord, p: PendingStep, step: Step,
                 rules: SpikePolicy) -> list[Finding]:
@@ -283,103 +234,6 @@ class Trajectories:
         seen[1][p.session_id] = seen[1].get(p.session_id, 0.0) + step.cost_usd
         return window
 
-    def _count(self, p: PendingStep, step: Step, first: bool, grown_s: float) -> None:
-        """The process metrics, per deployment and arm, and the rollout cohort's process counters."""
-        labels = (step.deployment, step.arm or "none")
-        self._add("steps", *labels)
-        if first:
-            self._add("sessions", *labels)
-        if grown_s:
-            self._add("session_seconds", *labels, by=grown_s)
-        if step.cost_usd:
-            self._add("cost", *labels, by=step.cost_usd)
-        if step.tool_calls:
-            self._add("tool_calls", *labels, by=len(step.tool_calls))
-            self._add("steps_with_tool_calls", *labels)
-        if step.rework:
-            self._add("repeated_tool_calls", *labels)
-        errors = sum(1 for r in step.tool_results if not r.ok)
-        if errors:
-            self._add("tool_results", *labels, "error", by=errors)
-        if len(step.tool_results) > errors:
-            self._add("tool_results", *labels, "ok", by=len(step.tool_results) - errors)
-        c = p.cohorted
-        if c is not None and self._record_process is not None:
-            sample = ProcessSample(len(step.tool_results), errors, bool(step.tool_calls), step.rework)
-            self._record_process(c.route, c.spec, c.state, c.cohort, sample)
-
-    def _report(self, p: PendingStep, step: Step, findings: list[Finding], raised: tuple[str, ...],
-                loop_rules: LoopPolicy, spike_rules: SpikePolicy) -> list[SpanEvent]:
-        """A newly raised flag: counted, logged, and an event on the step's span."""
-        events: list[SpanEvent] = []
-        for finding in findings:
-            if finding.flag not in raised:
-                continue
-            action = loop_rules.action if finding.flag.startswith("loop:") else spike_rules.action
-            self._add("flags", finding.flag, action)
-            log.warning("agent session %r (tenant %r), step %d: %s: %s; action: %s", p.session_id, p.tenant,
-                        step.step, finding.flag, finding.detail, action)
-            events.append((int(step.at * 1e9), t.AGENT_FLAG_EVENT,
-                           {"gateway.agent.flag": finding.flag, "gateway.agent.action": action,
-                            "gateway.agent.detail": finding.detail}))
-        return events
-
-    def _record_span(self, p: PendingStep, step: Step, earlier: Sequence[Step], events: Sequence[SpanEvent]) -> None:
-        ex, spans = p.ex, p.spans
-        if spans is None or ex is None:
-            return
-        attrs = ex.attributes
-        attrs[t.AGENT_STEP] = step.step
-        if step.tool_calls:
-            attrs[t.AGENT_TOOL_CALLS] = tuple(c.name for c in step.tool_calls)
-        if step.flags:
-            attrs[t.AGENT_FLAGS] = step.flags
-        ex.record_span(spans, p.status, p.ttft_s, p.end_ns, events)
-        if ex.trace is not None and step.tool_results:
-            self._tool_spans(spans, ex, p, step, earlier)
-
-    def _tool_spans(self, spans: Spans, ex: Exchange, p: PendingStep, step: Step, earlier: Sequence[Step]) -> None:
-        """One `execute_tool` span per tool output this step sent back: from the end of the step whose
-        response asked for the call to the start of this one (the tool ran, as the gateway saw it, between)."""
-        assert ex.trace is not None
-        asked = {c.call_id: (s, c) for s in earlier[:-1] for c in s.tool_calls if c.call_id}
-        for result in step.tool_results:
-            hit = asked.get(result.tool_call_id)
-            if hit is None:
-                continue
-            source, call = hit
-            attrs: dict[str, Any] = {
-                t.GEN_AI_OPERATION: "execute_tool", t.GEN_AI_TOOL_NAME: call.name,
-                t.GEN_AI_TOOL_CALL_ID: result.tool_call_id, t.GEN_AI_TOOL_TYPE: "function",
-                t.GEN_AI_CONVERSATION_ID: p.session_id, t.TOOL_ARGS_DIGEST: call.args_digest,
-            }  # fmt: skip
-            if call.arguments is not None:
-                attrs[t.GEN_AI_TOOL_CALL_ARGUMENTS] = call.arguments
-            if result.content is not None:
-                attrs[t.GEN_AI_TOOL_CALL_RESULT] = result.content
-            if not result.ok:
-                attrs[t.ERROR_TYPE] = "tool_error"
-            start_ns = int((source.at + source.latency_ms / 1000) * 1e9)
-            spans.record(f"execute_tool {call.name}", start_ns, attrs, None if result.ok else "tool error",
-                         spans.child(ex.trace), end_ns=max(start_ns, ex.started_ns), kind=SpanKind.INTERNAL)
-
-    def _child(self, series: str, *labels: str) -> Any:
-        key = (series, *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = getattr(self.series, series).labels(*labels)
-        return child
-
-    def _add(self, series: str, *labels: str, by: float = 1.0) -> None:
-        """Count into the batch's sums; `_apply` hands them to Prometheus once per flush (its lock and
-        label lookup per increment would cost more than the rest of a step)."""
-        key = (series, *labels)
-        self._sums[key] = self._sums.get(key, 0.0) + by
-
-    def _apply(self) -> None:
-        sums, self._sums = self._sums, {}
-        for (series, *labels), total in sums.items():
-            self._child(series, *labels).inc(total)
 
 
 def _flags(
