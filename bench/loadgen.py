@@ -21,27 +21,31 @@ SUBJECTS = ("the capital of France", "a binary search tree", "photosynthesis", "
 DISTINCT_PROMPTS = 10_000
 
 
-def payloads(stream: bool, sessions: int = 0) -> list[bytes]:
-    """Distinct small chat requests, so no cache keyed by the prompt text flatters the figures; with
-    `sessions`, each names one of that many agent sessions (`user`), so the gateway records every call."""
+def payloads(stream: bool) -> list[bytes]:
+    """Distinct small chat requests, so no cache keyed by the prompt text flatters the figures."""
     out = []
     for i in range(DISTINCT_PROMPTS):
         subject = SUBJECTS[i % len(SUBJECTS)]
         body = dict(BODY, messages=[{"role": "user", "content": f"Request {i}: explain {subject} briefly."}])
         if stream:
             body["stream"] = True
-        if sessions:
-            body["user"] = f"agent-{i % sessions}"
         out.append(json.dumps(body).encode())
     return out
 
 
+SESSIONS = [0]  # --sessions N: each call names one of N agent sessions (x-session-id), so the gateway records it
+
+
 async def one(session: aiohttp.ClientSession, url: str, payload: bytes | list[bytes]) -> tuple[float, float, bool]:
     """(latency_s, ttfb_s, ok) of one request, reading the whole body."""
+    headers = {"content-type": "application/json"}
     if isinstance(payload, list):
-        payload = payload[next(_TURN) % len(payload)]
+        turn = next(_TURN)
+        payload = payload[turn % len(payload)]
+        if SESSIONS[0]:
+            headers["x-session-id"] = f"agent-{turn % SESSIONS[0]}"
     start = time.perf_counter()
-    async with session.post(url, data=payload, headers={"content-type": "application/json"}) as resp:
+    async with session.post(url, data=payload, headers=headers) as resp:
         first = None
         async for _ in resp.content.iter_any():
             if first is None:
@@ -124,7 +128,8 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--sessions", type=int, default=0, help="spread the calls over this many agent sessions")
     args = parser.parse_args()
-    payload = payloads(args.stream, args.sessions)
+    payload = payloads(args.stream)
+    SESSIONS[0] = args.sessions
     import uvloop
 
     if args.rate:

@@ -236,7 +236,7 @@ def main() -> None:
                         help="run the gateway without exporting spans (metrics only)")
     parser.add_argument("--only", help="run only the scenarios whose name has these words, e.g. c=32 or 'open loop'")
     parser.add_argument("--sessions", type=int, default=0,
-                        help="calls name one of this many agent sessions (`user`): every call is a recorded step")
+                        help="calls name one of this many agent sessions (x-session-id): each is a recorded step")
     args = parser.parse_args()
     report(*run(args.rounds, args.duration_s, args.workers, args.policy, args.without_classifier, args.only,
                 not args.no_traces, args.sessions))

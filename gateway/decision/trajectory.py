@@ -169,13 +169,13 @@ class Summary:
         }  # fmt: skip
 
 
-def is_step(features: Features, headers: Mapping[str, str], body: Mapping[str, Any]) -> bool:
-    """Whether a call is a step of an agent session worth recording: it names its session (`x-session-id`,
-    `user`), offers tools, sends tool results back, or continues a conversation. A one-shot completion is
-    not one (recording it would fill the record with one-step sessions)."""
+def is_step(features: Features, headers: Mapping[str, str]) -> bool:
+    """Whether a call is a step of an agent session worth recording: it names its session (`x-session-id`),
+    offers tools, sends tool results back, or continues a conversation. A one-shot completion is not one
+    (recording it would fill the record with one-step sessions)."""
     return (features.endpoint != "embeddings"
             and bool(features.tools_count or features.tool_result_turns or features.user_turns > 1
-                     or HEADER in headers or body.get("user")))
+                     or HEADER in headers))
 
 
 SORTS = {

@@ -66,8 +66,8 @@ class Trajectories:
     # --- the request path ---
 
     @staticmethod
-    def recording(policy: Policy, features: Features, headers: Mapping[str, str], body: Mapping[str, Any]) -> bool:
-        return policy.agents.record.enabled and tr.is_step(features, headers, body)
+    def recording(policy: Policy, features: Features, headers: Mapping[str, str]) -> bool:
+        return policy.agents.record.enabled and tr.is_step(features, headers)
 
     async def verdict(self, policy: Policy, tenant: str, session_id: str, ex: Exchange) -> AgentVerdict | None:
         """What the session's active flags ask of this request; reads the store only when the tenant's

@@ -63,7 +63,7 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     features = extract(body, endpoint)
     tenant = request.get(TENANT)
     trajectories = app[TRAJECTORIES]
-    sid = session_id(request.headers, body) if trajectories.recording(policy, features, request.headers, body) else None
+    sid = session_id(request.headers, body) if trajectories.recording(policy, features, request.headers) else None
     agent = None
     if sid is not None and policy.agents.enforcing:  # a loop or spike may escalate, steer or stop this step
         agent = await trajectories.verdict(policy, tenant or ANONYMOUS, sid, ex)

@@ -135,7 +135,7 @@ def test_steps_per_min_counts_the_trailing_minute() -> None:
 @pytest.mark.parametrize(("body", "headers", "recorded"), [
     ({"messages": [{"role": "user", "content": "hi"}]}, {}, False),
     ({"messages": [{"role": "user", "content": "hi"}]}, {"x-session-id": "run-1"}, True),
-    ({"messages": [{"role": "user", "content": "hi"}], "user": "alice"}, {}, True),
+    ({"messages": [{"role": "user", "content": "hi"}], "user": "alice"}, {}, False),  # `user` names no session
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
      {}, True),
     ({"messages": MESSAGES}, {}, True),
@@ -146,4 +146,4 @@ def test_what_is_an_agent_step(body: dict[str, Any], headers: dict[str, str], re
     from gateway.decision.trajectory import is_step
     from gateway.features import extract
 
-    assert is_step(extract({"model": "auto", **body}, "chat"), headers, body) is recorded
+    assert is_step(extract({"model": "auto", **body}, "chat"), headers) is recorded

@@ -228,7 +228,8 @@ async def test_a_one_shot_call_is_no_session_but_a_conversation_is(stack: Stack)
     async with stack.client() as client:
         await client.chat.completions.create(model="auto", messages=first)  # type: ignore[arg-type]
         await client.chat.completions.create(model="auto", messages=follow_up)  # type: ignore[arg-type]
-        await client.chat.completions.create(model="auto", messages=first, user="alice")  # type: ignore[arg-type]
+        await client.chat.completions.create(model="auto", messages=first,  # type: ignore[arg-type]
+                                             extra_headers={"x-session-id": "named"})
     await stack.gateway.app[TRAJECTORIES].flush()
     status, listed = await admin(_base(stack), "/admin/sessions")
-    assert status == 200 and sorted(s["session_id"][:2] for s in listed["data"]) == ["p:", "u:"]
+    assert status == 200 and sorted(s["session_id"][:2] for s in listed["data"]) == ["h:", "p:"]
