@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 FLUSH_S = 0.1
 QUEUE_MAX = 20_000  # steps waiting for the flusher; beyond this they are dropped (and counted)
 RECENT_STEPS = 50  # a session's steps the flusher reads to judge a new one (loop windows, rework)
+SLICE = 64  # steps digested or judged between two yields to the event loop
 
 
 @dataclass(slots=True)
@@ -125,7 +126,11 @@ class Trajectories:
         pending, self._queue = self._queue, []
         if not pending:
             return
-        steps = [self._digest(p) for p in pending]
+        steps = []
+        for i, p in enumerate(pending):
+            steps.append(self._digest(p))
+            if i % SLICE == SLICE - 1:
+                await asyncio.sleep(0)  # a big batch is milliseconds of work: let requests run in between
         refs = list(dict.fromkeys((p.tenant, p.session_id) for p in pending))
         try:
             batch = _Batch(await self.store.read(refs, RECENT_STEPS),
@@ -136,8 +141,10 @@ class Trajectories:
             for p in pending:
                 self.report.plain_span(p)
             return
-        for p, step in zip(pending, steps, strict=True):
+        for i, (p, step) in enumerate(zip(pending, steps, strict=True)):
             self._judge(batch, p, step)
+            if i % SLICE == SLICE - 1:
+                await asyncio.sleep(0)
         self.report.apply()
         policy = self._current()
         with contextlib.suppress(StoreError):
@@ -233,7 +240,6 @@ class Trajectories:
                 self._window_spend[p.tenant] = seen
         seen[1][p.session_id] = seen[1].get(p.session_id, 0.0) + step.cost_usd
         return window
-
 
 
 def _flags(
