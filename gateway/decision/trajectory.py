@@ -191,9 +191,14 @@ def ranked(summaries: Iterable[Summary], sort: str, limit: int) -> list[Summary]
     return sorted(summaries, key=SORTS[sort], reverse=True)[:limit]
 
 
-def steps_per_min(times: Sequence[float], now: float, window_s: float = 60.0) -> float:
-    """Steps in the trailing window, per minute."""
-    return sum(1 for at in times if now - window_s < at <= now) * 60.0 / window_s
+def steps_per_min(earlier: Sequence[Step], now: float) -> float:
+    """The step rate over the trailing minute, a step at `now` included (earlier steps oldest first)."""
+    count = 1
+    for step in reversed(earlier):
+        if step.at <= now - 60.0:
+            break
+        count += 1
+    return float(count)
 
 
 # --- reading a step out of the request and the response ---

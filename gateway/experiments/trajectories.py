@@ -185,8 +185,8 @@ class Trajectories:
         findings += self._spikes(batch, rec, p, step, spike_rules)
         step.flags = tuple(f.flag for f in findings)
         active, cleared, raised = _flags(rec.active, findings, step.at, spike_rules, p.policy)
-        rate = tr.steps_per_min([s.at for s in rec.steps[-60:]] + [step.at], step.at)
-        old = tuple(b for b in rec.spend.buckets if b < spikes.bucket(step.at) - _history_buckets(spike_rules))
+        rate = tr.steps_per_min(rec.steps, step.at)
+        old = _old_buckets(rec.spend.buckets, step.at, spike_rules)
         batch.appends.append(Append(p.tenant, p.session_id, step, rate, active, cleared, raised, old))
         previous_at = rec.last_at if rec.steps_total else step.at
         _advance(rec, p, step, active, cleared)
@@ -267,6 +267,15 @@ def _advance(rec: SessionRecord, p: PendingStep, step: Step, active: Active, cle
     for flag in cleared:
         rec.active.pop(flag, None)
     rec.active.update(active)
+
+
+def _old_buckets(buckets: dict[int, float], now: float, rules: SpikePolicy) -> tuple[int, ...]:
+    """Spend buckets older than any window the spike check reads (cheap: there are few until there are many)."""
+    keep = _history_buckets(rules)
+    if len(buckets) <= keep:
+        return ()
+    cutoff = spikes.bucket(now) - keep
+    return tuple(b for b in buckets if b < cutoff)
 
 
 def _history_buckets(rules: SpikePolicy) -> int:

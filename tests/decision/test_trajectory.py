@@ -129,7 +129,8 @@ def test_a_step_round_trips_and_shows_only_the_contract() -> None:
 
 
 def test_steps_per_min_counts_the_trailing_minute() -> None:
-    assert steps_per_min([0.0, 30.0, 61.0, 90.0, 100.0], 100.0) == 3.0  # (40, 100]
+    earlier = [Step(at, "hq", "r", None, 0, 0, 0.0, 0.0, None, 200) for at in (0.0, 30.0, 61.0, 90.0)]
+    assert steps_per_min(earlier, 100.0) == 3.0  # 61, 90 and the step at 100: (40, 100]
 
 
 @pytest.mark.parametrize(("body", "headers", "recorded"), [
