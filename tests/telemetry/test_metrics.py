@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-from gateway.server.resources import TELEMETRY, TRAJECTORIES
+from gateway.server.resources import TELEMETRY
 from gateway.settings import Settings
 from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
 from gateway.telemetry.otlp import otlp_json
@@ -38,16 +38,6 @@ def _capture(stack: Stack) -> InMemorySpanExporter:
     return exporter
 
 
-async def _finished(exporter: InMemorySpanExporter, count: int = 1) -> tuple[Any, ...]:
-    """The finished spans once there are `count`: an agent step's span is recorded with its step, by the
-    trajectory flusher, a moment after the response."""
-    for _ in range(200):
-        if len(exporter.get_finished_spans()) >= count:
-            break
-        await asyncio.sleep(0.02)
-    return tuple(exporter.get_finished_spans())
-
-
 async def test_span_carries_decision_models_tokens_and_ttft(stack: Stack) -> None:
     exporter = _capture(stack)
     async with stack.client() as client:
@@ -56,7 +46,7 @@ async def test_span_carries_decision_models_tokens_and_ttft(stack: Stack) -> Non
             extra_headers={"x-priority": "high"})
         async for _ in stream:
             pass
-    (span,) = await _finished(exporter)
+    (span,) = exporter.get_finished_spans()
     attrs = dict(span.attributes or {})
     assert span.name == "gateway chat"
     assert attrs["gen_ai.operation.name"] == "chat"
@@ -101,7 +91,7 @@ async def test_the_callers_trace_continues_through_the_gateway_to_the_deployment
     async with stack.client() as client:
         await client.chat.completions.create(model="auto", messages=HELLO, extra_headers={
             "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "vendor=x"})
-    (span,) = await _finished(exporter)
+    (span,) = exporter.get_finished_spans()
     assert f"{span.context.trace_id:032x}" == CALLER_TRACE
     assert span.parent is not None and f"{span.parent.span_id:016x}" == CALLER_SPAN
     # the deployment's work is a child of the gateway's span, in the caller's trace
@@ -116,7 +106,7 @@ async def test_without_a_valid_traceparent_the_gateway_starts_the_trace(stack: S
     async with stack.client() as client:
         await client.chat.completions.create(
             model="auto", messages=HELLO, extra_headers={"traceparent": header} if header else None)
-    (span,) = await _finished(exporter)
+    (span,) = exporter.get_finished_spans()
     assert span.parent is None and f"{span.context.trace_id:032x}" != CALLER_TRACE
     assert _traceparent_sent(stack) == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
 
@@ -255,7 +245,6 @@ async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: 
                 "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"} if i == 0 else None)
     spans = stack.gateway.app[TELEMETRY].spans
     assert isinstance(spans.processor, LoopExport)
-    await stack.gateway.app[TRAJECTORIES].flush()  # each agent step's span is recorded with its step
     await spans.processor.flush()  # the batch is not full yet: send it now rather than after the delay
     async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
         exposition = await resp.text()
