@@ -33,12 +33,19 @@ def payloads(stream: bool) -> list[bytes]:
     return out
 
 
+SESSIONS = [0]  # --sessions N: each call names one of N agent sessions (x-session-id), so the gateway records it
+
+
 async def one(session: aiohttp.ClientSession, url: str, payload: bytes | list[bytes]) -> tuple[float, float, bool]:
     """(latency_s, ttfb_s, ok) of one request, reading the whole body."""
+    headers = {"content-type": "application/json"}
     if isinstance(payload, list):
-        payload = payload[next(_TURN) % len(payload)]
+        turn = next(_TURN)
+        payload = payload[turn % len(payload)]
+        if SESSIONS[0]:
+            headers["x-session-id"] = f"agent-{turn % SESSIONS[0]}"
     start = time.perf_counter()
-    async with session.post(url, data=payload, headers={"content-type": "application/json"}) as resp:
+    async with session.post(url, data=payload, headers=headers) as resp:
         first = None
         async for _ in resp.content.iter_any():
             if first is None:
@@ -119,8 +126,10 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=4.0)
     parser.add_argument("--max-requests", type=int, default=100_000)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--sessions", type=int, default=0, help="spread the calls over this many agent sessions")
     args = parser.parse_args()
     payload = payloads(args.stream)
+    SESSIONS[0] = args.sessions
     import uvloop
 
     if args.rate:

@@ -1,6 +1,6 @@
 """Benchmark: direct to a fake upstream vs a minimal aiohttp proxy vs the gateway, interleaved, one run.
 
-    .venv/bin/python -m bench.proxy_bench [--rounds 3] [--duration-s 3] [--workers 1]
+    .venv/bin/python -m bench.proxy_bench [--rounds 3] [--duration-s 3] [--workers 1] [--sessions N]
 
 Prints req/s and latency per scenario and target (median over rounds) and the ratios the core issue
 asks for. Every process is started here on free loopback ports and stopped by PID at the end.
@@ -117,7 +117,7 @@ Results = dict[str, dict[str, list[dict[str, float]]]]
 
 def run(
     rounds: int, duration_s: float, workers: int, policy: Path, without_classifier: bool, only: str | None,
-    traces: bool,
+    traces: bool, sessions: int = 0,
 ) -> tuple[Results, int]:
     """Figures per scenario and target, and how many spans the gateways exported meanwhile."""
     procs: list[subprocess.Popen[bytes]] = []
@@ -143,7 +143,8 @@ def run(
                 wait_ready(port)
             time.sleep(1.0)  # first health probes
             urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions" for name, port in ports.items()}
-            scenarios = [(name, extra) for name, extra in SCENARIOS if only is None or f" {only} " in f" {name} "]
+            scenarios = [(name, [*extra, *(["--sessions", str(sessions)] if sessions else [])])
+                         for name, extra in SCENARIOS if only is None or f" {only} " in f" {name} "]
             results: Results = {s: {t: [] for t in ports} for s, _ in scenarios}
             for r in range(rounds):
                 for scenario, extra in scenarios:
@@ -234,9 +235,11 @@ def main() -> None:
     parser.add_argument("--no-traces", action="store_true",
                         help="run the gateway without exporting spans (metrics only)")
     parser.add_argument("--only", help="run only the scenarios whose name has these words, e.g. c=32 or 'open loop'")
+    parser.add_argument("--sessions", type=int, default=0,
+                        help="calls name one of this many agent sessions (x-session-id): each is a recorded step")
     args = parser.parse_args()
     report(*run(args.rounds, args.duration_s, args.workers, args.policy, args.without_classifier, args.only,
-                not args.no_traces))
+                not args.no_traces, args.sessions))
 
 
 if __name__ == "__main__":

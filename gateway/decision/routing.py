@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.decision.admission import Admission, SessionState
+from gateway.decision.loops import AgentVerdict
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
 from gateway.policy.model import TRAJECTORY_CONDITIONS, ComplexityShare, Policy, Range, When
@@ -43,6 +44,7 @@ class Context:
     # missing here uses its cold-start threshold from the policy's calibration
     share_thresholds: Mapping[float, float] = field(default_factory=dict)
     step: AgentStep | None = None  # where the call stands in its agent loop, when a rule reads it
+    agent: AgentVerdict | None = None  # what the session's active loop or spike flags ask for; None: nothing
 
 
 @dataclass(slots=True)
@@ -71,6 +73,8 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
     verdict = ctx.admission
     if verdict is not None and verdict.refused:
         raise _refusal(verdict, ctx.tenant)
+    if ctx.agent is not None and ctx.agent.action == "stop":
+        raise _stopped(ctx.agent)
     if features.endpoint == "embeddings":
         return _embeddings(policy, model.pin, ctx)
     trail: list[str] = []
@@ -80,6 +84,8 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
         trail.append(reason)
     if verdict is not None:
         chosen = _steer(verdict, chosen, trail, by_trajectory)
+    if ctx.agent is not None:
+        chosen = _redirect(policy, ctx.agent, chosen, trail)
     attempts = _usable(policy, chosen, features, ctx, trail)
     if explain:
         trail.append(f"attempt order: {', '.join(attempts)}")
@@ -106,6 +112,24 @@ def _refusal(verdict: Admission, tenant: str | None) -> RateLimited:
         retry_after_s=verdict.retry_after_s,
         code="rate_limit_exceeded" if verdict.limit in RATE_LIMITS else "budget_exceeded",
     )
+
+
+def _stopped(agent: AgentVerdict) -> RateLimited:
+    return RateLimited(
+        f"This agent session is stopped: {agent.flag} ({agent.detail}); the policy's agents section stops it",
+        retry_after_s=agent.retry_after_s,
+        code=agent.code,
+    )
+
+
+def _redirect(policy: Policy, agent: AgentVerdict, chosen: str, trail: list[str]) -> str:
+    """A loop escalates (to hq), a cost spike steers (to fast): after the rules, load and budget steer."""
+    target = agent.target
+    trail.append(f"agent: {agent.flag} ({agent.detail}): {agent.action}")
+    if target is None or target == chosen or target not in policy.deployments:
+        return chosen
+    trail.append(f"agent: use {target} instead of {chosen}")
+    return target
 
 
 def _steer(verdict: Admission, chosen: str, trail: list[str], by_trajectory: bool) -> str:

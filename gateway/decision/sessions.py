@@ -66,10 +66,10 @@ def _turn(message: Mapping[str, Any] | None) -> str:
         for call in (calls if isinstance(calls, list) else ())
         if isinstance(call, Mapping) and isinstance(fn := call.get("function"), Mapping)
     ]
-    return "\n".join([_text(message.get("content")), *made])
+    return "\n".join([text_of(message.get("content")), *made])
 
 
-def _text(content: Any) -> str:
+def text_of(content: Any) -> str:
     """Content as plain text, whether a string or a list of parts ({"type": "text", "text": ...})."""
     if isinstance(content, str):
         return content

@@ -21,6 +21,7 @@ from gateway.classifier.scoring import Classifier
 from gateway.decision.routing import Context, Decision, decide, substitute
 from gateway.decision.sessions import session_id
 from gateway.errors import GatewayError
+from gateway.experiments.agent_steps import Cohorted
 from gateway.experiments.request_log import RequestLog, loggable_headers
 from gateway.experiments.rollouts import Rollouts
 from gateway.experiments.shadows import ShadowLimits, Shadows, parse_capture
@@ -335,6 +336,12 @@ class Enrollment:
 
     def measure(self, spec: RolloutSpec, state: RolloutState, cohort: Cohort) -> None:
         self.spec, self.state, self.cohort = spec, state, cohort
+
+    def cohorted(self) -> Cohorted | None:
+        """The measured cohort, for the agent step's process counters; None outside one."""
+        if self.spec is None or self.state is None or self.cohort is None:
+            return None
+        return Cohorted(self.spec.route or "", self.spec, self.state, self.cohort)
 
     def primary(self) -> asyncio.Future[Capture]:
         """The primary's capture, resolved when the client's response ends; the relay starts copying bytes."""

@@ -22,7 +22,16 @@ from dataclasses import dataclass, replace
 
 from gateway.policy.model import Policy
 from gateway.rollout.assignment import Assignment, assign_session
-from gateway.rollout.samples import Cohort, Observations, PairOutcome, Sample, counter_fields, pair_field
+from gateway.rollout.samples import (
+    Cohort,
+    Observations,
+    PairOutcome,
+    ProcessSample,
+    Sample,
+    counter_fields,
+    pair_field,
+    process_fields,
+)
 from gateway.rollout.spec import RolloutSpec, ShadowSpec
 from gateway.rollout.state import Arm, InvalidTransition, RolloutState, StaleGeneration
 from gateway.rollout.stats import breaches_slo
@@ -134,6 +143,18 @@ class Rollouts:
         pending = self._pending.setdefault(key, Counter())
         for name in counter_fields(cohort, sample):
             pending[name] += 1
+        self._specs[key] = (route, spec)
+
+    def record_process(
+        self, route: str, spec: RolloutSpec, state: RolloutState, cohort: Cohort, sample: ProcessSample
+    ) -> None:
+        """Count one agent step's process facts into its cohort (from the trajectory flusher)."""
+        fields = process_fields(cohort, sample)
+        if not fields:
+            return
+        key = self.samples_key(state)
+        pending = self._pending.setdefault(key, Counter())
+        pending.update(fields)
         self._specs[key] = (route, spec)
 
     def record_outcome(self, samples_key: str, outcome: PairOutcome) -> None:

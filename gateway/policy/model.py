@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from gateway.frozen import Frozen
+from gateway.policy.agents import AgentsPolicy
 from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy
 from gateway.rollout import spec as rollout_spec
 from gateway.rollout.labels import LabelsSpec
@@ -289,6 +290,7 @@ class Policy(Frozen):
     sessions: SessionPolicy = SessionPolicy()
     store: StorePolicy = StorePolicy()
     auth: AuthPolicy = AuthPolicy()
+    agents: AgentsPolicy = AgentsPolicy()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Policy:
@@ -344,6 +346,9 @@ class Policy(Frozen):
         target = self.sessions.tight_loop_route_to
         if self.sessions.tight_loop_steps_per_min is not None and target not in known:
             yield f"sessions.tight_loop_route_to: unknown deployment {target!r} (known: {known})"
+        for field, name in self.agents.targets():
+            if name not in known:
+                yield f"{field}: unknown deployment {name!r} (known: {known})"
 
     def _experiment_problems(self) -> Iterator[str]:
         known = self.deployments

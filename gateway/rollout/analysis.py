@@ -18,7 +18,7 @@ from gateway.rollout.stats import (
     win_share,
 )
 
-GUARD_NAMES = ("error_rate", "ttft_p95", "tpot_p95", "shadow_quality")
+GUARD_NAMES = ("error_rate", "ttft_p95", "tpot_p95", "shadow_quality", "tool_error_rate", "rework_rate")
 
 
 def hard_breach(guards: Guards, candidate: CohortCounts, alpha: float) -> Verdict | None:
@@ -116,6 +116,13 @@ def evaluate(
         verdicts.append(_latency("ttft_p95", guards.ttft_p95, strata, level, final))
     if guards.tpot_p95 is not None and "tpot_p95" in wanted:
         verdicts.append(_latency("tpot_p95", guards.tpot_p95, [(cand.tpot, ctrl.tpot)], level, final))
+    if guards.tool_error_rate is not None and "tool_error_rate" in wanted:
+        counts = (cand.tool_errors, cand.tool_results, ctrl.tool_errors, ctrl.tool_results)
+        margin = guards.tool_error_rate.margin
+        verdicts.append(non_inferiority("tool_error_rate", *counts, margin, level, allow_pass=final))
+    if guards.rework_rate is not None and "rework_rate" in wanted:
+        counts = (cand.rework, cand.tool_steps, ctrl.rework, ctrl.tool_steps)
+        verdicts.append(non_inferiority("rework_rate", *counts, guards.rework_rate.margin, level, allow_pass=final))
     if guards.shadow_quality is not None and "shadow_quality" in wanted and shadow_active:
         wins, losses = obs.pairs[PairOutcome.WIN], obs.pairs[PairOutcome.LOSS]
         at = level if final else spent(level, wins + losses)

@@ -70,6 +70,28 @@ def counter_fields(cohort: Cohort, sample: Sample) -> list[str]:
     return fields
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One agent step's process facts, counted once the trajectory flusher has digested the step."""
+
+    tool_results: int = 0  # tool outputs the agent sent back with this step
+    tool_errors: int = 0  # of which were errors
+    tool_step: bool = False  # the model asked for a tool call
+    rework: bool = False  # it asked for a tool call the session had already made
+
+
+PROCESS_FIELDS = ("tool_results", "tool_errors", "tool_steps", "rework")
+
+
+def process_fields(cohort: Cohort, sample: ProcessSample) -> dict[str, int]:
+    """The counters one step adds to (tool-call error rate: tool_errors / tool_results; rework rate:
+    rework / tool_steps)."""
+    c = cohort.value
+    counts = {f"{c}.tool_results": sample.tool_results, f"{c}.tool_errors": sample.tool_errors,
+              f"{c}.tool_steps": int(sample.tool_step), f"{c}.rework": int(sample.rework)}
+    return {name: n for name, n in counts.items() if n}
+
+
 def pair_field(outcome: PairOutcome) -> str:
     return f"shadow.{outcome.value}"
 
@@ -80,6 +102,10 @@ class CohortCounts:
     errors: int = 0
     ttft: dict[int, Counter[int]] = field(default_factory=dict)  # prompt stratum -> latency bin -> count
     tpot: Counter[int] = field(default_factory=Counter)
+    tool_results: int = 0
+    tool_errors: int = 0
+    tool_steps: int = 0
+    rework: int = 0
 
 
 @dataclass(slots=True)
@@ -106,6 +132,8 @@ class Observations:
             counts.requests += count
         elif parts[1:] == ["errors"]:
             counts.errors += count
+        elif len(parts) == 2 and parts[1] in PROCESS_FIELDS:
+            setattr(counts, parts[1], getattr(counts, parts[1]) + count)
         elif parts[1] == "ttft" and len(parts) == 4:
             counts.ttft.setdefault(int(parts[2]), Counter())[int(parts[3])] += count
         elif parts[1] == "tpot" and len(parts) == 3:

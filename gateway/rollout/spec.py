@@ -50,7 +50,8 @@ class Pause(_Model):
 class Analysis(_Model):
     """An explicit end-of-step check: hold until every listed guard passes (or one fails)."""
 
-    guards: tuple[Literal["error_rate", "ttft_p95", "tpot_p95", "shadow_quality"], ...] | None = None
+    guards: tuple[Literal["error_rate", "ttft_p95", "tpot_p95", "shadow_quality", "tool_error_rate",
+                          "rework_rate"], ...] | None = None
     min_samples: int = Field(default=0, ge=0, description="candidate requests needed before the check")
     alpha: float | None = Field(default=None, gt=0, lt=0.5)
 
@@ -113,11 +114,19 @@ class ShadowQualityGuard(_Model):
     )
 
 
+class ProcessGuard(_Model):
+    """An agent process rate (higher is worse) of the candidate's sessions against control's."""
+
+    margin: float = Field(default=0.05, ge=0, lt=1, description="allowed excess over control's rate")
+
+
 class Guards(_Model):
     error_rate: ErrorRateGuard | None = ErrorRateGuard()
     ttft_p95: LatencyGuard | None = None
     tpot_p95: LatencyGuard | None = None
     shadow_quality: ShadowQualityGuard | None = None
+    tool_error_rate: ProcessGuard | None = None  # tool outputs sent back as errors / all tool outputs
+    rework_rate: ProcessGuard | None = None  # steps repeating a tool call of their session / tool-call steps
 
 
 class RolloutSpec(_Model):

@@ -19,10 +19,11 @@ from gateway.experiments.request_log import RequestLog
 from gateway.experiments.rollouts import Rollouts
 from gateway.experiments.shadows import Shadows
 from gateway.experiments.shares import keep_in_step
+from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.file import PolicyFile
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin, proxy, rollout_admin
+from gateway.server import admin, proxy, rollout_admin, session_admin
 from gateway.server.middleware import exchange_middleware
 from gateway.server.resources import (
     ACCOUNTING,
@@ -36,6 +37,7 @@ from gateway.server.resources import (
     SHARES,
     STORES,
     TELEMETRY,
+    TRAJECTORIES,
     Recent,
     Telemetry,
 )
@@ -55,7 +57,7 @@ def create_app(settings: Settings) -> web.Application:
     app[RECENT] = Recent(settings.explain_memory)
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _shares, _accounting,
-                            _experiments, _long_lived_heap])
+                            _experiments, _trajectories, _long_lived_heap])
     app.router.add_post("/v1/chat/completions", proxy.chat_completions)
     app.router.add_post("/v1/completions", proxy.completions)
     app.router.add_post("/v1/embeddings", proxy.embeddings)
@@ -65,6 +67,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", admin.metrics)
     admin.add_routes(app.router)
     rollout_admin.add_routes(app.router)
+    session_admin.add_routes(app.router)
     return app
 
 
@@ -203,6 +206,16 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
     await rollouts.close()
     if request_log is not None:
         await request_log.close()
+
+
+async def _trajectories(app: web.Application) -> AsyncIterator[None]:
+    settings, telemetry, policy_file = app[SETTINGS], app[TELEMETRY], app[POLICY]
+    trajectories = Trajectories(app[STORES].trajectories, lambda: policy_file.current, telemetry.metrics,
+                                app[EXPERIMENTS].rollouts.record_process, keep_text=bool(settings.request_log_prompts))
+    app[TRAJECTORIES] = trajectories
+    trajectories.start()
+    yield
+    await trajectories.close()  # before the rollouts flush (their process counters) and the spans close
 
 
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young-generation collections (CPython's default: 700)

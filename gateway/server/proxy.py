@@ -10,8 +10,10 @@ from aiohttp import web
 
 from gateway import openai
 from gateway.classifier.scoring import Classifier
-from gateway.decision.admission import Admission, SessionState, steered
+from gateway.decision.admission import ANONYMOUS, Admission, SessionState, steered
+from gateway.decision.loops import AgentVerdict
 from gateway.decision.routing import Context, Decision, decide, needs_complexity
+from gateway.decision.sessions import session_id
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
 from gateway.features import Features, extract
 from gateway.policy.model import Policy
@@ -29,6 +31,7 @@ from gateway.server.resources import (
     SHARES,
     TELEMETRY,
     TENANT,
+    TRAJECTORIES,
 )
 from gateway.steps import read_step
 from gateway.telemetry.exchange import Exchange
@@ -59,18 +62,27 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     policy = app[POLICY].current
     features = extract(body, endpoint)
     tenant = request.get(TENANT)
+    trajectories = app[TRAJECTORIES]
+    sid = session_id(request.headers, body) if trajectories.recording(policy, features, request.headers) else None
+    agent = None
+    if sid is not None and policy.agents.enforcing:  # a loop or spike may escalate, steer or stop this step
+        agent = await trajectories.verdict(policy, tenant or ANONYMOUS, sid, ex)
     accounting = app[ACCOUNTING] if steered(policy, request.headers) else None
     admitted = None
     if accounting is not None:  # tenancy configured, or a cost cap asked for: budget and session verdict
         admitted = await accounting.admit(tenant, request.headers, policy, features, body, len(raw))
-        ctx = context(app, request.headers, tenant, features, policy, admitted.verdict, admitted.session, body=body)
+        ctx = context(app, request.headers, tenant, features, policy, admitted.verdict, admitted.session, body=body,
+                      agent=agent)
     else:
-        ctx = context(app, request.headers, tenant, features, policy, body=body)
+        ctx = context(app, request.headers, tenant, features, policy, body=body, agent=agent)
     decision = decide(policy, features, ctx)
     experiments, enrollment = app[EXPERIMENTS], None
     if experiments.engaged(policy):
         enrollment = await experiments.begin(ex, request.headers, policy, features, ctx, decision, body)
         decision = enrollment.decision  # a rollout's candidate arm
+    if sid is not None:
+        cohorted = enrollment.cohorted() if enrollment is not None else None
+        trajectories.begin(ex, policy, tenant or ANONYMOUS, sid, body, features, cohorted)
     app[RECENT].remember(ex.request_id, policy, features, ctx)
     ex.decided(features, decision, ctx.complexity)
     caps = admitted.caps if admitted is not None else None
@@ -101,9 +113,10 @@ def context(
     *,
     observed: bool = True,
     body: Mapping[str, Any] | None = None,
+    agent: AgentVerdict | None = None,
 ) -> Context:
-    """Gather the decision's inputs besides the body: headers, tenant, score, load, budget verdict, and the
-    route's live share thresholds (`observed`: this call counts toward them; False for a dry run)."""
+    """Gather the decision's inputs besides the body: headers, tenant, score, load, budget and agent verdicts,
+    and the route's live share thresholds (`observed`: this call counts toward them; False for a dry run)."""
     complexity = None
     if needs_complexity(policy):
         complexity = _score(policy.classifier_or(app[CLASSIFIER]), app[TELEMETRY].metrics, features)
@@ -117,7 +130,7 @@ def context(
     deployments = app[DEPLOYMENTS]
     return Context(headers=headers, tenant=tenant, complexity=complexity, load=dict(deployments.load),
                    in_flight=dict(deployments.in_flight), admission=admission, session=session,
-                   share_thresholds=thresholds, step=step)
+                   share_thresholds=thresholds, step=step, agent=agent)
 
 
 def _score(classifier: Classifier, metrics: Metrics, features: Features) -> float:
@@ -201,6 +214,8 @@ def _relay_body(
     ex: Exchange = request[EXCHANGE]
     if ex.tap is not None:
         ex.tap.append(raw)
+    if ex.step is not None and ex.step.chunks is not None and reply.status == 200:
+        ex.step.raw = raw  # the agent step reads the tool calls out of it, later, off the request path
     if reply.status == 200:
         deployments.record_success(reply.deployment)
         ex.settle(openai.usage_of(found), metrics)
@@ -217,6 +232,8 @@ async def _relay_stream(
     relay = _StreamRelay(client_wants_usage)
     finished = False
     tap = ex.tap
+    kept = ex.step.chunks if ex.step is not None else None  # None unless the request offered tools
+    previous = b""
     try:
         async for chunk in reply.chunks():
             if ex.first_byte_at is None:
@@ -224,6 +241,8 @@ async def _relay_stream(
                 ex.response_model = openai.model_named(chunk)
             if tap is not None:
                 tap.append(chunk)
+            if kept is not None:
+                previous = _keep_tool_calls(kept, previous, chunk)
             out = relay.feed(chunk)
             if out:
                 await response.write(out)
@@ -242,6 +261,16 @@ async def _relay_stream(
         ex.settle(relay.usage, metrics, relay.streamed)
     await response.write_eof()
     return response
+
+
+def _keep_tool_calls(kept: list[bytes], previous: bytes, chunk: bytes) -> bytes:
+    """Keep a stream's bytes from its first tool-call delta on (and the chunk before, which may hold the
+    start of that event) for the agent step; returns the chunk, the next call's `previous`."""
+    if kept or b'"tool_calls"' in chunk:
+        if not kept and previous:
+            kept.append(previous)
+        kept.append(chunk)
+    return chunk
 
 
 class _StreamRelay:

@@ -13,6 +13,7 @@ from gateway.classifier.scoring import Classifier
 from gateway.decision.routing import Context
 from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
+from gateway.experiments.trajectories import Trajectories
 from gateway.features import Features
 from gateway.policy.file import PolicyFile
 from gateway.policy.model import Policy
@@ -60,6 +61,7 @@ SHARES = web.AppKey("shares", ShareTracker)  # live complexity-share thresholds
 RECENT = web.AppKey("recent", Recent)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 EXPERIMENTS = web.AppKey("experiments", Experiments)
+TRAJECTORIES = web.AppKey("trajectories", Trajectories)
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -10,19 +10,23 @@ from gateway.store.fallback import FallbackStore
 from gateway.store.memory import MemoryRolloutStore, MemoryStore
 from gateway.store.redis_store import RedisStore
 from gateway.store.rollouts import RedisRolloutStore, RolloutStore
+from gateway.store.trajectories import RedisTrajectoryStore, TrajectoryStore
+from gateway.store.trajectory_memory import MemoryTrajectoryStore
 
 
 @dataclass(frozen=True, slots=True)
 class Stores:
-    """Accounting state (budgets, sessions, keys) and rollout state (states, cohorts, pairs)."""
+    """Accounting state (budgets, sessions, keys), rollout state (states, cohorts, pairs), agent trajectories."""
 
     accounting: Store
     rollouts: RolloutStore
+    trajectories: TrajectoryStore
     shared: bool = False  # in Redis, seen by every replica (else this process's memory)
 
     async def close(self) -> None:
         await self.accounting.close()
         await self.rollouts.close()
+        await self.trajectories.close()
 
 
 def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefix: str = "ag") -> Stores:
@@ -31,7 +35,8 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
     url = section.redis_url or env_redis_url
     bound = section.memory_max_keys
     if not url:
-        return Stores(MemoryStore(prefix=prefix, max_keys=bound), MemoryRolloutStore(max_keys=bound))
+        return Stores(MemoryStore(prefix=prefix, max_keys=bound), MemoryRolloutStore(max_keys=bound),
+                      MemoryTrajectoryStore())
     shared = RedisStore(
         url,
         timeout_s=section.timeout_s,
@@ -43,4 +48,5 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
         shared, MemoryStore(prefix=prefix, max_keys=bound), on_unavailable=section.on_unavailable,
         retry_s=section.retry_s,
     )
-    return Stores(accounting, RedisRolloutStore(url, timeout_s=section.timeout_s, prefix=prefix), shared=True)
+    return Stores(accounting, RedisRolloutStore(url, timeout_s=section.timeout_s, prefix=prefix),
+                  RedisTrajectoryStore(url, timeout_s=section.timeout_s, prefix=prefix), shared=True)

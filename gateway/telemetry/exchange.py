@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from gateway.decision.routing import Decision
 from gateway.errors import GatewayError
 from gateway.features import Features, count_tokens, prompt_tokens_with_template
 from gateway.openai import OPERATION, StreamTally, Usage
 from gateway.telemetry import metrics as t
+from gateway.telemetry.otlp import SpanEvent
 from gateway.telemetry.spans import Spans, TraceContext
 
 SPAN_NAMES = {endpoint: f"gateway {endpoint}" for endpoint in OPERATION}
+
+
+class StepHook(Protocol):
+    """An agent step in the making (experiments/trajectories.py): told when its exchange ends, it records
+    the exchange's span itself, later, with what the step adds."""
+
+    chunks: list[bytes] | None  # a stream's tool-call events, kept by the relay; None: the request has no tools
+    raw: bytes | None  # a non-streamed body the relay hands over when the request has tools
+
+    def finished(self, ex: Exchange, status: int, elapsed_s: float, ttft_s: float | None,
+                 spans: Spans | None) -> None: ...
 
 
 class Exchange:
@@ -22,8 +35,8 @@ class Exchange:
     """
 
     __slots__ = ("attributes", "client_request_id", "deployment", "endpoint", "error", "first_byte_at",
-                 "prompt_tokens", "request_id", "response_model", "rule", "started", "started_ns", "tap", "trace",
-                 "tried", "usage")
+                 "prompt_tokens", "request_id", "response_model", "rule", "started", "started_ns", "step", "tap",
+                 "trace", "tried", "usage")
 
     def __init__(
         self, request_id: str, endpoint: str, trace: TraceContext | None = None, client_request_id: str | None = None
@@ -46,6 +59,7 @@ class Exchange:
         self.error: GatewayError | None = None
         self.tap: list[bytes] | None = None  # set when a shadow compares against the relayed bytes
         self.trace = trace  # None when spans are off: the caller's traceparent then goes upstream as sent
+        self.step: StepHook | None = None  # set when the request is an agent step being recorded
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         self.deployment, self.rule = decision.deployment, decision.rule
@@ -91,10 +105,13 @@ class Exchange:
         shown_status = "stream_error" if self.error is not None and status == 200 else str(status)
         metrics.observe_request(self.endpoint, self.deployment or "none", self.rule or "none", shown_status,
                                 elapsed_s, ttft_s)
-        if spans is not None:
-            self._record_span(spans, status, ttft_s)
+        if self.step is not None:
+            self.step.finished(self, status, elapsed_s, ttft_s, spans)
+        elif spans is not None:
+            self.record_span(spans, status, ttft_s)
 
-    def _record_span(self, spans: Spans, status: int, ttft_s: float | None) -> None:
+    def record_span(self, spans: Spans, status: int, ttft_s: float | None, end_ns: int | None = None,
+                    events: Sequence[SpanEvent] = ()) -> None:
         attrs = self.attributes
         attrs["http.response.status_code"] = status
         attrs[t.DEPLOYMENT] = self.deployment or ""
@@ -108,4 +125,5 @@ class Exchange:
             attrs[t.TTFT_MS] = ttft_s * 1000
         failed = status >= 500 or self.error is not None
         error = (self.error.message if self.error else str(status)) if failed else None
-        spans.record(SPAN_NAMES[self.endpoint], self.started_ns, attrs, error, self.trace)
+        spans.record(SPAN_NAMES[self.endpoint], self.started_ns, attrs, error, self.trace, end_ns=end_ns,
+                     events=events)

@@ -22,6 +22,13 @@ GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # only when prompts are kept
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # only when prompts are kept
+ERROR_TYPE = "error.type"
 # The gateway's own attributes.
 DEPLOYMENT = "gateway.deployment"
 RULE = "gateway.rule"
@@ -31,6 +38,12 @@ TTFT_MS = "gateway.ttft_ms"
 COMPLEXITY = "gateway.complexity"
 REQUEST_ID = "gateway.request_id"
 CLIENT_REQUEST_ID = "gateway.client_request_id"
+AGENT_STEP = "gateway.agent.step"
+AGENT_TOOL_CALLS = "gateway.agent.tool_calls"  # names of the tool calls the model asked for
+AGENT_FLAGS = "gateway.agent.flags"
+AGENT_ACTION = "gateway.agent.action"
+AGENT_FLAG_EVENT = "gateway.agent.flag"  # a span event: a loop or spike flag raised at this step
+TOOL_ARGS_DIGEST = "gateway.tool.args_digest"
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -84,6 +97,50 @@ class _SpecDecodeCollector(Collector):
 
 
 @dataclass(frozen=True)
+class AgentSeries:
+    """Agent process metrics per deployment and rollout arm (arm "none" outside rollouts), applied by the
+    trajectory flusher in its batches. Ratios in PromQL: steps / sessions (steps per session), cost /
+    sessions, session_seconds / sessions (duration), tool_results{outcome="error"} / tool_results
+    (tool-call error rate), repeated_tool_calls / steps_with_tool_calls (rework rate)."""
+
+    steps: Counter
+    sessions: Counter
+    tool_calls: Counter
+    steps_with_tool_calls: Counter
+    tool_results: Counter
+    repeated_tool_calls: Counter
+    cost: Counter
+    session_seconds: Counter
+    flags: Counter
+    actions: Counter
+    dropped: Counter
+
+
+def _agent_series(r: CollectorRegistry) -> AgentSeries:
+    per = ["deployment", "arm"]
+    return AgentSeries(
+        steps=Counter("gateway_agent_steps", "Agent steps recorded", per, registry=r),
+        sessions=Counter("gateway_agent_sessions", "Agent sessions started (their first step)", per, registry=r),
+        tool_calls=Counter("gateway_agent_tool_calls", "Tool calls the model asked for", per, registry=r),
+        steps_with_tool_calls=Counter("gateway_agent_steps_with_tool_calls", "Steps that asked for a tool call",
+                                      per, registry=r),
+        tool_results=Counter("gateway_agent_tool_results", "Tool outputs sent back, by outcome (ok, error)",
+                             [*per, "outcome"], registry=r),
+        repeated_tool_calls=Counter("gateway_agent_repeated_tool_calls", "Steps asking for a tool call (same "
+                                    "name and arguments) the session had already made: rework", per, registry=r),
+        cost=Counter("gateway_agent_cost_usd", "Spend of agent steps", per, registry=r),
+        session_seconds=Counter("gateway_agent_session_seconds", "Time between a session's first and latest "
+                                "steps, summed as it grows", per, registry=r),
+        flags=Counter("gateway_agent_flags", "Loop and spike flags raised, by flag and the action the policy "
+                      "takes", ["flag", "action"], registry=r),
+        actions=Counter("gateway_agent_actions", "Requests escalated, steered or stopped for a session's flag",
+                        ["flag", "action"], registry=r),
+        dropped=Counter("gateway_agent_steps_dropped", "Steps not recorded (queue full, store unreachable)",
+                        ["reason"], registry=r),
+    )
+
+
+@dataclass(frozen=True)
 class Metrics:
     """The gateway's Prometheus series, in a registry of its own (one per app)."""
 
@@ -115,6 +172,7 @@ class Metrics:
     share_target: Gauge
     share_observed: Gauge
     share_threshold: Gauge
+    agents: AgentSeries
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
@@ -236,6 +294,7 @@ def make_metrics() -> Metrics:
                              registry=r),
         share_threshold=Gauge("gateway_complexity_threshold", "The score threshold in force for a target share",
                               ["route", "share"], registry=r),
+        agents=_agent_series(r),
     )
 
 

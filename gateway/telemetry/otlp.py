@@ -13,6 +13,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, StatusCode
 
+SpanEvent = tuple[int, str, Mapping[str, Any]]  # (time in ns since the epoch, name, attributes)
+
 
 def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:
     """An ExportTraceServiceRequest in OTLP's JSON encoding, spans grouped by resource and scope."""
@@ -46,7 +48,8 @@ def span_json(span: ReadableSpan) -> str:
 
 
 def span_text(trace_id: int, span_id: int, name: str, kind: SpanKind, start_ns: int, end_ns: int,
-              attributes: Mapping[str, Any], parent_span_id: int | None = None, error: str | None = None) -> str:
+              attributes: Mapping[str, Any], parent_span_id: int | None = None, error: str | None = None,
+              events: Sequence[SpanEvent] = ()) -> str:
     """One span, as text built from cached fragments rather than dicts and json.dumps: a request span's
     attributes mostly repeat (operation, models, rule, reasons, deployment)."""
     # The API's SpanKind starts at INTERNAL=0; OTLP's at UNSPECIFIED=0. Ids are hex in OTLP's JSON.
@@ -57,6 +60,10 @@ def span_text(trace_id: int, span_id: int, name: str, kind: SpanKind, start_ns: 
         out += f',"parentSpanId":"{parent_span_id:016x}"'
     if error is not None:
         out += f',"status":{{"code":2,"message":{_json_str(error)}}}'
+    if events:
+        out += ',"events":[' + ",".join(
+            f'{{"timeUnixNano":"{at_ns}","name":{_json_str(event)},"attributes":{_attributes_json(attrs)}}}'
+            for at_ns, event, attrs in events) + "]"
     return out + "}"
 
 

@@ -21,14 +21,14 @@ import os
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -43,7 +43,7 @@ from opentelemetry.trace import (
 )
 
 from gateway import __version__
-from gateway.telemetry.otlp import request_json, resource_spans_json, span_json, span_text
+from gateway.telemetry.otlp import SpanEvent, request_json, resource_spans_json, span_json, span_text
 from gateway.upstream.client import ClientError, Pool
 
 log = logging.getLogger(__name__)
@@ -106,23 +106,31 @@ class Spans:
         return context
 
     def record(self, name: str, start_ns: int, attributes: Mapping[str, Any], error: str | None = None,
-               trace: TraceContext | None = None) -> None:
-        """A finished span, in the trace `begin` placed it in (a new trace when None)."""
+               trace: TraceContext | None = None, *, end_ns: int | None = None, events: Sequence[SpanEvent] = (),
+               kind: SpanKind = SpanKind.SERVER) -> None:
+        """A finished span, in the trace `begin` placed it in (a new trace when None); it ends now unless
+        `end_ns` says when (a span recorded later than it ended, e.g. with its agent step)."""
         trace = trace or self.begin(name)
         if not trace.sampled:
             return
+        end_ns = end_ns or time.time_ns()
         if isinstance(self.processor, LoopExport):
             self.processor.add((trace.trace_id, trace.span_id, trace.parent_span_id, name, start_ns,
-                                time.time_ns(), attributes, error))
+                                end_ns, attributes, error, kind, events))
             return
         context = SpanContext(trace.trace_id, trace.span_id, is_remote=False, trace_flags=_SAMPLED)
         parent = None if trace.parent_span_id is None else SpanContext(
             trace.trace_id, trace.parent_span_id, is_remote=True, trace_flags=_SAMPLED)
         status = _OK if error is None else Status(StatusCode.ERROR, error)
-        span = ReadableSpan(name, context, parent, self._resource, attributes, kind=SpanKind.SERVER,
-                            status=status, start_time=start_ns, end_time=time.time_ns(),
+        span = ReadableSpan(name, context, parent, self._resource, attributes, kind=kind,
+                            status=status, start_time=start_ns, end_time=end_ns,
+                            events=[Event(event, attrs, at_ns) for at_ns, event, attrs in events],
                             instrumentation_scope=self._scope)
         self.processor.on_end(span)
+
+    def child(self, parent: TraceContext) -> TraceContext:
+        """A new span's place under `parent` (in its trace, sampled as it is)."""
+        return TraceContext(parent.trace_id, self._ids.getrandbits(64) or 1, parent.span_id, parent.sampled)
 
     def start(self) -> None:
         if isinstance(self.processor, LoopExport):
@@ -178,16 +186,17 @@ def otlp_destination() -> tuple[str, dict[str, str]]:
 
 ENCODE_SLICE = 64  # spans encoded between two yields to the event loop: about half a millisecond
 
-# A finished server span as Spans.record hands it over: trace id, span id, parent span id (None: a root),
-# name, start and end (ns since the epoch), attributes, error message (None: not an error).
-FinishedSpan = tuple[int, int, int | None, str, int, int, Mapping[str, Any], str | None]
+# A finished span as Spans.record hands it over: trace id, span id, parent span id (None: a root), name,
+# start and end (ns since the epoch), attributes, error message (None: not an error), kind, events.
+FinishedSpan = tuple[int, int, int | None, str, int, int, Mapping[str, Any], str | None, SpanKind,
+                     Sequence[SpanEvent]]
 
 
 def _encoded(span: str | FinishedSpan) -> str:
     if isinstance(span, str):
         return span
-    trace_id, span_id, parent_span_id, name, start_ns, end_ns, attributes, error = span
-    return span_text(trace_id, span_id, name, SpanKind.SERVER, start_ns, end_ns, attributes, parent_span_id, error)
+    trace_id, span_id, parent_span_id, name, start_ns, end_ns, attributes, error, kind, events = span
+    return span_text(trace_id, span_id, name, kind, start_ns, end_ns, attributes, parent_span_id, error, events)
 
 
 def _remote_parent(trace_id: int, span_id: int, sampled: bool) -> Context:

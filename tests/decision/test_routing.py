@@ -259,3 +259,26 @@ def test_a_rollout_candidate_is_substituted_only_where_decide_would_send_it(
     assert (found is not None) is served
     if found is not None:
         assert found.deployment == "hq" and found.attempts == ("hq", "fast")
+def test_a_stopped_agent_session_is_429_naming_its_loop() -> None:
+    from gateway.decision.loops import AgentVerdict
+
+    stop = AgentVerdict("loop:repeated_tool_call", "stop", "hq", "search(args ab) 5 times", 3600.0)
+    with pytest.raises(RateLimited) as refused:
+        decide(POLICY, _features(), _ctx(agent=stop))
+    assert refused.value.code == "agent_loop_detected" and refused.value.headers["Retry-After"] == "3600"
+    assert "loop:repeated_tool_call (search(args ab) 5 times)" in refused.value.message
+
+
+def test_an_escalated_loop_and_a_steered_spike_redirect_after_the_rules() -> None:
+    from gateway.decision.loops import AgentVerdict
+
+    escalate = AgentVerdict("loop:repeated_output", "escalate", "hq", "assistant message 12 4 times")
+    decision = decide(POLICY, _features(), _ctx(agent=escalate))
+    assert (decision.deployment, decision.rule) == ("hq", "default")
+    assert decision.reasons[-2:] == ("agent: loop:repeated_output (assistant message 12 4 times): escalate",
+                                     "agent: use hq instead of fast")
+    steer = AgentVerdict("spike:session", "steer", "fast", "0.9 USD/min")
+    assert decide(POLICY, _features(tools=TOOLS), _ctx(agent=steer)).deployment == "fast"
+    # a deployment the budget does not admit stays out, whatever the agent verdict asks
+    budget = Admission(frozenset({"fast"}))
+    assert decide(POLICY, _features(), _ctx(agent=escalate, admission=budget)).attempts == ("fast",)

@@ -241,3 +241,32 @@ def test_shadow_step_and_quality_guard() -> None:
     winning.pairs.update({PairOutcome.WIN: 60, PairOutcome.LOSS: 30})
     promoted = step(spec, state, winning, 1)
     assert (promoted.phase, promoted.shadow_pct) == (Phase.PROMOTING, 0)
+
+
+def _agents(candidate: tuple[int, int, int, int], control: tuple[int, int, int, int]) -> Observations:
+    """Cohorts of 200 healthy requests each, with (tool_results, tool_errors, tool_steps, rework) counts."""
+    counts: dict[str, int] = {}
+    for cohort, (results, errors, tool_steps, repeated) in (("candidate", candidate), ("control", control)):
+        counts.update({f"{cohort}.requests": 200, f"{cohort}.tool_results": results, f"{cohort}.tool_errors": errors,
+                       f"{cohort}.tool_steps": tool_steps, f"{cohort}.rework": repeated})
+    return Observations.from_counts(counts)
+
+
+AGENT_GUARDS = STEPS + "guards: {rework_rate: {margin: 0.1}, tool_error_rate: {margin: 0.1}}\n"
+
+
+@pytest.mark.parametrize(("candidate", "metric"),
+                         [((60, 2, 60, 45), "rework_rate"), ((60, 40, 60, 3), "tool_error_rate")])
+def test_a_candidate_whose_agents_loop_or_fail_more_aborts(candidate: tuple[int, ...], metric: str) -> None:
+    spec = spec_of(AGENT_GUARDS)
+    state, _ = drive(spec, [0, 1], lambda s, t: _agents(candidate, (60, 2, 60, 3)))  # type: ignore[arg-type]
+    assert state.phase is Phase.ABORTED and state.reasons[0].startswith(f"{metric}: ")
+
+
+def test_agent_guards_pass_when_the_cohorts_work_alike() -> None:
+    spec = spec_of(AGENT_GUARDS)
+    verdicts = evaluate(spec, _agents((200, 6, 200, 10), (200, 7, 200, 11)), final=True, shadow_active=False)
+    assert {v.metric: v.status for v in verdicts} == {"error_rate": Status.PASS, "tool_error_rate": Status.PASS,
+                                                      "rework_rate": Status.PASS}
+    thin = evaluate(spec, _agents((0, 0, 0, 0), (50, 1, 50, 2)), final=True, shadow_active=False)
+    assert {v.metric: v.status for v in thin}["rework_rate"] is Status.INCONCLUSIVE

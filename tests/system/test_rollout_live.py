@@ -347,3 +347,41 @@ async def test_policy_shadow_and_request_log_then_simulate(
 
 def live_policy_path(tmp_path: Path) -> str:
     return str(tmp_path / "policy.yaml")
+
+
+AGENT_ROLLOUT = """
+rollouts:
+  - id: hq-v2-agents
+    route: hq
+    candidate: deployment:hq-v2
+    stable: deployment:hq
+    steps:
+      - set_weight: 50
+      - pause: {duration_s: 600}
+    guards:
+      rework_rate: {margin: 0.1}
+"""
+
+
+async def test_a_candidate_that_makes_agents_loop_more_is_aborted(make_live: Callable[..., Any]) -> None:
+    from tests.fixtures.agent_runs import Agent
+
+    live = await make_live(AGENT_ROLLOUT)
+    await _until(lambda: _weight_is(live, 50.0))
+    live.hq.tool_args = lambda n: {"query": "launch code", "page": n}  # stable moves on every step
+    # the candidate's fake asks for the same call every time: its agents redo their work
+    served: list[str] = []
+    async with live.client() as client:
+        for i in range(60):  # bounded: the abort must come long before this
+            agent = await Agent(client, f"agent-{i}", model="hq").run(4)
+            served += agent.served
+            if (await _phase(live))[0] == "Aborted":
+                break
+    _, history = await live.admin("GET", "/admin/rollouts/hq/history")
+    assert history[-1]["action"] == "abort" and history[-1]["reason"].startswith("rework_rate:")
+    assert "hq-v2" in served and "hq" in served
+    print(f"\nagent steps until abort: {len(served)}, {served.count('hq-v2')} of them on the candidate")
+    status, st = await live.admin("GET", "/admin/rollouts/hq")
+    assert status == 200
+    rework = next(m for m in st["metrics"] if m["metric"] == "rework_rate")
+    assert rework["status"] == "fail" and rework["estimate"] > 0.5

@@ -1,0 +1,120 @@
+"""The `sessions list|show` sub-commands: recorded agent trajectories, as clients of the admin API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from gateway.cli.rollout import TOKEN_ENV, URL_ENV, CliError, request
+
+SORTS = ("recent", "cost", "steps", "rate")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    query = {"sort": args.sort, "limit": str(args.limit), **({"tenant": args.tenant} if args.tenant else {})}
+    found = request(args, "GET", "/admin/sessions?" + urllib.parse.urlencode(query))
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    rows = found.get("data", [])
+    if not rows:
+        print("no recorded sessions" + (f" of tenant {args.tenant!r}" if args.tenant else ""))
+        return 0
+    print(f"{'SESSION':32} {'TENANT':14} {'STEPS':>5} {'COST_USD':>10} {'TOKENS IN/OUT':>15} {'STEPS/MIN':>9} "
+          f"{'LAST':>8}  {'DEPLOYMENTS':18} FLAGS")
+    for s in rows:
+        tokens = f"{s['tokens_in']}/{s['tokens_out']}"
+        deployments = " ".join(f"{name} {n}" for name, n in sorted(s["deployments"].items()))
+        print(f"{_clip(s['session_id'], 32):32} {_clip(s['tenant'], 14):14} {s['steps']:>5} {s['cost_usd']:>10.6f} "
+              f"{tokens:>15} {s['steps_per_min']:>9.1f} {_clock(s['last_at']):>8}  {deployments:18} "
+              f"{', '.join(s['flags']) or '-'}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    path = "/admin/sessions/" + urllib.parse.quote(args.session_id, safe="")
+    found = request(args, "GET", path + (f"?tenant={urllib.parse.quote(args.tenant)}" if args.tenant else ""))
+    print(json.dumps(found, indent=2) if args.json else timeline(found))
+    return 0
+
+
+def timeline(session: dict[str, Any]) -> str:
+    """A session step by step: when, where, tokens, cost, the tools asked for and answered, the flags."""
+    lines = [
+        f"session {session['session_id']} (tenant {session['tenant']}): {session['step_count']} steps, "
+        f"{session['cost_usd']:.6f} USD, {session['tokens_in']} tokens in / {session['tokens_out']} out, "
+        f"{session['steps_per_min']:.1f} steps/min; started {_when(session['started_at'])}, "
+        f"last {_when(session['last_at'])}",
+        f"  flags: {', '.join(session['flags']) or 'none'}",
+        f"{'STEP':>5} {'TIME':>8}  {'DEPLOYMENT':12} {'RULE':22} {'ARM':9} {'IN/OUT':>11} {'COST_USD':>10} "
+        f"{'LATENCY':>9} {'STATUS':>6}  TOOLS / FLAGS",
+    ]
+    for step in session["steps"]:
+        tokens = f"{step['tokens_in']}/{step['tokens_out']}"
+        latency = f"{step['latency_ms']:.0f} ms"
+        lines.append(f"{step['step']:>5} {_clock(step['at']):>8}  {_clip(step['deployment'], 12):12} "
+                     f"{_clip(step['rule'], 22):22} {step['arm'] or '-':9} {tokens:>11} {step['cost_usd']:>10.6f} "
+                     f"{latency:>9} {step['status']:>6}  {_tools(step)}")
+        if step["flags"]:
+            lines.append(f"{'':>5} {'':>8}  ! {', '.join(step['flags'])}")
+    return "\n".join(lines)
+
+
+def _tools(step: dict[str, Any]) -> str:
+    sent = [f"<- {r['tool_call_id'] or '?'} {'ok' if r['ok'] else 'ERROR'} ({r['size']} chars)"
+            for r in step["tool_results"]]
+    asked = [f"-> {c['name']}(args {c['args_digest'][:8]})" for c in step["tool_calls"]]
+    return "; ".join(sent + asked) or "-"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except CliError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=os.environ.get(URL_ENV, "http://127.0.0.1:8080"),
+                        help=f"gateway base URL (env {URL_ENV})")
+    parser.add_argument("--admin-token", default=None, help=f"admin bearer token (default: env {TOKEN_ENV})")
+    parser.add_argument("--timeout-s", type=float, default=10.0)
+    parser.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+    parser.add_argument("--tenant", help="only this tenant's sessions")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add `sessions list|show` to the agent-gateway parser."""
+    sessions = subparsers.add_parser("sessions", help="recorded agent trajectories: list them, show one")
+    sub = sessions.add_subparsers(dest="sessions_command", required=True)
+    listing = sub.add_parser("list", help="sessions with steps, cost, rate, deployments and flags")
+    listing.add_argument("--sort", choices=SORTS, default="recent", help="largest first (default: most recent)")
+    listing.add_argument("--limit", type=int, default=50)
+    _client_options(listing)
+    listing.set_defaults(func=_guarded(cmd_list))
+    show = sub.add_parser("show", help="one session's timeline, step by step")
+    show.add_argument("session_id", help="as `sessions list` shows it, e.g. h:run-42")
+    _client_options(show)
+    show.set_defaults(func=_guarded(cmd_show))

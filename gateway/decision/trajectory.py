@@ -1,0 +1,308 @@
+"""An agent session's trajectory as data: each step's digest (tool calls asked for, tool results sent back) and
+the session's summary, built from a request's messages and its response without keeping either.
+
+Tool calls come from the response (a non-streamed body's `message.tool_calls`, or the `delta.tool_calls` of
+a stream, accumulated); tool results from the request (the `tool` messages after its last assistant
+message: what the agent sends back this step). Arguments and outputs are kept as digests only, unless the
+operator opts in to prompts (then `arguments`, `content` and `prompt` are kept too, truncated).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway import openai
+from gateway.decision.sessions import HEADER, text_of
+from gateway.features import Features
+from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS
+
+KEPT_CHARS = 4096  # an opted-in prompt, argument or tool output is truncated to this
+
+
+def digest(text: str) -> str:
+    """A short stable digest (16 hex characters) that tells equal things apart without keeping them."""
+    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
+
+
+def args_digest(arguments: Any) -> str:
+    """The digest of a tool call's arguments, the same whatever their key order or spacing."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return digest(arguments.strip())
+    return digest(json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call the model asked for."""
+
+    name: str
+    args_digest: str
+    call_id: str = ""
+    arguments: str | None = None  # only when prompts are kept
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "args_digest": self.args_digest, "id": self.call_id}
+        if self.arguments is not None:
+            out["arguments"] = self.arguments
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ToolCall:
+        return cls(str(raw.get("name", "")), str(raw.get("args_digest", "")), str(raw.get("id", "")),
+                   raw.get("arguments"))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """One tool output the agent sent back: which call, ok or an error (by simple markers), its size."""
+
+    tool_call_id: str
+    ok: bool
+    size: int  # characters of the output
+    digest: str = ""  # of the output, for the repeated-error check; never shown
+    content: str | None = None  # only when prompts are kept
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tool_call_id": self.tool_call_id, "ok": self.ok, "size": self.size, "d": self.digest}
+        if self.content is not None:
+            out["content"] = self.content
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ToolResult:
+        return cls(str(raw.get("tool_call_id", "")), bool(raw.get("ok", True)), int(raw.get("size", 0)),
+                   str(raw.get("d", "")), raw.get("content"))
+
+
+@dataclass(slots=True)
+class Step:
+    """One recorded step of a session (one proxied call)."""
+
+    at: float  # epoch seconds when the request arrived
+    deployment: str
+    rule: str
+    arm: str | None
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    latency_ms: float
+    ttft_ms: float | None
+    status: int
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
+    echo: str = ""  # digest of the last assistant message the agent sent back ("" when none had text)
+    rework: bool = False  # it asked for a tool call the session had already made
+    flags: tuple[str, ...] = ()
+    step: int = 0  # 1-based, given by the store when the step is appended
+    prompt: str | None = None  # only when prompts are kept
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, internal digests included (what the store keeps)."""
+        out: dict[str, Any] = {
+            "step": self.step, "at": round(self.at, 3), "deployment": self.deployment, "rule": self.rule,
+            "arm": self.arm, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+            "cost_usd": self.cost_usd, "latency_ms": round(self.latency_ms, 3),
+            "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 3), "status": self.status,
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
+            "tool_results": [r.to_dict() for r in self.tool_results],
+            "echo": self.echo, "rework": self.rework, "flags": list(self.flags),
+        }  # fmt: skip
+        if self.prompt is not None:
+            out["prompt"] = self.prompt
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Step:
+        return cls(
+            float(raw["at"]), str(raw.get("deployment", "")), str(raw.get("rule", "")), raw.get("arm"),
+            int(raw.get("tokens_in", 0)), int(raw.get("tokens_out", 0)), float(raw.get("cost_usd", 0.0)),
+            float(raw.get("latency_ms", 0.0)), raw.get("ttft_ms"), int(raw.get("status", 0)),
+            tuple(ToolCall.from_dict(c) for c in raw.get("tool_calls", ())),
+            tuple(ToolResult.from_dict(r) for r in raw.get("tool_results", ())),
+            str(raw.get("echo", "")), bool(raw.get("rework", False)), tuple(raw.get("flags", ())),
+            int(raw.get("step", 0)), raw.get("prompt"),
+        )  # fmt: skip
+
+    def shown(self) -> dict[str, Any]:
+        """The admin API's view: the contract's fields (plus opted-in text), no internal digests."""
+        out = self.to_dict()
+        del out["echo"], out["rework"]
+        out["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} for c in out["tool_calls"]]
+        out["tool_results"] = [{k: v for k, v in r.items() if k != "d"} for r in out["tool_results"]]
+        return out
+
+    @property
+    def tool_call_keys(self) -> list[tuple[str, str]]:
+        return [(c.name, c.args_digest) for c in self.tool_calls]
+
+
+@dataclass(slots=True)
+class Summary:
+    """A session at a glance: what `GET /admin/sessions` lists."""
+
+    session_id: str
+    tenant: str
+    steps: int = 0
+    cost_usd: float = 0.0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    started_at: float = 0.0
+    last_at: float = 0.0
+    steps_per_min: float = 0.0
+    deployments: dict[str, int] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)  # every flag the session ever raised, in order
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id, "tenant": self.tenant, "steps": self.steps,
+            "cost_usd": round(self.cost_usd, 9), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+            "started_at": round(self.started_at, 3), "last_at": round(self.last_at, 3),
+            "steps_per_min": round(self.steps_per_min, 3), "deployments": dict(self.deployments),
+            "flags": list(self.flags),
+        }  # fmt: skip
+
+
+def is_step(features: Features, headers: Mapping[str, str]) -> bool:
+    """Whether a call is a step of an agent session worth recording: it names its session (`x-session-id`),
+    offers tools, sends tool results back, or continues a conversation. A one-shot completion is not one
+    (recording it would fill the record with one-step sessions)."""
+    return (features.endpoint != "embeddings"
+            and bool(features.tools_count or features.tool_result_turns or features.user_turns > 1
+                     or HEADER in headers))
+
+
+SORTS = {
+    "cost": lambda s: s.cost_usd,
+    "steps": lambda s: s.steps,
+    "rate": lambda s: s.steps_per_min,
+    "recent": lambda s: s.last_at,
+}
+
+
+def ranked(summaries: Iterable[Summary], sort: str, limit: int) -> list[Summary]:
+    """The top `limit` sessions by `sort` (cost, steps, rate or recent), largest first."""
+    return sorted(summaries, key=SORTS[sort], reverse=True)[:limit]
+
+
+def steps_per_min(earlier: Sequence[Step], now: float) -> float:
+    """The step rate over the trailing minute, a step at `now` included (earlier steps oldest first)."""
+    count = 1
+    for step in reversed(earlier):
+        if step.at <= now - 60.0:
+            break
+        count += 1
+    return float(count)
+
+
+# --- reading a step out of the request and the response ---
+
+
+def tool_calls_in_body(raw: bytes, keep: bool = False) -> tuple[ToolCall, ...]:
+    """The tool calls of a non-streamed chat completion (every choice's message)."""
+    if b'"tool_calls"' not in raw:
+        return ()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return ()
+    calls: list[ToolCall | None] = []
+    for choice in _list(body.get("choices") if isinstance(body, dict) else None):
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict):
+            calls += (_call(c.get("id"), c.get("function"), keep) for c in _list(message.get("tool_calls")))
+    return tuple(c for c in calls if c is not None)
+
+
+def tool_calls_in_stream(chunks: Sequence[bytes], keep: bool = False) -> tuple[ToolCall, ...]:
+    """The tool calls of a stream, accumulated from its `delta.tool_calls` pieces (name first, arguments
+    in fragments). `chunks` may start mid-event: an event that does not parse is skipped."""
+    events, _ = openai.split_events(b"".join(chunks))
+    parts: dict[tuple[int, int], dict[str, str]] = {}
+    for event in events:
+        data = openai.event_data(event)
+        for choice in _list(data.get("choices") if isinstance(data, dict) else None):
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if isinstance(delta, dict):
+                _accumulate(parts, choice.get("index", 0), _list(delta.get("tool_calls")))
+    calls = (_call(p.get("id"), {"name": p.get("name"), "arguments": p.get("arguments", "")}, keep)
+             for _, p in sorted(parts.items()))
+    return tuple(c for c in calls if c is not None)
+
+
+def _accumulate(parts: dict[tuple[int, int], dict[str, str]], choice: Any, deltas: list[Any]) -> None:
+    for position, piece in enumerate(deltas):
+        if not isinstance(piece, dict):
+            continue
+        index = piece.get("index", position)
+        key = (choice if isinstance(choice, int) else 0, index if isinstance(index, int) else position)
+        part = parts.setdefault(key, {})
+        if isinstance(piece.get("id"), str):
+            part["id"] = piece["id"]
+        function = piece.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str):
+                part["name"] = part.get("name", "") + function["name"]
+            if isinstance(function.get("arguments"), str):
+                part["arguments"] = part.get("arguments", "") + function["arguments"]
+
+
+def _call(call_id: Any, function: Any, keep: bool) -> ToolCall | None:
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return None
+    arguments = function.get("arguments", "")
+    kept = None
+    if keep:
+        kept = (arguments if isinstance(arguments, str) else json.dumps(arguments))[:KEPT_CHARS]
+    return ToolCall(function["name"][:128], args_digest(arguments), str(call_id or "")[:128], kept)
+
+
+def tool_results(messages: Any, keep: bool = False) -> tuple[ToolResult, ...]:
+    """The tool outputs this request sends back: its `tool` messages after the last assistant message."""
+    found: list[ToolResult] = []
+    for message in reversed(_list(messages)):
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role in ("tool", "function"):
+            text = text_of(message.get("content"))
+            call_id = message.get("tool_call_id") or message.get("name") or ""
+            found.append(ToolResult(str(call_id)[:128], tool_ok(text), len(text),
+                                    digest(text), text[:KEPT_CHARS] if keep else None))
+        elif role == "assistant":
+            break
+    return tuple(reversed(found))
+
+
+def tool_ok(text: str) -> bool:
+    """False when a tool's output says it failed, by the markers the routing rules' `tool_error` reads
+    (gateway/steps.py): error words (error, exception, traceback, failed, not found…) or an "error" key."""
+    return not ERROR_MARKERS.search(text[:MAX_ERROR_SCAN_CHARS])
+
+
+def echo(messages: Any) -> str:
+    """The digest of the last assistant message's text in the request ("" when it has none): what the
+    model said last, as the agent sends it back."""
+    for message in reversed(_list(messages)):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            text = text_of(message.get("content")).strip()
+            return digest(" ".join(text.split())) if text else ""
+    return ""
+
+
+def last_prompt(messages: Any) -> str | None:
+    """The last user message's text, truncated (kept only when the operator opts in to prompts)."""
+    for message in reversed(_list(messages)):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return text_of(message.get("content"))[:KEPT_CHARS]
+    return None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

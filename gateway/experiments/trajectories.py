@@ -1,0 +1,292 @@
+"""Agent trajectories at run time: the request path's step hook and session verdict, and the flusher that
+digests, judges and stores the queued steps in batches, off the request path.
+
+The request path only reads the session's active flags (when the tenant's rules act beyond flagging),
+hangs a `PendingStep` on the exchange (the relay keeps the response's tool-call bytes on it) and, when the
+exchange ends, queues it. Every FLUSH_S the flusher parses the tool calls, reads the batch's sessions from
+the store in one round trip, raises loop and spike flags, writes the steps back in one transaction,
+updates the process metrics and the rollout cohorts, and records each step's span (deferred until then,
+so it can carry the step's tool calls and flag events) with `execute_tool` children for the tool outputs
+the step sent back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.decision import loops as found
+from gateway.decision import spikes
+from gateway.decision import trajectory as tr
+from gateway.decision.loops import AgentVerdict, Finding
+from gateway.decision.trajectory import Step
+from gateway.experiments.agent_steps import Cohorted, PendingStep, StepReport
+from gateway.features import Features
+from gateway.policy.agents import SpikePolicy
+from gateway.policy.model import Policy
+from gateway.store.contract import StoreError
+from gateway.store.trajectories import Active, Append, Ref, SessionRecord, SpendSeries, TrajectoryStore
+from gateway.telemetry import metrics as t
+from gateway.telemetry.exchange import Exchange
+
+log = logging.getLogger(__name__)
+
+FLUSH_S = 0.1
+QUEUE_MAX = 20_000  # steps waiting for the flusher; beyond this they are dropped (and counted)
+RECENT_STEPS = 50  # a session's steps the flusher reads to judge a new one (loop windows, rework)
+SLICE = 64  # steps digested or judged between two yields to the event loop
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One flush's view of its sessions and tenants, updated step by step as the batch is judged."""
+
+    records: dict[Ref, SessionRecord]
+    tenants: dict[str, SpendSeries]
+    appends: list[Append] = field(default_factory=list)
+
+
+class Trajectories:
+    """The process's trajectory recorder: request-path hooks plus the background flusher."""
+
+    def __init__(self, store: TrajectoryStore, current: Callable[[], Policy], metrics: t.Metrics,
+                 record_process: Callable[..., None] | None = None, *,
+                 keep_text: bool = False, clock: Callable[[], float] = time.time) -> None:
+        self.store, self._current, self.keep_text, self.clock = store, current, keep_text, clock
+        self.report = StepReport(metrics, record_process)
+        self._queue: list[PendingStep] = []
+        self._task: asyncio.Task[None] | None = None
+        self._window_spend: dict[str, tuple[int, dict[str, float]]] = {}  # tenant -> (window, session -> USD)
+        self._spikes_logged: dict[tuple[str, int], None] = {}
+
+    # --- the request path ---
+
+    @staticmethod
+    def recording(policy: Policy, features: Features, headers: Mapping[str, str]) -> bool:
+        return policy.agents.record.enabled and tr.is_step(features, headers)
+
+    async def verdict(self, policy: Policy, tenant: str, session_id: str, ex: Exchange) -> AgentVerdict | None:
+        """What the session's active flags ask of this request; reads the store only when the tenant's
+        rules act beyond flagging. A store that does not answer means no action (fail open)."""
+        loop_rules, spike_rules = policy.agents.for_tenant(tenant)
+        if loop_rules.action == "flag" and spike_rules.action == "flag":
+            return None
+        try:
+            active = await self.store.active((tenant, session_id))
+        except StoreError as exc:
+            log.debug("trajectory store: %s", exc)
+            return None
+        verdict = found.verdict(active, loop_rules, spike_rules, self.clock()) if active else None
+        if verdict is not None:
+            self.report.child("actions", verdict.flag, verdict.action).inc()
+            ex.attributes[t.AGENT_ACTION] = f"{verdict.action} ({verdict.flag})"
+        return verdict
+
+    def begin(self, ex: Exchange, policy: Policy, tenant: str, session_id: str, body: Mapping[str, Any],
+              features: Features, cohorted: Cohorted | None) -> None:
+        """Hang the step on the exchange; it queues itself when the exchange ends."""
+        ex.attributes[t.GEN_AI_CONVERSATION_ID] = session_id
+        ex.step = PendingStep(self.queue, self.clock(), policy, tenant, session_id, body.get("messages"),
+                              features.tools_count > 0, cohorted)
+
+    def queue(self, step: PendingStep) -> None:
+        if len(self._queue) >= QUEUE_MAX:
+            self.report.child("dropped", "queue_full").inc()
+            self.report.plain_span(step)
+            return
+        self._queue.append(step)
+
+    # --- the flusher ---
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="trajectory-flush")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(StoreError):
+            await self.flush()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            try:
+                await self.flush()
+            except Exception:  # one bad batch must not end the recorder
+                log.exception("trajectory flush failed")
+
+    async def flush(self) -> None:
+        pending, self._queue = self._queue, []
+        if not pending:
+            return
+        steps = []
+        for i, p in enumerate(pending):
+            steps.append(self._digest(p))
+            if i % SLICE == SLICE - 1:
+                await asyncio.sleep(0)  # a big batch is milliseconds of work: let requests run in between
+        refs = list(dict.fromkeys((p.tenant, p.session_id) for p in pending))
+        try:
+            batch = _Batch(await self.store.read(refs, RECENT_STEPS),
+                           await self.store.tenant_spend(list(dict.fromkeys(p.tenant for p in pending))))
+        except StoreError as exc:
+            log.warning("trajectory store unreachable: %d steps not recorded (%s)", len(pending), exc)
+            self.report.child("dropped", "store_unavailable").inc(len(pending))
+            for p in pending:
+                self.report.plain_span(p)
+            return
+        for i, (p, step) in enumerate(zip(pending, steps, strict=True)):
+            self._judge(batch, p, step)
+            if i % SLICE == SLICE - 1:
+                await asyncio.sleep(0)
+        self.report.apply()
+        policy = self._current()
+        with contextlib.suppress(StoreError):
+            await self.store.append(batch.appends, _old_tenant_buckets(batch, policy), policy.agents.record)
+            return
+        self.report.child("dropped", "store_unavailable").inc(len(pending))
+
+    def _digest(self, p: PendingStep) -> Step:
+        """The step as data: parse the response's tool calls and the tool outputs the request sent back."""
+        ex, keep = p.ex, self.keep_text
+        assert ex is not None
+        usage = ex.usage
+        tokens_in, tokens_out = (usage.prompt_tokens, usage.completion_tokens) if usage else (0, 0)
+        deployment = ex.deployment or "none"
+        dep = p.policy.deployments.get(deployment)
+        calls: tuple[tr.ToolCall, ...] = ()
+        if p.raw is not None:
+            calls = tr.tool_calls_in_body(p.raw, keep)
+        elif p.chunks:
+            calls = tr.tool_calls_in_stream(p.chunks, keep)
+        arm = p.cohorted.cohort.value if p.cohorted is not None else None
+        return Step(p.at, deployment, ex.rule or "", arm, tokens_in, tokens_out,
+                    dep.price.cost_usd(tokens_in, tokens_out) if dep is not None else 0.0, p.elapsed_s * 1000,
+                    None if p.ttft_s is None else p.ttft_s * 1000, p.status, calls,
+                    tr.tool_results(p.messages, keep), tr.echo(p.messages),
+                    prompt=tr.last_prompt(p.messages) if keep else None)
+
+    def _judge(self, batch: _Batch, p: PendingStep, step: Step) -> None:
+        """Flag the step against its session's recent steps and spend; queue its append; count and trace it."""
+        ref = (p.tenant, p.session_id)
+        rec = batch.records.setdefault(ref, SessionRecord())
+        loop_rules, spike_rules = p.policy.agents.for_tenant(p.tenant)
+        first = rec.steps_total == 0
+        total = rec.steps_total + 1
+        step.step = total
+        step.rework = found.rework(rec.steps, step)
+        findings = found.loops(rec.steps, step, loop_rules, total)
+        findings += self._spikes(batch, rec, p, step, spike_rules)
+        step.flags = tuple(f.flag for f in findings)
+        active, cleared, raised = _flags(rec.active, findings, step.at, spike_rules, p.policy)
+        rate = tr.steps_per_min(rec.steps, step.at)
+        old = _old_buckets(rec.spend.buckets, step.at, spike_rules)
+        batch.appends.append(Append(p.tenant, p.session_id, step, rate, active, cleared, raised, old))
+        previous_at = rec.last_at if rec.steps_total else step.at
+        _advance(rec, p, step, active, cleared)
+        self.report.count(p, step, first, max(0.0, step.at - previous_at))
+        events = self.report.flagged(p, step, findings, raised, loop_rules, spike_rules)
+        self.report.record_span(p, step, rec.steps, events)
+
+    def _spikes(self, batch: _Batch, rec: SessionRecord, p: PendingStep, step: Step,
+                rules: SpikePolicy) -> list[Finding]:
+        if not step.cost_usd:
+            return []
+        index = spikes.bucket(step.at)
+        rec.spend.buckets[index] = rec.spend.buckets.get(index, 0.0) + step.cost_usd
+        out = []
+        if "session" in rules.scopes:
+            since = rec.started_at if rec.steps_total else step.at
+            spike = spikes.spike(rec.spend.buckets, since, step.at, rules)
+            if spike is not None:
+                out.append(Finding(found.SPIKE_SESSION, spike.describe("the session")))
+        tenant = batch.tenants.setdefault(p.tenant, SpendSeries(step.at))
+        tenant.since = tenant.since or step.at
+        tenant.buckets[index] = tenant.buckets.get(index, 0.0) + step.cost_usd
+        if "tenant" in rules.scopes:
+            window = self._note_window_spend(p, step, rules)
+            spike = spikes.spike(tenant.buckets, tenant.since, step.at, rules)
+            if spike is not None and self._drives(p, spike, window):
+                out.append(Finding(found.SPIKE_TENANT, spike.describe(f"tenant {p.tenant!r}")))
+        return out
+
+    def _drives(self, p: PendingStep, spike: spikes.Spike, window: int) -> bool:
+        """Whether this step's session spent the most of its tenant's current window (of the sessions this
+        process served in it): the session a tenant's spike is pinned on. Logged once per tenant and window."""
+        spent = self._window_spend[p.tenant][1]
+        driver = max(spent, key=lambda sid: spent[sid])
+        if (p.tenant, window) not in self._spikes_logged:
+            self._spikes_logged[(p.tenant, window)] = None
+            while len(self._spikes_logged) > 1024:
+                del self._spikes_logged[next(iter(self._spikes_logged))]
+            log.warning("cost spike: %s; driven by session %r (%.4g USD in this window)",
+                        spike.describe(f"tenant {p.tenant!r}"), driver, spent[driver])
+        return driver == p.session_id
+
+    def _note_window_spend(self, p: PendingStep, step: Step, rules: SpikePolicy) -> int:
+        """Add the step to its tenant's per-session spend of the current window; returns the window's index."""
+        window = spikes.bucket(step.at) // max(1, round(rules.window_s / spikes.BUCKET_S))
+        seen = self._window_spend.get(p.tenant)
+        if seen is None or seen[0] != window:
+            seen = self._window_spend[p.tenant] = (window, {})
+            if len(self._window_spend) > 4096:
+                self._window_spend.clear()
+                self._window_spend[p.tenant] = seen
+        seen[1][p.session_id] = seen[1].get(p.session_id, 0.0) + step.cost_usd
+        return window
+
+
+def _flags(
+    active: Active, findings: Sequence[Finding], now: float, spike: SpikePolicy, policy: Policy
+) -> tuple[Active, tuple[str, ...], tuple[str, ...]]:
+    """The session's active flags after a step: what it found stays active (a stopped loop for the session's
+    lifetime, a spike for one window); what it no longer shows lapses. Returns (active, cleared, raised)."""
+    now_active: Active = {}
+    for f in findings:
+        lasts_s = policy.agents.record.ttl_s if f.flag.startswith("loop:") else spike.window_s
+        now_active[f.flag] = (now + lasts_s, f.detail)
+    cleared = tuple(flag for flag in active if flag not in now_active)
+    raised = tuple(flag for flag in now_active if active.get(flag, (0.0, ""))[0] <= now)
+    return now_active, cleared, raised
+
+
+def _advance(rec: SessionRecord, p: PendingStep, step: Step, active: Active, cleared: tuple[str, ...]) -> None:
+    """The batch's view of the session after the step, for the batch's next step of the same session."""
+    if not rec.steps_total:
+        rec.started_at = step.at
+    rec.steps_total += 1
+    rec.last_at = step.at
+    rec.steps.append(step)
+    del rec.steps[:-RECENT_STEPS]
+    for flag in cleared:
+        rec.active.pop(flag, None)
+    rec.active.update(active)
+
+
+def _old_buckets(buckets: dict[int, float], now: float, rules: SpikePolicy) -> tuple[int, ...]:
+    """Spend buckets older than any window the spike check reads (cheap: there are few until there are many)."""
+    keep = _history_buckets(rules)
+    if len(buckets) <= keep:
+        return ()
+    cutoff = spikes.bucket(now) - keep
+    return tuple(b for b in buckets if b < cutoff)
+
+
+def _history_buckets(rules: SpikePolicy) -> int:
+    return (rules.history_windows + 2) * max(1, round(rules.window_s / spikes.BUCKET_S))
+
+
+def _old_tenant_buckets(batch: _Batch, policy: Policy) -> dict[str, list[int]]:
+    out = {}
+    for tenant, series in batch.tenants.items():
+        _, rules = policy.agents.for_tenant(tenant)
+        if series.buckets:
+            newest = max(series.buckets)
+            out[tenant] = [b for b in series.buckets if b < newest - _history_buckets(rules)]
+    return out

@@ -1,0 +1,300 @@
+"""Agent trajectories in the store: each session's recent steps, summary, active flags and bucketed spend.
+
+Contract (`RedisTrajectoryStore` here, `trajectory_memory.MemoryTrajectoryStore` its in-process twin):
+
+    read(refs, count) -> {ref: SessionRecord}          each session's last `count` steps, summary, active
+                                                        flags and spend buckets, in one round trip
+    tenant_spend(tenants) -> {tenant: SpendSeries}
+    append(appends, tenant_forget, limits)              the batch's steps, summaries, flags and spend, in one
+                                                        MULTI/EXEC; bounded per session (max_steps_per_session)
+                                                        and in total (max_sessions, least recent evicted), TTL
+    active(ref) -> {flag: (until, detail)}              what the request path reads before deciding
+    sessions(tenant | None, limit) -> [Summary]          most recently active first
+    session(session_id, tenant | None) -> (Summary, [Step]) | None
+    close()
+
+Redis keys (d = digest of "tenant<TAB>session id"): `{p}:tr:s:{d}` the summary hash (id, tenant, steps,
+cost, tin, tout, started, last, rate, d:<deployment> step counts, f:<flag> first raised at, a:<flag>
+"until detail" while active, b:<bucket> spend), `{p}:tr:l:{d}` the steps list (JSON, oldest first; a
+step's number is the summary's count minus its distance from the end), `{p}:tr:idx` and
+`{p}:tr:idx:{tenant}` sorted sets of "tenant<TAB>session id" by last activity, `{p}:tr:spend:{tenant}`
+the tenant's spend buckets (and `since`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.decision.spikes import bucket
+from gateway.decision.trajectory import Step, Summary
+from gateway.policy.agents import Recording
+from gateway.store.redis_store import RedisStore
+
+Ref = tuple[str, str]  # (tenant, session id)
+Active = dict[str, tuple[float, str]]  # flag -> (active until, what showed it)
+SEP = "\t"  # between tenant and session id in index members: tenant names cannot hold it
+
+
+@dataclass(slots=True)
+class SpendSeries:
+    """Spend in buckets ({bucket index: USD}) since a first-seen time."""
+
+    since: float = 0.0
+    buckets: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """What the flusher reads of a session before adding its new steps (steps_total 0: a new session)."""
+
+    steps_total: int = 0
+    started_at: float = 0.0
+    last_at: float = 0.0
+    steps: list[Step] = field(default_factory=list)
+    active: Active = field(default_factory=dict)
+    spend: SpendSeries = field(default_factory=SpendSeries)
+
+
+@dataclass(slots=True)
+class Append:
+    """One new step with the session's state after it."""
+
+    tenant: str
+    session_id: str
+    step: Step
+    steps_per_min: float
+    active: Active  # set (replacing the same flags)
+    cleared: tuple[str, ...] = ()  # no longer active
+    raised: tuple[str, ...] = ()  # added to the session's flags
+    forget: tuple[int, ...] = ()  # spend buckets too old to matter
+
+
+class TrajectoryStore(Protocol):
+    async def read(self, refs: Sequence[Ref], count: int) -> dict[Ref, SessionRecord]: ...
+    async def tenant_spend(self, tenants: Sequence[str]) -> dict[str, SpendSeries]: ...
+    async def append(
+        self, appends: Sequence[Append], tenant_forget: Mapping[str, Sequence[int]], limits: Recording
+    ) -> None: ...
+    async def active(self, ref: Ref) -> Active: ...
+    async def sessions(self, tenant: str | None, limit: int) -> list[Summary]: ...
+    async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None: ...
+    async def close(self) -> None: ...
+
+
+def member(ref: Ref) -> str:
+    return f"{ref[0]}{SEP}{ref[1]}"
+
+
+def split(name: str) -> Ref:
+    tenant, _, session_id = name.partition(SEP)
+    return tenant, session_id
+
+
+def parse_active(fields: Mapping[str, str]) -> Active:
+    out: Active = {}
+    for name, value in fields.items():
+        if name.startswith("a:"):
+            until, _, detail = value.partition(" ")
+            out[name[2:]] = (float(until), detail)
+    return out
+
+
+def summary_of(fields: Mapping[str, str]) -> Summary:
+    """A summary hash (as Redis returns it) as a Summary."""
+    flags = sorted((float(v), k[2:]) for k, v in fields.items() if k.startswith("f:"))
+    return Summary(
+        fields.get("id", ""), fields.get("tenant", ""), int(fields.get("steps", 0)),
+        float(fields.get("cost", 0.0)), int(fields.get("tin", 0)), int(fields.get("tout", 0)),
+        float(fields.get("started", 0.0)), float(fields.get("last", 0.0)), float(fields.get("rate", 0.0)),
+        {k[2:]: int(v) for k, v in fields.items() if k.startswith("d:")}, [flag for _, flag in flags],
+    )  # fmt: skip
+
+
+def spend_of(fields: Mapping[str, str], since_field: str) -> SpendSeries:
+    buckets = {int(k[2:]): float(v) for k, v in fields.items() if k.startswith("b:")}
+    return SpendSeries(float(fields.get(since_field, 0.0) or 0.0), buckets)
+
+
+def numbered(raw: Sequence[str], total: int) -> list[Step]:
+    """Stored steps (oldest first) with their numbers: the last one is the session's `total`-th step."""
+    steps = []
+    for i, text in enumerate(raw):
+        step = Step.from_dict(json.loads(text))
+        step.step = total - len(raw) + 1 + i
+        steps.append(step)
+    return steps
+
+
+def encode(step: Step) -> str:
+    out = step.to_dict()
+    del out["step"]
+    return json.dumps(out, separators=(",", ":"))
+
+
+class TrajectoryKeys:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def _digest(self, ref: Ref) -> str:
+        return hashlib.sha256(member(ref).encode()).hexdigest()[:32]
+
+    def summary(self, ref: Ref) -> str:
+        return f"{self.prefix}:tr:s:{self._digest(ref)}"
+
+    def steps(self, ref: Ref) -> str:
+        return f"{self.prefix}:tr:l:{self._digest(ref)}"
+
+    def index(self, tenant: str | None = None) -> str:
+        return f"{self.prefix}:tr:idx" if tenant is None else f"{self.prefix}:tr:idx:{tenant}"
+
+    def spend(self, tenant: str) -> str:
+        return f"{self.prefix}:tr:spend:{tenant}"
+
+
+class RedisTrajectoryStore(RedisStore):
+    """TrajectoryStore on Redis: pipelined reads, one MULTI/EXEC per appended batch, bounded by the store's timeout."""
+
+    def __init__(self, url: str, *, timeout_s: float = 0.25, prefix: str = "ag") -> None:
+        super().__init__(url, timeout_s=timeout_s, prefix=prefix)
+        self.keys = TrajectoryKeys(prefix)
+
+    async def read(self, refs: Sequence[Ref], count: int) -> dict[Ref, SessionRecord]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for ref in refs:
+                pipe.hgetall(self.keys.summary(ref))
+                pipe.lrange(self.keys.steps(ref), -count, -1)
+            replies = await self._run(pipe.execute())
+        out = {}
+        for i, ref in enumerate(refs):
+            fields, raw = _strs(replies[2 * i]), [str(s) for s in replies[2 * i + 1]]
+            total = int(fields.get("steps", 0))
+            out[ref] = SessionRecord(total, float(fields.get("started", 0.0)), float(fields.get("last", 0.0)),
+                                     numbered(raw, total) if total else [], parse_active(fields),
+                                     spend_of(fields, "started"))
+        return out
+
+    async def tenant_spend(self, tenants: Sequence[str]) -> dict[str, SpendSeries]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.hgetall(self.keys.spend(tenant))
+            replies = await self._run(pipe.execute())
+        return {t: spend_of(_strs(r), "since") for t, r in zip(tenants, replies, strict=True)}
+
+    async def append(
+        self, appends: Sequence[Append], tenant_forget: Mapping[str, Sequence[int]], limits: Recording
+    ) -> None:
+        if not appends:
+            return
+        newest = max(a.step.at for a in appends)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for a in appends:
+                self._queue_append(pipe, a, limits)
+            for tenant, old in tenant_forget.items():
+                if old:
+                    pipe.hdel(self.keys.spend(tenant), *(f"b:{b}" for b in old))
+            for index in {self.keys.index(), *(self.keys.index(a.tenant) for a in appends)}:
+                pipe.zremrangebyscore(index, "-inf", newest - limits.ttl_s)
+            pipe.zcard(self.keys.index())
+            replies = await self._run(pipe.execute())
+        over = int(replies[-1]) - limits.max_sessions
+        if over > 0:
+            await self._evict(over)
+
+    def _queue_append(self, pipe: Any, a: Append, limits: Recording) -> None:
+        ref, step = (a.tenant, a.session_id), a.step
+        summary, steps, ttl = self.keys.summary(ref), self.keys.steps(ref), limits.ttl_s
+        pipe.rpush(steps, encode(step))
+        pipe.ltrim(steps, -limits.max_steps_per_session, -1)
+        pipe.expire(steps, ttl)
+        pipe.hsetnx(summary, "started", repr(step.at))
+        active = {f"a:{flag}": f"{until!r} {detail}" for flag, (until, detail) in a.active.items()}
+        pipe.hset(summary, mapping={"id": a.session_id, "tenant": a.tenant, "last": repr(step.at),
+                                    "rate": repr(a.steps_per_min), **active})
+        pipe.hincrby(summary, "steps", 1)
+        pipe.hincrbyfloat(summary, "cost", step.cost_usd)
+        pipe.hincrby(summary, "tin", step.tokens_in)
+        pipe.hincrby(summary, "tout", step.tokens_out)
+        pipe.hincrby(summary, f"d:{step.deployment}", 1)
+        for flag in a.raised:
+            pipe.hsetnx(summary, f"f:{flag}", repr(step.at))
+        stale = [f"a:{flag}" for flag in a.cleared] + [f"b:{b}" for b in a.forget]
+        if stale:
+            pipe.hdel(summary, *stale)
+        if step.cost_usd:
+            pipe.hincrbyfloat(summary, f"b:{bucket(step.at)}", step.cost_usd)
+            spend = self.keys.spend(a.tenant)
+            pipe.hsetnx(spend, "since", repr(step.at))
+            pipe.hincrbyfloat(spend, f"b:{bucket(step.at)}", step.cost_usd)
+            pipe.expire(spend, ttl)
+        pipe.expire(summary, ttl)
+        for index in (self.keys.index(), self.keys.index(a.tenant)):
+            pipe.zadd(index, {member(ref): step.at})
+            pipe.expire(index, ttl)
+
+    async def _evict(self, count: int) -> None:
+        """Drop the least recently active sessions beyond max_sessions."""
+        popped: Any = await self._run(self._redis.zpopmin(self.keys.index(), count))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name, _score in popped:
+                ref = split(str(name))
+                pipe.delete(self.keys.summary(ref), self.keys.steps(ref))
+                pipe.zrem(self.keys.index(ref[0]), member(ref))
+            await self._run(pipe.execute())
+
+    async def active(self, ref: Ref) -> Active:
+        fields = _strs(await self._run(self._redis.hgetall(self.keys.summary(ref))))
+        return parse_active(fields)
+
+    async def sessions(self, tenant: str | None, limit: int) -> list[Summary]:
+        members = await self._run(self._redis.zrevrange(self.keys.index(tenant), 0, limit - 1))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in members:
+                pipe.hgetall(self.keys.summary(split(str(name))))
+            replies = await self._run(pipe.execute())
+        return [summary_of(_strs(r)) for r in replies if r]
+
+    async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None:
+        ref = (tenant, session_id) if tenant is not None else await self._find(session_id)
+        if ref is None:
+            return None
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.summary(ref))
+            pipe.lrange(self.keys.steps(ref), 0, -1)
+            replies = await self._run(pipe.execute())
+        fields, raw = replies[0], replies[1]
+        if not fields:
+            return None
+        summary = summary_of(_strs(fields))
+        return summary, numbered([str(s) for s in raw], summary.steps)
+
+    async def _find(self, session_id: str) -> Ref | None:
+        """The most recent tenant that has a session of this id."""
+        pattern = "*" + SEP + _glob_escape(session_id)
+        best: tuple[float, Ref] | None = None
+        async for found, score in _zscan(self, pattern):
+            ref = split(found)
+            if ref[1] == session_id and (best is None or score > best[0]):
+                best = (score, ref)
+        return None if best is None else best[1]
+
+
+async def _zscan(store: RedisTrajectoryStore, pattern: str) -> Any:
+    cursor = 0
+    while True:
+        cursor, items = await store._run(store._redis.zscan(store.keys.index(), cursor, match=pattern, count=500))
+        for name, score in items:
+            yield str(name), float(score)
+        if int(cursor) == 0:
+            return
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _strs(fields: Mapping[Any, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in fields.items()}

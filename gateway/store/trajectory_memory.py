@@ -1,0 +1,141 @@
+"""The in-process twin of RedisTrajectoryStore: the same contract over dicts, for one process without Redis.
+
+Each method runs without awaiting, so on one event loop it is as atomic as the Redis MULTI/EXEC.
+tests/store/test_trajectories.py runs one behavioural table against both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gateway.decision.spikes import bucket
+from gateway.decision.trajectory import Step, Summary
+from gateway.policy.agents import Recording
+from gateway.store.trajectories import Active, Append, Ref, SessionRecord, SpendSeries
+
+
+@dataclass(slots=True)
+class _Session:
+    summary: Summary
+    steps: deque[Step]
+    active: Active = field(default_factory=dict)
+    spend: dict[int, float] = field(default_factory=dict)
+
+
+class MemoryTrajectoryStore:
+    """Sessions in least-recently-active order, each with a bounded deque of steps; expired on access."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._sessions: OrderedDict[Ref, _Session] = OrderedDict()
+        self._spend: dict[str, SpendSeries] = {}
+        self._ttl_s = float(Recording().ttl_s)
+        self._clock = clock
+
+    async def read(self, refs: Sequence[Ref], count: int) -> dict[Ref, SessionRecord]:
+        out = {}
+        for ref in refs:
+            found = self._get(ref)
+            if found is None:
+                out[ref] = SessionRecord()
+                continue
+            s = found.summary
+            steps = list(found.steps)[-count:] if found.steps else []
+            spend = SpendSeries(s.started_at, dict(found.spend))
+            out[ref] = SessionRecord(s.steps, s.started_at, s.last_at, steps, dict(found.active), spend)
+        return out
+
+    async def tenant_spend(self, tenants: Sequence[str]) -> dict[str, SpendSeries]:
+        return {t: _copy_spend(self._spend.get(t, SpendSeries())) for t in tenants}
+
+    async def append(
+        self, appends: Sequence[Append], tenant_forget: Mapping[str, Sequence[int]], limits: Recording
+    ) -> None:
+        self._ttl_s = float(limits.ttl_s)
+        for a in appends:
+            self._append(a, limits)
+        for tenant, old in tenant_forget.items():
+            buckets = self._spend[tenant].buckets if tenant in self._spend else {}
+            for b in old:
+                buckets.pop(b, None)
+        self._expire()
+        while len(self._sessions) > limits.max_sessions:
+            self._sessions.popitem(last=False)
+
+    def _append(self, a: Append, limits: Recording) -> None:
+        ref, step = (a.tenant, a.session_id), a.step
+        found = self._get(ref)
+        if found is None or found.steps.maxlen != limits.max_steps_per_session:
+            steps = deque(found.steps if found else (), maxlen=limits.max_steps_per_session)
+            found = found or _Session(Summary(a.session_id, a.tenant, started_at=step.at), steps)
+            found.steps = steps
+            self._sessions[ref] = found
+        self._sessions.move_to_end(ref)
+        s = found.summary
+        s.steps += 1
+        step.step = s.steps
+        found.steps.append(step)
+        s.cost_usd += step.cost_usd
+        s.tokens_in += step.tokens_in
+        s.tokens_out += step.tokens_out
+        s.last_at, s.steps_per_min = step.at, a.steps_per_min
+        s.deployments[step.deployment] = s.deployments.get(step.deployment, 0) + 1
+        for flag in a.raised:
+            if flag not in s.flags:
+                s.flags.append(flag)
+        for flag in a.cleared:
+            found.active.pop(flag, None)
+        found.active.update(a.active)
+        for b in a.forget:
+            found.spend.pop(b, None)
+        if step.cost_usd:
+            index = bucket(step.at)
+            found.spend[index] = found.spend.get(index, 0.0) + step.cost_usd
+            series = self._spend.setdefault(a.tenant, SpendSeries(step.at))
+            series.buckets[index] = series.buckets.get(index, 0.0) + step.cost_usd
+
+    async def active(self, ref: Ref) -> Active:
+        found = self._sessions.get(ref)  # no expiry check here: the request path only reads
+        return found.active if found is not None else {}
+
+    async def sessions(self, tenant: str | None, limit: int) -> list[Summary]:
+        self._expire()
+        found = [_copy(s.summary) for ref, s in reversed(self._sessions.items()) if tenant in (None, ref[0])]
+        return found[:limit]
+
+    async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None:
+        self._expire()
+        for ref, found in reversed(self._sessions.items()):
+            if ref[1] == session_id and tenant in (None, ref[0]):
+                return _copy(found.summary), list(found.steps)
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def _get(self, ref: Ref) -> _Session | None:
+        found = self._sessions.get(ref)
+        if found is not None and found.summary.last_at + self._ttl_s <= self._clock():
+            del self._sessions[ref]
+            return None
+        return found
+
+    def _expire(self) -> None:
+        cutoff = self._clock() - self._ttl_s
+        while self._sessions:
+            ref, oldest = next(iter(self._sessions.items()))
+            if oldest.summary.last_at > cutoff:
+                break
+            del self._sessions[ref]
+
+
+def _copy(summary: Summary) -> Summary:
+    return Summary(summary.session_id, summary.tenant, summary.steps, summary.cost_usd, summary.tokens_in,
+                   summary.tokens_out, summary.started_at, summary.last_at, summary.steps_per_min,
+                   dict(summary.deployments), list(summary.flags))
+
+
+def _copy_spend(series: SpendSeries) -> SpendSeries:
+    return SpendSeries(series.since, dict(series.buckets))

@@ -1,0 +1,150 @@
+"""A step's digest from the request and the response: tool calls (whole and streamed), tool results, echoes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.decision.trajectory import (
+    Step,
+    ToolCall,
+    ToolResult,
+    args_digest,
+    echo,
+    last_prompt,
+    steps_per_min,
+    tool_calls_in_body,
+    tool_calls_in_stream,
+    tool_results,
+)
+
+
+def _call(name: str, arguments: str, call_id: str = "c1") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _body(*calls: dict[str, Any], content: str | None = None) -> bytes:
+    message = {"role": "assistant", "content": content, **({"tool_calls": list(calls)} if calls else {})}
+    return json.dumps({"choices": [{"index": 0, "message": message}], "usage": {"prompt_tokens": 1}}).encode()
+
+
+def test_arguments_are_the_same_call_whatever_their_spacing_or_key_order() -> None:
+    same = args_digest('{"a": 1, "b": [2, 3]}')
+    assert same == args_digest('{"b":[2,3],"a":1}') == args_digest({"b": [2, 3], "a": 1})
+    assert args_digest('{"a": 1}') != args_digest('{"a": 2}')
+    assert args_digest("not json ") == args_digest("not json") and len(args_digest("x")) == 16
+
+
+def test_tool_calls_of_a_whole_response_every_one_kept_as_a_digest() -> None:
+    raw = _body(_call("search", '{"q": "x"}', "c1"), _call("open", '{"id": 3}', "c2"))
+    calls = tool_calls_in_body(raw)
+    assert [(c.name, c.call_id) for c in calls] == [("search", "c1"), ("open", "c2")]
+    assert calls[0].args_digest == args_digest('{"q":"x"}') and calls[0].arguments is None
+    assert tool_calls_in_body(raw, keep=True)[1].arguments == '{"id": 3}'
+
+
+@pytest.mark.parametrize("raw", [_body(content="plain answer"), b"{not json", b'{"tool_calls": 3}',
+                                 json.dumps({"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}).encode()])
+def test_a_response_without_usable_tool_calls_has_none(raw: bytes) -> None:
+    assert tool_calls_in_body(raw) == ()
+
+
+def _events(*deltas: dict[str, Any]) -> bytes:
+    chunks = [{"choices": [{"index": 0, "delta": {"tool_calls": [d]}}]} for d in deltas]
+    text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+    return (text + "data: [DONE]\n\n").encode()
+
+
+STREAM = _events({"index": 0, "id": "c1", "function": {"name": "search", "arguments": ""}},
+                 {"index": 0, "function": {"arguments": '{"q": '}},
+                 {"index": 1, "id": "c2", "function": {"name": "open", "arguments": '{"id": 3}'}},
+                 {"index": 0, "function": {"arguments": '"x"}'}})
+
+
+def test_streamed_tool_calls_are_accumulated_by_index() -> None:
+    calls = tool_calls_in_stream([STREAM])
+    assert [(c.name, c.call_id, c.args_digest) for c in calls] == [
+        ("search", "c1", args_digest('{"q":"x"}')), ("open", "c2", args_digest('{"id":3}'))]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=6))
+def test_stream_chunk_boundaries_do_not_change_the_calls(cuts: list[int]) -> None:
+    edges = [0, *sorted(set(cuts)), len(STREAM)]
+    chunks = [STREAM[a:b] for a, b in itertools.pairwise(edges)]
+    assert tool_calls_in_stream(chunks) == tool_calls_in_stream([STREAM])
+
+
+def test_a_stream_kept_from_mid_event_skips_the_broken_event() -> None:
+    calls = tool_calls_in_stream([STREAM[10:]])
+    assert [c.name for c in calls] == ["open"]  # the first event, cut, named `search`
+
+
+MESSAGES = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "find it"},
+    {"role": "assistant", "content": None, "tool_calls": [_call("search", "{}", "c0")]},
+    {"role": "tool", "tool_call_id": "c0", "content": "Error: timeout"},
+    {"role": "assistant", "content": "Let me retry.", "tool_calls": [_call("search", "{}", "c1"),
+                                                                    _call("open", "{}", "c2")]},
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "2 hits"}]},
+    {"role": "tool", "tool_call_id": "c2", "content": '{"error": "not allowed"}'},
+]
+
+
+def test_tool_results_are_the_outputs_after_the_last_assistant_message() -> None:
+    found = tool_results(MESSAGES)
+    assert [(r.tool_call_id, r.ok, r.size) for r in found] == [("c1", True, 6), ("c2", False, 24)]
+    assert found[0].content is None and tool_results(MESSAGES, keep=True)[0].content == "2 hits"
+    assert tool_results(MESSAGES[:3]) == () and tool_results("odd") == ()
+
+
+@pytest.mark.parametrize(("output", "ok"), [("Error: timeout", False), ("Traceback (most recent call last):", False),
+                                           ('{"status": "ok", "error": "none left"}', False), ("3 hits", True),
+                                           ("0 errors found", True), ("", True)])
+def test_error_markers(output: str, ok: bool) -> None:
+    (result,) = tool_results([{"role": "tool", "tool_call_id": "c", "content": output}])
+    assert result.ok is ok
+
+
+def test_the_echo_is_the_last_assistant_message_text_whitespace_folded() -> None:
+    assert echo(MESSAGES) == echo([{"role": "assistant", "content": " Let me\n retry. "}]) != ""
+    assert echo(MESSAGES[:3]) == ""  # a tool call without text says nothing
+    assert echo([{"role": "user", "content": "hi"}]) == ""
+    assert last_prompt(MESSAGES) == "find it"
+
+
+def test_a_step_round_trips_and_shows_only_the_contract() -> None:
+    step = Step(1.5, "hq", "r", "candidate", 3, 4, 0.01, 2.0, None, 200, (ToolCall("s", "d" * 16, "c1"),),
+                (ToolResult("c0", False, 5, "e" * 16),), echo="f" * 16, rework=True, flags=("loop:x",), step=7)
+    assert Step.from_dict(json.loads(json.dumps(step.to_dict()))) == step
+    shown = step.shown()
+    assert shown["tool_calls"] == [{"name": "s", "args_digest": "d" * 16}]
+    assert shown["tool_results"] == [{"tool_call_id": "c0", "ok": False, "size": 5}]
+    assert "echo" not in shown and "rework" not in shown and shown["step"] == 7
+
+
+def test_steps_per_min_counts_the_trailing_minute() -> None:
+    earlier = [Step(at, "hq", "r", None, 0, 0, 0.0, 0.0, None, 200) for at in (0.0, 30.0, 61.0, 90.0)]
+    assert steps_per_min(earlier, 100.0) == 3.0  # 61, 90 and the step at 100: (40, 100]
+
+
+@pytest.mark.parametrize(("body", "headers", "recorded"), [
+    ({"messages": [{"role": "user", "content": "hi"}]}, {}, False),
+    ({"messages": [{"role": "user", "content": "hi"}]}, {"x-session-id": "run-1"}, True),
+    ({"messages": [{"role": "user", "content": "hi"}], "user": "alice"}, {}, False),  # `user` names no session
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     {}, True),
+    ({"messages": MESSAGES}, {}, True),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                   {"role": "user", "content": "c"}]}, {}, True),
+])
+def test_what_is_an_agent_step(body: dict[str, Any], headers: dict[str, str], recorded: bool) -> None:
+    from gateway.decision.trajectory import is_step
+    from gateway.features import extract
+
+    assert is_step(extract({"model": "auto", **body}, "chat"), headers) is recorded

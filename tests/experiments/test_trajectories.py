@@ -1,0 +1,235 @@
+"""Agent trajectories in the running gateway: recorded step by step, loops flagged, escalated and stopped,
+spikes steered, spans carrying the session; real aiohttp servers, fake deployments, the openai SDK."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gateway.server.resources import TELEMETRY, TRAJECTORIES
+from gateway.telemetry.spans import Spans
+from tests.fixtures.agent_runs import SECRET_TASK, Agent, admin, recorded, until
+from tests.fixtures.stack import Stack
+
+STEP_FIELDS = {"step", "at", "deployment", "rule", "arm", "tokens_in", "tokens_out", "cost_usd", "latency_ms",
+               "ttft_ms", "status", "tool_calls", "tool_results", "flags"}
+SUMMARY_FIELDS = {"session_id", "tenant", "steps", "cost_usd", "tokens_in", "tokens_out", "started_at", "last_at",
+                  "steps_per_min", "deployments", "flags"}
+
+
+def _base(stack: Stack) -> str:
+    return str(stack.gateway.make_url("")).rstrip("/")
+
+
+def _varied(n: int) -> dict[str, Any]:
+    return {"query": "launch code", "page": n}
+
+
+async def test_an_agent_run_is_recorded_step_by_step_without_its_text(stack: Stack) -> None:
+    stack.hq.tool_args = _varied
+    async with stack.client() as client:
+        agent = await Agent(client, "run-1", output=lambda i: "Error: index offline" if i == 2 else "3 notes").run(4)
+    session = await recorded(_base(stack), "h:run-1", 4)
+    assert set(session) == SUMMARY_FIELDS | {"step_count"}
+    assert (session["session_id"], session["tenant"], session["step_count"]) == ("h:run-1", "anonymous", 4)
+    assert session["deployments"] == {"hq": 4} and agent.served == ["hq"] * 4
+    assert session["tokens_in"] == 44 and session["tokens_out"] == 32
+    assert session["cost_usd"] == pytest.approx(4 * (11 * 3 + 8 * 15) / 1e6)
+    steps = session["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4] and all(set(s) == STEP_FIELDS for s in steps)
+    assert steps[0]["rule"] == "tools-to-hq" and steps[0]["status"] == 200 and steps[0]["ttft_ms"] is None
+    assert [c["name"] for s in steps for c in s["tool_calls"]] == ["search"] * 4
+    assert len({c["args_digest"] for s in steps for c in s["tool_calls"]}) == 4  # the page differs each step
+    # each step sends back the output of the call the previous one asked for; the second is an error
+    assert steps[0]["tool_results"] == []
+    assert [[(r["tool_call_id"], r["ok"]) for r in s["tool_results"]] for s in steps[1:]] == [
+        [("call_1", True)], [("call_2", False)], [("call_3", True)]]
+    assert steps[2]["tool_results"][0]["size"] == len("Error: index offline")
+    assert all(s["flags"] == [] for s in steps) and session["flags"] == []
+    shown = json.dumps(session)
+    assert SECRET_TASK not in shown and "index offline" not in shown and "launch code" not in shown
+    status, listed = await admin(_base(stack), "/admin/sessions?sort=steps")
+    assert status == 200 and listed["object"] == "list"
+    assert [(s["session_id"], s["steps"]) for s in listed["data"]] == [("h:run-1", 4)]
+    assert set(listed["data"][0]) == SUMMARY_FIELDS
+
+
+async def test_streamed_tool_calls_are_accumulated_like_whole_ones(stack: Stack) -> None:
+    async with stack.client() as client:
+        await Agent(client, "streamed", stream=True).run(2)
+        await Agent(client, "whole").run(2)
+    streamed = await recorded(_base(stack), "h:streamed", 2)
+    whole = await recorded(_base(stack), "h:whole", 2)
+    assert streamed["steps"][0]["ttft_ms"] is not None
+    assert [s["tool_calls"] for s in streamed["steps"]] == [s["tool_calls"] for s in whole["steps"]]
+    assert streamed["steps"][1]["tool_calls"][0]["name"] == "search"
+
+
+async def test_prompts_and_tool_outputs_are_kept_only_when_the_operator_opts_in(
+    make_stack: Callable[..., Any],
+) -> None:
+    stack = await make_stack(settings={"request_log_prompts": 1})
+    async with stack.client() as client:
+        await Agent(client, "kept").run(2)
+    session = await recorded(_base(stack), "h:kept", 2)
+    second = session["steps"][1]
+    assert second["prompt"] == SECRET_TASK
+    assert second["tool_results"][0]["content"] == "3 notes match (page 1)"
+    assert json.loads(second["tool_calls"][0]["arguments"]) == {"city": "Paris"}
+
+
+LOOPS = """
+agents:
+  loops:
+    action: {action}
+    repeated_tool_call: {{count: 3, window_steps: 5}}
+"""
+
+
+async def test_the_same_tool_call_repeated_is_flagged_and_counted(make_stack: Callable[..., Any]) -> None:
+    stack = await make_stack(LOOPS.format(action="flag"))
+    async with stack.client() as client:
+        await Agent(client, "looping").run(4)
+    session = await recorded(_base(stack), "h:looping", 4)
+    assert [s["flags"] for s in session["steps"]] == [[], [], ["loop:repeated_tool_call"],
+                                                      ["loop:repeated_tool_call"]]
+    assert session["flags"] == ["loop:repeated_tool_call"]
+    text = await _metrics(stack)
+    assert 'gateway_agent_flags_total{action="flag",flag="loop:repeated_tool_call"} 1.0' in text
+    assert 'gateway_agent_repeated_tool_calls_total{arm="none",deployment="hq"} 3.0' in text
+
+
+async def test_a_stopped_loop_answers_429_naming_the_loop(make_stack: Callable[..., Any]) -> None:
+    stack = await make_stack(LOOPS.format(action="stop"))
+    async with stack.client() as client:
+        agent = Agent(client, "stuck")
+        with pytest.raises(openai.RateLimitError) as refused:
+            for _ in range(30):  # bounded: the stop comes once the flusher has seen the third repeat
+                await agent.step()
+    assert 3 <= len(agent.served) < 30
+    error = refused.value.body
+    assert isinstance(error, dict) and error["code"] == "agent_loop_detected"
+    assert "loop:repeated_tool_call" in error["message"] and "search" in error["message"]
+    assert 'gateway_agent_actions_total{action="stop",flag="loop:repeated_tool_call"} 1.0' in await _metrics(stack)
+    async with stack.client() as client:  # another session of the same client is not stopped
+        await Agent(client, "fresh").run(1)
+
+
+async def test_an_escalated_loop_sends_the_next_steps_to_hq(make_stack: Callable[..., Any]) -> None:
+    stack = await make_stack(LOOPS.format(action="escalate"), rules="rules: []")
+    async with stack.client() as client:
+        agent = Agent(client, "escalated")
+        await agent.run(3)
+        await until(lambda: _flagged(stack, "h:escalated", "loop:repeated_tool_call"))
+        await agent.run(2)
+    assert agent.served[:3] == ["fast"] * 3 and agent.served[3:] == ["hq", "hq"]
+    session = await recorded(_base(stack), "h:escalated", 5)
+    assert session["deployments"] == {"fast": 3, "hq": 2}
+
+
+async def _flagged(stack: Stack, session: str, flag: str) -> bool:
+    status, body = await admin(_base(stack), f"/admin/sessions/{session}")
+    return status == 200 and flag in body["flags"]
+
+
+SPIKES = """
+agents:
+  spikes:
+    action: steer
+    steer_to: fast
+    factor: 3
+    floor_usd_per_min: 0.001
+    window_s: 10
+    history_windows: 5
+    min_windows: 3
+    scopes: [tenant]
+"""
+
+
+async def test_a_tenant_cost_spike_steers_the_session_that_drove_it_to_fast(make_stack: Callable[..., Any]) -> None:
+    stack = await make_stack(SPIKES)
+    stack.hq.tool_args = stack.fast.tool_args = _varied
+    now = [math.floor(time.time() / 10) * 10.0]  # a window's start; moved on by hand below
+    stack.gateway.app[TRAJECTORIES].clock = lambda: now[0]
+    async with stack.client() as client:
+        steady, burst = Agent(client, "steady"), Agent(client, "burst")
+        for _ in range(4):  # one step each per 10 s window: the tenant's baseline, ~0.0018 USD/min
+            await steady.step()
+            await burst.step()
+            now[0] += 10
+        for _ in range(8):  # then one of them makes eight in one window: ~0.0073 USD/min, above 3x
+            await burst.step()
+            now[0] += 0.5
+        await until(lambda: _flagged(stack, "h:burst", "spike:tenant"))
+        await burst.step()
+        await steady.step()
+    assert burst.served[:10] == ["hq"] * 10 and burst.served[-1] == "fast"
+    assert steady.served == ["hq"] * 5
+    session = await recorded(_base(stack), "h:burst", 13)
+    assert session["flags"] == ["spike:tenant"]
+    _, quiet = await admin(_base(stack), "/admin/sessions/h:steady")
+    assert quiet["flags"] == []
+
+
+async def test_the_step_span_carries_the_session_tool_calls_and_flags(make_stack: Callable[..., Any]) -> None:
+    stack = await make_stack(LOOPS.format(action="flag"))
+    exporter = InMemorySpanExporter()
+    stack.gateway.app[TELEMETRY].spans = Spans(SimpleSpanProcessor(exporter))
+    async with stack.client() as client:
+        await Agent(client, "traced", output=lambda i: "Traceback: boom" if i == 1 else "fine").run(3)
+    await recorded(_base(stack), "h:traced", 3)
+    spans = await until(lambda: _spans(exporter, 5))
+    chats = [s for s in spans if s.name == "gateway chat"]
+    tools = [s for s in spans if s.name == "execute_tool search"]
+    assert [dict(s.attributes or {})["gateway.agent.step"] for s in chats] == [1, 2, 3]
+    assert all(dict(s.attributes or {})["gen_ai.conversation.id"] == "h:traced" for s in chats)
+    assert dict(chats[0].attributes or {})["gateway.agent.tool_calls"] == ("search",)
+    (event,) = chats[2].events
+    assert event.name == "gateway.agent.flag" and dict(event.attributes or {})["gateway.agent.flag"] == \
+        "loop:repeated_tool_call"
+    assert len(tools) == 2
+    first = dict(tools[0].attributes or {})
+    assert first["gen_ai.operation.name"] == "execute_tool" and first["gen_ai.tool.call.id"] == "call_1"
+    assert first["gen_ai.tool.name"] == "search" and first["error.type"] == "tool_error"
+    assert tools[0].parent is not None and tools[0].parent.span_id == chats[1].context.span_id
+    assert tools[0].start_time <= tools[0].end_time <= chats[1].start_time
+
+
+async def _spans(exporter: InMemorySpanExporter, count: int) -> Any:
+    found = exporter.get_finished_spans()
+    return found if len(found) >= count else None
+
+
+async def test_an_unknown_session_is_404_in_the_openai_envelope(stack: Stack) -> None:
+    status, body = await admin(_base(stack), "/admin/sessions/h:nobody")
+    assert status == 404 and body["error"]["code"] == "session_not_found"
+    status, body = await admin(_base(stack), "/admin/sessions?sort=price")
+    assert status == 400 and body["error"]["param"] == "sort"
+
+
+async def _metrics(stack: Stack) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
+        return await resp.text()
+
+
+async def test_a_one_shot_call_is_no_session_but_a_conversation_is(stack: Stack) -> None:
+    first = [{"role": "user", "content": "what is a monad?"}]
+    follow_up = [*first, {"role": "assistant", "content": "A monoid in..."}, {"role": "user", "content": "simpler?"}]
+    async with stack.client() as client:
+        await client.chat.completions.create(model="auto", messages=first)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="auto", messages=follow_up)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="auto", messages=first,  # type: ignore[arg-type]
+                                             extra_headers={"x-session-id": "named"})
+    await stack.gateway.app[TRAJECTORIES].flush()
+    status, listed = await admin(_base(stack), "/admin/sessions")
+    assert status == 200 and sorted(s["session_id"][:2] for s in listed["data"]) == ["h:", "p:"]

@@ -1,0 +1,114 @@
+"""One behavioural table run against RedisTrajectoryStore (real redis-server) and its in-memory twin."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.decision.spikes import bucket
+from gateway.decision.trajectory import Step, ToolCall
+from gateway.policy.agents import Recording
+from gateway.store.trajectories import Append, RedisTrajectoryStore, TrajectoryStore
+from gateway.store.trajectory_memory import MemoryTrajectoryStore
+from tests.fixtures.redis_server import RedisServer
+
+T0 = float(int(time.time()) // 10 * 10)  # a spend bucket's start: T0 + 0..9 s share one
+LIMITS = Recording(max_steps_per_session=3, max_sessions=3, ttl_s=600)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request: pytest.FixtureRequest, clock: Clock, key_prefix: str) -> AsyncIterator[TrajectoryStore]:
+    if request.param == "memory":
+        yield MemoryTrajectoryStore(clock=clock)
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    s = RedisTrajectoryStore(server.url, timeout_s=1.0, prefix=key_prefix)
+    yield s
+    await s.close()
+
+
+def _step(at: float, deployment: str = "hq", cost: float = 0.001, call: str = "d1") -> Step:
+    return Step(at, deployment, "rule", None, 10, 5, cost, 20.0, None, 200, (ToolCall("search", call, "c"),))
+
+
+def _append(session: str, at: float, tenant: str = "acme", **kw: object) -> Append:
+    fields: dict[str, object] = {"active": {}, **kw}
+    return Append(tenant, session, _step(at), 1.0, **fields)  # type: ignore[arg-type]
+
+
+async def test_steps_are_numbered_summed_and_read_back(store: TrajectoryStore) -> None:
+    await store.append([_append("s1", T0), _append("s1", T0 + 1)], {}, LIMITS)
+    await store.append([_append("s1", T0 + 2, active={"loop:x": (T0 + 60, "x 3 times")}, raised=("loop:x",))], {},
+                       LIMITS)
+    record = (await store.read([("acme", "s1"), ("acme", "none")], 2))[("acme", "s1")]
+    assert (record.steps_total, record.started_at, record.last_at) == (3, T0, T0 + 2)
+    assert [s.step for s in record.steps] == [2, 3] and record.steps[0].tool_calls[0].name == "search"
+    assert record.active == {"loop:x": (T0 + 60, "x 3 times")}
+    assert record.spend.since == T0 and sum(record.spend.buckets.values()) == pytest.approx(0.003)
+    found = await store.session("s1", "acme")
+    assert found is not None
+    summary = found[0]
+    assert (summary.tokens_in, summary.tokens_out, summary.deployments) == (30, 15, {"hq": 3})
+    assert summary.flags == ["loop:x"] and summary.cost_usd == pytest.approx(0.003)
+    assert await store.active(("acme", "s1")) == {"loop:x": (T0 + 60, "x 3 times")}
+    assert (await store.read([("acme", "none")], 2))[("acme", "none")].steps_total == 0
+    await store.append([_append("s1", T0 + 30, cleared=("loop:x",), forget=(bucket(T0),))], {}, LIMITS)
+    record = (await store.read([("acme", "s1")], 5))[("acme", "s1")]
+    found = await store.session("s1")
+    assert record.active == {} and found is not None and found[0].flags == ["loop:x"]
+    assert bucket(T0) not in record.spend.buckets
+
+
+async def test_a_session_keeps_its_last_steps_and_counts_them_all(store: TrajectoryStore) -> None:
+    await store.append([_append("long", T0 + i) for i in range(5)], {}, LIMITS)
+    found = await store.session("long")
+    assert found is not None
+    summary, steps = found
+    assert summary.steps == 5 and [s.step for s in steps] == [3, 4, 5]
+
+
+async def test_the_least_recently_active_session_goes_first(store: TrajectoryStore) -> None:
+    await store.append([_append("a", T0), _append("b", T0 + 1), _append("c", T0 + 2)], {}, LIMITS)
+    await store.append([_append("a", T0 + 3), _append("d", T0 + 4, tenant="globex")], {}, LIMITS)
+    assert [s.session_id for s in await store.sessions(None, 10)] == ["d", "a", "c"]
+    assert [s.session_id for s in await store.sessions("acme", 10)] == ["a", "c"]
+    assert await store.session("b") is None
+    found = await store.session("d")
+    assert found is not None and found[0].tenant == "globex"
+
+
+async def test_the_same_session_id_of_two_tenants_is_two_sessions(store: TrajectoryStore) -> None:
+    await store.append([_append("s", T0, tenant="acme"), _append("s", T0 + 1, tenant="globex")], {}, LIMITS)
+    acme, globex = await store.session("s", "acme"), await store.session("s")
+    assert acme is not None and globex is not None
+    assert (acme[0].tenant, acme[0].steps, globex[0].tenant) == ("acme", 1, "globex")
+
+
+async def test_idle_sessions_past_the_ttl_leave_the_list(store: TrajectoryStore, clock: Clock) -> None:
+    await store.append([_append("old", T0)], {}, LIMITS)
+    clock.now = T0 + 700
+    await store.append([_append("new", T0 + 700)], {}, LIMITS)
+    assert [s.session_id for s in await store.sessions(None, 10)] == ["new"]
+
+
+async def test_tenant_spend_is_bucketed_and_old_buckets_forgotten(store: TrajectoryStore) -> None:
+    await store.append([_append("s", T0), _append("s", T0 + 30)], {}, LIMITS)
+    series = (await store.tenant_spend(["acme", "nobody"]))["acme"]
+    assert series.since == T0 and series.buckets == {bucket(T0): 0.001, bucket(T0 + 30): 0.001}
+    await store.append([_append("s", T0 + 31)], {"acme": [bucket(T0)]}, LIMITS)
+    assert (await store.tenant_spend(["acme"]))["acme"].buckets == {bucket(T0 + 30): pytest.approx(0.002)}
