@@ -59,6 +59,8 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     policy = app[POLICY].current
     features = extract(body, endpoint)
     tenant = request.get(TENANT)
+    if tenant is not None:
+        ex.tenant = tenant
     accounting = app[ACCOUNTING] if steered(policy, request.headers) else None
     admitted = None
     if accounting is not None:  # tenancy configured, or a cost cap asked for: budget and session verdict
@@ -184,10 +186,10 @@ async def _forward(
                 last = exc.with_traceback(None)  # kept, its traceback would tie this frame into a cycle
                 continue
             if answer is None:
-                ex.answered(name, None)  # the model it names is read from the stream's first event
+                ex.answered(name, None, dep.price)  # the model it names is read from the stream's first event
                 return await _relay_stream(request, deployments, metrics, reply, client_wants_usage)
             raw, found = answer
-            ex.answered(name, found.get("model") if isinstance(found.get("model"), str) else None)
+            ex.answered(name, found.get("model") if isinstance(found.get("model"), str) else None, dep.price)
             return _relay_body(request, deployments, metrics, reply, raw, found)
         finally:
             deployments.in_flight[name] -= 1

@@ -368,12 +368,14 @@ def test_request_figures_reach_prometheus_in_batches_and_at_every_scrape() -> No
     metrics = make_metrics()
     for _ in range(3):
         metrics.observe_request("chat", "fast", "default", "200", 0.004, 0.001)
-    metrics.count_tokens("fast", 11, 8)
+    metrics.count_tokens("fast", "acme", 11, 8, 0.25)
     text = metrics.render().decode()
     assert 'gateway_requests_total{deployment="fast",endpoint="chat",rule="default",status="200"} 3.0' in text
     assert 'gateway_request_duration_seconds_bucket{deployment="fast",endpoint="chat",le="0.005"} 3.0' in text
     assert 'gateway_time_to_first_token_seconds_count{deployment="fast"} 3.0' in text
     assert 'gateway_tokens_total{deployment="fast",direction="output"} 8.0' in text
+    assert 'gateway_tenant_tokens_total{direction="input",tenant="acme"} 11.0' in text
+    assert 'gateway_spend_usd_total{deployment="fast",tenant="acme"} 0.25' in text
     for _ in range(FOLD_EVERY):
         metrics.observe_request("chat", "hq", "default", "200", 0.5, None)
     assert not metrics.pending  # folded without a scrape
