@@ -37,7 +37,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[TELEMETRY].metrics.render()
-    return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8"})
+    # With several workers each scrape is merged from all of them; the header says which one answered.
+    return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8",
+                                            "x-gateway-worker": str(request.app[SETTINGS].worker_index)})
 
 
 async def explain_recent(request: web.Request) -> web.Response:

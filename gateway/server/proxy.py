@@ -118,7 +118,7 @@ def context(
     step = read_step(body) if body is not None and policy.reads_steps else None
     deployments = app[DEPLOYMENTS]
     return Context(headers=headers, tenant=tenant, complexity=complexity, load=dict(deployments.load),
-                   in_flight=dict(deployments.in_flight), admission=admission, session=session,
+                   in_flight=deployments.in_flight_now(), admission=admission, session=session,
                    share_thresholds=thresholds, step=step)
 
 
