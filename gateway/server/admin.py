@@ -10,6 +10,7 @@ from gateway.decision.explain import explanation
 from gateway.decision.routing import decide
 from gateway.errors import NotFound
 from gateway.features import extract
+from gateway.policy.tenancy import find_tenant
 from gateway.server.proxy import context
 from gateway.server.resources import ACCOUNTING, DEPLOYMENTS, POLICY, RECENT, SETTINGS, SHARES, TELEMETRY, TENANT
 
@@ -74,9 +75,16 @@ async def shares(request: web.Request) -> web.Response:
 
 
 async def usage(request: web.Request) -> web.Response:
-    """Spend, tokens and requests per tenant, deployment and window (`?tenant=T` for one tenant)."""
+    """Spend, tokens and requests per tenant, deployment and window (`?tenant=T` for one tenant), and under
+    `limits` the budgets each of those tenants is held to (from the policy: its own entry, else `*`)."""
     store = request.app[ACCOUNTING].store
-    return web.json_response(await usage_report(store, request.query.get("tenant")))
+    report = await usage_report(store, request.query.get("tenant"))
+    tenants = request.app[POLICY].current.tenants
+    limits = {}
+    for name in sorted({row["tenant"] for row in report["data"]}):
+        found = find_tenant(tenants, name)
+        limits[name] = [] if found is None else [b.model_dump(mode="json", exclude_none=True) for b in found.budgets]
+    return web.json_response({**report, "limits": limits})
 
 
 async def policy_status(request: web.Request) -> web.Response:

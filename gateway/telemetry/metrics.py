@@ -205,6 +205,7 @@ class Metrics:
 
     def totals(self, family: str) -> dict[tuple[tuple[str, str], ...], float]:
         """A counter's current values by label set, as /metrics would show them (merged across workers)."""
+        self.fold()
         found: dict[tuple[tuple[str, str], ...], float] = {}
         for metric in self.exposed.collect():
             if metric.name != family:
