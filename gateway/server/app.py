@@ -7,6 +7,7 @@ import contextlib
 import gc
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -23,7 +24,7 @@ from gateway.experiments.shares import keep_in_step
 from gateway.features import load_encoding
 from gateway.policy.file import PolicyFile
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin, deployment_admin, proxy, rollout_admin
+from gateway.server import admin, deployment_admin, proxy, rollout_admin, ui
 from gateway.server.middleware import exchange_middleware
 from gateway.server.resources import (
     ACCOUNTING,
@@ -57,7 +58,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[exchange_middleware], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[RECENT] = Recent(settings.explain_memory)
-    app[TRAFFIC] = LiveShares()
+    app[TRAFFIC] = LiveShares(time.time())
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _shares, _accounting,
                             _experiments, _long_lived_heap])
@@ -71,6 +72,7 @@ def create_app(settings: Settings) -> web.Application:
     admin.add_routes(app.router)
     rollout_admin.add_routes(app.router)
     deployment_admin.add_routes(app.router)
+    ui.add_routes(app.router)
     return app
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 Labels = tuple[tuple[str, str], ...]  # a counter's label set, sorted by name
 Totals = Mapping[Labels, float]
@@ -16,9 +16,9 @@ MAX_READINGS = 512
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """How many requests each label set counted between two readings; `span_s` None means since start."""
+    """How many requests each label set counted between two readings, `span_s` apart."""
 
-    span_s: float | None
+    span_s: float
     by_labels: dict[Labels, float]
 
     def by(self, label: str, where: Mapping[str, str] | None = None) -> dict[str, float]:
@@ -41,30 +41,27 @@ def shares(counts: Mapping[str, float], skip: Iterable[str] = ()) -> dict[str, f
 
 
 class Window:
-    """Readings of one counter family; each reading is compared with the last one at least WINDOW_S older
-    (or the first one kept, or zero when there is none: since start)."""
+    """Readings of one counter family; each reading is compared with the newest one at least `window_s`
+    older, or with the oldest kept: the counters' zero when the server started, for its first minute."""
 
-    def __init__(self, window_s: float = WINDOW_S) -> None:
+    def __init__(self, started_at: float, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
-        self._readings: deque[tuple[float, dict[Labels, float]]] = deque(maxlen=MAX_READINGS)
+        self._readings: deque[tuple[float, dict[Labels, float]]] = deque([(started_at, {})], maxlen=MAX_READINGS)
 
     def read(self, now: float, totals: Totals) -> Counts:
         current = dict(totals)
         while len(self._readings) > 1 and now - self._readings[1][0] >= self.window_s:
             self._readings.popleft()  # the next one is old enough to be the baseline
-        base = self._readings[0] if self._readings else None
+        at, before = self._readings[0]
         self._readings.append((now, current))
-        if base is None:
-            return Counts(None, current)
-        at, before = base
         # A counter below its earlier reading has restarted (a worker replaced): count it from zero.
         deltas = {k: v - before.get(k, 0.0) if v >= before.get(k, 0.0) else v for k, v in current.items()}
         return Counts(now - at, deltas)
 
 
-@dataclass(slots=True)
 class LiveShares:
     """The windows /admin/deployments reads: requests by deployment and rule, and requests by rollout arm."""
 
-    requests: Window = field(default_factory=Window)
-    arms: Window = field(default_factory=Window)
+    def __init__(self, started_at: float) -> None:
+        self.requests = Window(started_at)
+        self.arms = Window(started_at)
