@@ -46,8 +46,8 @@ from gateway.settings import Settings
 from gateway.store.fallback import FallbackStore
 from gateway.store.opening import open_stores
 from gateway.telemetry import metrics as m
-from gateway.telemetry.shares import LiveShares
 from gateway.telemetry.spans import LoopExport, Spans, make_spans
+from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream import forward as upstream
 from gateway.upstream.board import Board
 from gateway.upstream.deployments import Deployments, Tracked
@@ -58,7 +58,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[exchange_middleware], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[RECENT] = Recent(settings.explain_memory)
-    app[TRAFFIC] = LiveShares(time.time())
+    app[TRAFFIC] = TrafficWindows(time.time())
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _shares, _accounting,
                             _experiments, _long_lived_heap])

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gateway.policy.model import ComplexityShare, Policy
 from gateway.server.resources import DEPLOYMENTS, EXPERIMENTS, POLICY, SETTINGS, SHARES, TELEMETRY, TRAFFIC
-from gateway.telemetry.shares import Counts, shares
+from gateway.telemetry.traffic import Counts, shares
 from gateway.upstream.deployments import Deployments
 
 NOT_SERVED = "none"  # the deployment label of requests refused before any deployment was tried

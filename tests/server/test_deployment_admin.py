@@ -47,7 +47,9 @@ async def test_deployments_show_health_load_shares_and_targets(ops_stack: OpsSta
     assert abs(sum(shares["deployments"].values()) - 1) < 1e-9
     assert shares["deployments"]["hq"] + shares["deployments"]["hq-v2"] == 12 / 20  # the pinned route, both arms
     targets = {t["kind"]: t for t in view["targets"]}
-    assert targets["hq_share"]["rule"] == "hard-prompt-to-hq" and targets["hq_share"]["target"] == 0.3
+    share = targets["hq_share"]
+    assert (share["route"], share["rules"], share["target"]) == ("auto", ["hard-prompt-to-hq"], 0.3)
+    assert share["observed"] is not None and share["threshold"] is not None
     rollout = targets["rollout"]
     assert rollout["route"] == "hq" and rollout["target"] == 0.5
     assert rollout["phase"] == "Paused"  # the manual pause after set_weight

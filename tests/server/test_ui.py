@@ -113,8 +113,9 @@ async def test_the_page_shows_live_figures_and_aborts_a_rollout(ops_stack: OpsSt
     assert "healthy" in health and "0 / 256" in health
     note = await wait_for(browser, text_of("#shares-note"))
     assert note.startswith("20 requests over the last")  # the server's first minute: since it started
-    assert "target 50%" in browser.find_element(By.CSS_SELECTOR, '#shares [data-target="hq"]').text
-    assert "target 30%" in browser.find_element(By.CSS_SELECTOR, '#shares [data-target="hard-prompt-to-hq"]').text
+    assert "target 50%" in browser.find_element(By.CSS_SELECTOR, '#shares [data-target="rollout:hq"]').text
+    share = browser.find_element(By.CSS_SELECTOR, '#shares [data-target="share:auto"]').text
+    assert "auto: top 30% to HQ (hard-prompt-to-hq)" in share and "target 30%" in share
     rollout = await wait_for(browser, text_of('#rollouts [data-route="hq"]'))
     assert "Paused" in rollout and "2 of 2" in rollout and "deployment:hq → deployment:hq-v2" in rollout
     assert "50.0%" in rollout

@@ -134,10 +134,14 @@ function renderShares(view) {
   }
   if (!nodes.length) nodes.push(el("p", { class: "empty" }, "No traffic in this window."));
   for (const t of view.targets) {
-    const label = t.kind === "rollout" ? `rollout ${t.route} → ${t.candidate.replace(/^deployment:/, "")}` : `rule ${t.rule}`;
-    const observed = t.observed === null ? "no traffic" : pct(t.observed, 1);
+    const share = t.kind === "hq_share";
+    const label = share
+      ? `${t.route}: top ${pct(t.target)} to HQ${t.rules.length ? ` (${t.rules.join(", ")})` : ""}`
+      : `rollout ${t.route} → ${t.candidate.replace(/^deployment:/, "")}`;
+    const observed = t.observed === null ? "no traffic yet" : pct(t.observed, 1);
     const off = t.observed !== null && Math.abs(t.observed - t.target) > 0.1;
-    nodes.push(el("div", { class: "meter-row", data: { target: t.kind === "rollout" ? t.route : t.rule } },
+    const title = share ? `score threshold ${num(t.threshold, 4)} (${t.source})` : `phase ${t.phase}`;
+    nodes.push(el("div", { class: "meter-row", title, data: { target: `${share ? "share" : "rollout"}:${t.route}` } },
       el("span", { class: "label", title: label }, label),
       meter(t.observed, off ? "warn" : "", t.target),
       el("span", { class: "value" }, `${observed} · target ${pct(t.target)}`)));

@@ -59,7 +59,7 @@ class Window:
         return Counts(now - at, deltas)
 
 
-class LiveShares:
+class TrafficWindows:
     """The windows /admin/deployments reads: requests by deployment and rule, and requests by rollout arm."""
 
     def __init__(self, started_at: float) -> None:
