@@ -53,7 +53,8 @@ class Posting:
     @classmethod
     def from_json(cls, text: str) -> Posting:
         raw: dict[str, Any] = json.loads(text)
-        raw["probes"] = {name: Probe(**probe) for name, probe in raw.get("probes", {}).items()}
+        raw["probes"] = {name: Probe(**{**probe, "spec_decode": _counts(probe.get("spec_decode"))})
+                         for name, probe in raw.get("probes", {}).items()}
         return cls(**raw)
 
 
@@ -109,6 +110,10 @@ class Board:
             except (OSError, ValueError, TypeError) as exc:  # a worker's file removed or from another version
                 log.debug("skipping posting %s: %s", path, exc)
         return found
+
+
+def _counts(raw: Any) -> tuple[float, float, float] | None:
+    return None if raw is None else (float(raw[0]), float(raw[1]), float(raw[2]))
 
 
 def _add(total: dict[str, int], more: dict[str, int]) -> None:

@@ -95,3 +95,9 @@ def test_a_stale_or_unreadable_posting_is_ignored(tmp_path: Path) -> None:
     others = board.read()
     assert others.prober == 1  # worker 0 has gone stale; 1 (this one) is the lowest still posting
     assert others.in_flight == {"hq": 2} and others.failures == {"hq": 1} and others.probes == {}
+
+
+def test_a_posting_reads_back_as_written(tmp_path: Path) -> None:
+    probe = Probe(True, 1.0, 2.0, 0.5, (10.0, 40.0, 25.0), time.time())  # with the prober's spec-decode counts
+    posting = Posting(0, 1, time.time(), {"fast": probe}, {"fast": 2}, {"hq": 1}, {"hq": time.time() + 5})
+    assert Posting.from_json(posting.to_json()) == posting
