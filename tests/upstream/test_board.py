@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +14,8 @@ from gateway.upstream.board import STALE_S, Board, Posting, Probe
 from gateway.upstream.client import Pool
 from gateway.upstream.deployments import Deployments
 from gateway.upstream.forward import make_client
+from tests.fixtures.conditions import until
 from tests.fixtures.stack import policy_yaml
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
