@@ -29,6 +29,9 @@ class Settings:
     max_upstream_body_bytes: int = 32 * 1024 * 1024  # a longer non-streamed answer is a deployment failure
     header_timeout_s: float = 10.0  # a request's head (request line and headers) must arrive within this
     upstream_connections: int = 1024  # open connections per deployment at most; more requests wait connect_s
+    # Set by `serve --workers N` for each worker: its number and the folder the workers of this run share.
+    worker_index: int = 0
+    run_dir: str = ""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:

@@ -7,10 +7,14 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gateway import __version__
@@ -163,21 +167,38 @@ def _use_uvloop() -> None:
 
 
 def _serve_workers(settings: Settings) -> int:
-    """Several processes share the port via SO_REUSEPORT; signals reach every worker."""
+    """Several processes share the port via SO_REUSEPORT; signals reach every worker. The run gets a fresh
+    folder the workers share: their Prometheus series (merged in any worker's /metrics) and the board
+    where one probes the deployments and all post their failures and requests in flight."""
+    from gateway.telemetry import metrics
+
+    run_dir = tempfile.mkdtemp(prefix="agent-gateway-")
+    os.mkdir(os.path.join(run_dir, "metrics"))
+    # Read by prometheus_client when a worker imports it, so set before they are spawned.
+    os.environ[metrics.MULTIPROC_DIR_ENV] = os.path.join(run_dir, "metrics")
     ctx = multiprocessing.get_context("spawn")
-    workers = [ctx.Process(target=run, args=(settings,), name=f"worker-{i}") for i in range(settings.workers)]
-    for worker in workers:
-        worker.start()
-
-    def forward(signum: int, _frame: object) -> None:
+    workers = [ctx.Process(target=run, args=(replace(settings, worker_index=i, run_dir=run_dir),),
+                           name=f"worker-{i}") for i in range(settings.workers)]
+    try:
         for worker in workers:
-            if worker.pid is not None and worker.is_alive():
-                os.kill(worker.pid, signum)
+            worker.start()
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
-    for worker in workers:
-        worker.join()
+        def forward(signum: int, _frame: object) -> None:
+            for worker in workers:
+                if worker.pid is not None and worker.is_alive():
+                    os.kill(worker.pid, signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, forward)
+        running = {worker.sentinel: worker for worker in workers}
+        while running:
+            for sentinel in multiprocessing.connection.wait(list(running)):
+                ended = running.pop(sentinel)  # type: ignore[arg-type]  # the sentinels given are ints
+                ended.join()
+                if ended.pid is not None:
+                    metrics.forget_worker(ended.pid)  # its live gauges leave the merged scrape
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
     return max((w.exitcode or 0) for w in workers)
 
 

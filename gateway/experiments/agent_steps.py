@@ -102,7 +102,7 @@ class StepReport:
             if finding.flag not in raised:
                 continue
             action = loop_rules.action if finding.flag.startswith("loop:") else spike_rules.action
-            self.add("flags", finding.flag, action)
+            self.add("flags", p.tenant, finding.flag, action)
             log.warning("agent session %r (tenant %r), step %d: %s: %s; action: %s", p.session_id, p.tenant,
                         step.step, finding.flag, finding.detail, action)
             events.append((int(step.at * 1e9), t.AGENT_FLAG_EVENT,

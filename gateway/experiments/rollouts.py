@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from gateway.policy.model import Policy
+from gateway.rollout.analysis import GUARD_NAMES, evaluate
 from gateway.rollout.assignment import Assignment, assign_session
 from gateway.rollout.samples import (
     Cohort,
@@ -33,8 +34,8 @@ from gateway.rollout.samples import (
     process_fields,
 )
 from gateway.rollout.spec import RolloutSpec, ShadowSpec
-from gateway.rollout.state import Arm, InvalidTransition, RolloutState, StaleGeneration
-from gateway.rollout.stats import breaches_slo
+from gateway.rollout.state import Arm, InvalidTransition, Phase, RolloutState, StaleGeneration
+from gateway.rollout.stats import Status, breaches_slo
 from gateway.rollout.step import TICK_S, abort, start, step
 from gateway.store.contract import StoreError
 from gateway.store.rollouts import RolloutKeys, RolloutStore
@@ -91,6 +92,7 @@ class Rollouts:
         self._touched: set[str] = set()  # arms stepped on since the last flush: their TTL is renewed then
         self._tasks: list[asyncio.Task[None]] = []
         self.stale, self.weight = metrics.rollout_stale, metrics.rollout_weight
+        self.phase, self.step, self.verdict = metrics.rollout_phase, metrics.rollout_step, metrics.rollout_verdict
 
     def index(self, policy: Policy) -> Index:
         seen, found = self._indexed
@@ -221,6 +223,23 @@ class Rollouts:
         for route, spec in self.index(self._current()).rollouts.items():
             state = self.state(spec)
             self.weight.labels(route).set(state.weight_pct if state is not None and fresh else 0)
+            known = self.states.get(route)
+            if known is not None and known.rollout_id == spec.id:
+                self._export_phase(route, known)
+
+    def _export_phase(self, route: str, state: RolloutState) -> None:
+        """The stored phase and step, whatever this replica serves by (a stale replica still reports them)."""
+        for phase in Phase:
+            self.phase.labels(route, phase.value).set(1 if state.phase is phase else 0)
+        self.step.labels(route).set(state.step_index)
+
+    def _export_verdicts(self, route: str, spec: RolloutSpec, state: RolloutState, obs: Observations) -> None:
+        """Each guard's interim status as the leader's tick saw it (a guard not evaluated shows no status)."""
+        verdicts = evaluate(spec, obs, final=False, shadow_active=state.shadow_pct > 0)
+        found = {v.metric.removesuffix("_slo"): v.status for v in verdicts}  # error_rate_slo: a hard breach
+        for guard in GUARD_NAMES:
+            for status in Status:
+                self.verdict.labels(route, guard, status.value).set(1 if found.get(guard) is status else 0)
 
     async def tick(self) -> None:
         """The leader steps every rollout once; a new or replaced rollout starts at step 0."""
@@ -240,9 +259,12 @@ class Rollouts:
                 expected = -1 if state is None else state.generation
                 new = new if state is None else _continue_generation(new, state)
             else:
-                new, expected = step(spec, state, await self.observe(state), now), state.generation
+                obs = await self.observe(state)
+                self._export_verdicts(route, spec, state, obs)
+                new, expected = step(spec, state, obs, now), state.generation
             if new is not state and await self.store.write_state(route, expected, _dump(new), token):
                 self.states[route] = new
+                self._export_phase(route, new)
 
     async def flush(self) -> None:
         """Write the batched counters and arm renewals; a batch that proves a hard error-rate breach aborts

@@ -83,7 +83,7 @@ class Trajectories:
             return None
         verdict = found.verdict(active, loop_rules, spike_rules, self.clock()) if active else None
         if verdict is not None:
-            self.report.child("actions", verdict.flag, verdict.action).inc()
+            self.report.child("actions", tenant, verdict.flag, verdict.action).inc()
             ex.attributes[t.AGENT_ACTION] = f"{verdict.action} ({verdict.flag})"
         return verdict
 

@@ -11,6 +11,7 @@ from gateway.decision.routing import decide
 from gateway.errors import NotFound
 from gateway.experiments.shares import export as export_shares
 from gateway.features import extract
+from gateway.policy.tenancy import find_tenant
 from gateway.server.proxy import context
 from gateway.server.resources import ACCOUNTING, DEPLOYMENTS, POLICY, RECENT, SETTINGS, SHARES, TELEMETRY, TENANT
 
@@ -40,7 +41,9 @@ async def metrics(request: web.Request) -> web.Response:
     metrics = request.app[TELEMETRY].metrics
     export_shares(request.app[SHARES], metrics)  # fresh at every scrape, not only at the once-a-second sync
     body = metrics.render()
-    return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8"})
+    # With several workers each scrape is merged from all of them; the header says which one answered.
+    return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8",
+                                            "x-gateway-worker": str(request.app[SETTINGS].worker_index)})
 
 
 async def explain_recent(request: web.Request) -> web.Response:
@@ -75,9 +78,16 @@ async def shares(request: web.Request) -> web.Response:
 
 
 async def usage(request: web.Request) -> web.Response:
-    """Spend, tokens and requests per tenant, deployment and window (`?tenant=T` for one tenant)."""
+    """Spend, tokens and requests per tenant, deployment and window (`?tenant=T` for one tenant), and under
+    `limits` the budgets each of those tenants is held to (from the policy: its own entry, else `*`)."""
     store = request.app[ACCOUNTING].store
-    return web.json_response(await usage_report(store, request.query.get("tenant")))
+    report = await usage_report(store, request.query.get("tenant"))
+    tenants = request.app[POLICY].current.tenants
+    limits = {}
+    for name in sorted({row["tenant"] for row in report["data"]}):
+        found = find_tenant(tenants, name)
+        limits[name] = [] if found is None else [b.model_dump(mode="json", exclude_none=True) for b in found.budgets]
+    return web.json_response({**report, "limits": limits})
 
 
 async def policy_status(request: web.Request) -> web.Response:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
+import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -23,7 +25,7 @@ from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.file import PolicyFile
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin, proxy, rollout_admin, session_admin
+from gateway.server import admin, deployment_admin, proxy, rollout_admin, session_admin, ui
 from gateway.server.middleware import exchange_middleware
 from gateway.server.resources import (
     ACCOUNTING,
@@ -37,6 +39,7 @@ from gateway.server.resources import (
     SHARES,
     STORES,
     TELEMETRY,
+    TRAFFIC,
     TRAJECTORIES,
     Recent,
     Telemetry,
@@ -46,7 +49,9 @@ from gateway.store.fallback import FallbackStore
 from gateway.store.opening import open_stores
 from gateway.telemetry import metrics as m
 from gateway.telemetry.spans import LoopExport, Spans, make_spans
+from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream import forward as upstream
+from gateway.upstream.board import Board
 from gateway.upstream.deployments import Deployments, Tracked
 
 
@@ -55,6 +60,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[exchange_middleware], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[RECENT] = Recent(settings.explain_memory)
+    app[TRAFFIC] = TrafficWindows(time.time())
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _shares, _accounting,
                             _experiments, _trajectories, _long_lived_heap])
@@ -68,6 +74,8 @@ def create_app(settings: Settings) -> web.Application:
     admin.add_routes(app.router)
     rollout_admin.add_routes(app.router)
     session_admin.add_routes(app.router)
+    deployment_admin.add_routes(app.router)
+    ui.add_routes(app.router)
     return app
 
 
@@ -84,9 +92,22 @@ async def _telemetry(app: web.Application) -> AsyncIterator[None]:
     if spans is not None:
         spans.start()
         _watch_spans(metrics, spans)
+    # Several workers: another worker may answer the scrape, so this one's figures must reach the shared files.
+    folding = asyncio.get_running_loop().create_task(_fold_every(metrics)) if m.multiprocess_dir() else None
     yield
+    if folding is not None:
+        folding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await folding
+        metrics.fold()
     if telemetry.spans is not None:
         await telemetry.spans.close()  # exports what is still queued, over the pool: before it closes
+
+
+async def _fold_every(metrics: m.Metrics) -> None:
+    while True:
+        await asyncio.sleep(m.FOLD_S)
+        metrics.fold()
 
 
 def _watch_spans(metrics: m.Metrics, spans: Spans) -> None:
@@ -122,12 +143,15 @@ PROBE_CONNECTIONS = 2  # per deployment: its /health probe and /metrics scrape r
 
 
 async def _deployments(app: web.Application) -> AsyncIterator[None]:
-    metrics = app[TELEMETRY].metrics
+    settings, metrics = app[SETTINGS], app[TELEMETRY].metrics
     # Probes and scrapes get their own small pool: the main pool at its limit under load must not fail
     # them and make a busy, healthy deployment look dead.
     probes = upstream.make_client(PROBE_CONNECTIONS)
+    board = None
+    if settings.workers > 1 and settings.run_dir:  # one prober, failures and in-flight counted across workers
+        board = Board(os.path.join(settings.run_dir, "board"), settings.worker_index)
     deployments = Deployments(probes, on_change=lambda name, tracked: _export_load(metrics, name, tracked,
-                                                                                   deployments))
+                                                                                   deployments), board=board)
     app[DEPLOYMENTS] = deployments
     deployments.reconcile(app[POLICY].current)
     yield

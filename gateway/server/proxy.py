@@ -62,6 +62,8 @@ async def _proxy(request: web.Request, endpoint: str) -> web.StreamResponse:
     policy = app[POLICY].current
     features = extract(body, endpoint)
     tenant = request.get(TENANT)
+    if tenant is not None:
+        ex.tenant = tenant
     trajectories = app[TRAJECTORIES]
     sid = session_id(request.headers, body) if trajectories.recording(policy, features, request.headers) else None
     agent = None
@@ -129,7 +131,7 @@ def context(
     step = read_step(body) if body is not None and policy.reads_steps else None
     deployments = app[DEPLOYMENTS]
     return Context(headers=headers, tenant=tenant, complexity=complexity, load=dict(deployments.load),
-                   in_flight=dict(deployments.in_flight), admission=admission, session=session,
+                   in_flight=deployments.in_flight_now(), admission=admission, session=session,
                    share_thresholds=thresholds, step=step, agent=agent)
 
 
@@ -197,10 +199,10 @@ async def _forward(
                 last = exc.with_traceback(None)  # kept, its traceback would tie this frame into a cycle
                 continue
             if answer is None:
-                ex.answered(name, None)  # the model it names is read from the stream's first event
+                ex.answered(name, None, dep.price)  # the model it names is read from the stream's first event
                 return await _relay_stream(request, deployments, metrics, reply, client_wants_usage)
             raw, found = answer
-            ex.answered(name, found.get("model") if isinstance(found.get("model"), str) else None)
+            ex.answered(name, found.get("model") if isinstance(found.get("model"), str) else None, dep.price)
             return _relay_body(request, deployments, metrics, reply, raw, found)
         finally:
             deployments.in_flight[name] -= 1

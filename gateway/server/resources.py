@@ -22,6 +22,7 @@ from gateway.store.opening import Stores
 from gateway.telemetry.exchange import Exchange
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.spans import Spans
+from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream.client import Pool
 from gateway.upstream.deployments import Deployments
 
@@ -59,6 +60,7 @@ CLASSIFIER = web.AppKey("classifier", Classifier)
 STORES = web.AppKey("stores", Stores)
 SHARES = web.AppKey("shares", ShareTracker)  # live complexity-share thresholds
 RECENT = web.AppKey("recent", Recent)
+TRAFFIC = web.AppKey("traffic", TrafficWindows)  # readings of the request counters, for /admin/deployments
 ACCOUNTING = web.AppKey("accounting", Accounting)
 EXPERIMENTS = web.AppKey("experiments", Experiments)
 TRAJECTORIES = web.AppKey("trajectories", Trajectories)

@@ -6,10 +6,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from gateway.decision.admission import ANONYMOUS
 from gateway.decision.routing import Decision
 from gateway.errors import GatewayError
 from gateway.features import Features, count_tokens, prompt_tokens_with_template
 from gateway.openai import OPERATION, StreamTally, Usage
+from gateway.policy.model import Price
 from gateway.telemetry import metrics as t
 from gateway.telemetry.otlp import SpanEvent
 from gateway.telemetry.spans import Spans, TraceContext
@@ -34,8 +36,9 @@ class Exchange:
     The span is recorded once at the end with every attribute (start time back-dated; see telemetry/spans.py).
     """
 
-    __slots__ = ("attributes", "client_request_id", "deployment", "endpoint", "error", "first_byte_at",
+    __slots__ = ("attributes", "client_request_id", "deployment", "endpoint", "error", "first_byte_at", "price",
                  "prompt_tokens", "request_id", "response_model", "rule", "started", "started_ns", "step", "tap",
+                 "tenant",
                  "trace", "tried", "usage")
 
     def __init__(
@@ -53,6 +56,8 @@ class Exchange:
         self.rule: str | None = None
         self.tried: list[str] = []  # the deployments sent the request, in order (failover adds more)
         self.response_model: str | None = None  # the model the answering deployment named in its answer
+        self.price: Price | None = None  # the answering deployment's, for the spend by tenant
+        self.tenant = ANONYMOUS
         self.first_byte_at: float | None = None
         self.usage: Usage | None = None
         self.prompt_tokens = 0  # the request's estimate, charged when a stream ends without usage
@@ -78,22 +83,24 @@ class Exchange:
     def trying(self, deployment: str) -> None:
         self.tried.append(deployment)
 
-    def answered(self, deployment: str, model: str | None) -> None:
-        """The deployment whose answer the client gets (after any failover) and the model it named."""
-        self.deployment, self.response_model = deployment, model
+    def answered(self, deployment: str, model: str | None, price: Price | None = None) -> None:
+        """The deployment whose answer the client gets (after any failover), the model it named, its price."""
+        self.deployment, self.response_model, self.price = deployment, model, price
 
     def first_byte(self) -> None:
         if self.first_byte_at is None:
             self.first_byte_at = time.perf_counter()
 
     def settle(self, usage: Usage | None, metrics: t.Metrics, streamed: StreamTally | None = None) -> None:
-        """Keep a finished exchange's usage and count its tokens: the deployment's (exact), else, for a stream
-        that ended without it (client gone, deployment died), the prompt and the tokens it streamed."""
+        """Keep a finished exchange's usage and count its tokens and cost: the deployment's (exact), else, for a
+        stream that ended without it (client gone, deployment died), the prompt and the tokens it streamed."""
         if usage is None and streamed is not None and streamed.events:
             usage = Usage(self.prompt_tokens, streamed.completion_tokens(count_tokens), estimated=True)
         self.usage = usage
         if usage is not None and self.deployment is not None:
-            metrics.count_tokens(self.deployment, usage.prompt_tokens, usage.completion_tokens)
+            tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
+            cost_usd = self.price.cost_usd(tokens_in, tokens_out) if self.price is not None else 0.0
+            metrics.count_tokens(self.deployment, self.tenant, tokens_in, tokens_out, cost_usd)
 
     def failed_mid_stream(self, err: GatewayError) -> None:
         self.error = err

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
+import os
+from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
+
+# Set by `serve --workers N` (one fresh directory per run) before a worker imports prometheus_client: every
+# worker then keeps its series in memory-mapped files there and any worker's /metrics merges them all.
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # GenAI semantic-convention attribute names (opentelemetry semconv, gen_ai.*).
 GEN_AI_OPERATION = "gen_ai.operation.name"
@@ -51,21 +58,10 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
 @dataclass(slots=True)
 class ScoringCost:
     """Time spent in the classifier, summed in plain attributes (a Counter's lock would cost more than a
-    score) and exported at scrape time as gateway_classifier_seconds_total / gateway_classifier_scores_total."""
+    score) and added to gateway_classifier_seconds_total / gateway_classifier_scores_total when folded."""
 
     seconds: float = 0.0
     scores: int = 0
-
-
-class _ScoringCollector(Collector):
-    def __init__(self, cost: ScoringCost) -> None:
-        self.cost = cost
-
-    def collect(self) -> Any:
-        yield CounterMetricFamily("gateway_classifier_seconds", "Wall time spent scoring requests (in the event "
-                                  "loop, so about its CPU time)", value=self.cost.seconds)
-        yield CounterMetricFamily("gateway_classifier_scores", "Requests scored by the classifier",
-                                  value=self.cost.scores)
 
 
 @dataclass(slots=True)
@@ -132,9 +128,9 @@ def _agent_series(r: CollectorRegistry) -> AgentSeries:
         session_seconds=Counter("gateway_agent_session_seconds", "Time between a session's first and latest "
                                 "steps, summed as it grows", per, registry=r),
         flags=Counter("gateway_agent_flags", "Loop and spike flags raised, by flag and the action the policy "
-                      "takes", ["flag", "action"], registry=r),
+                      "takes", ["tenant", "flag", "action"], registry=r),
         actions=Counter("gateway_agent_actions", "Requests escalated, steered or stopped for a session's flag",
-                        ["flag", "action"], registry=r),
+                        ["tenant", "flag", "action"], registry=r),
         dropped=Counter("gateway_agent_steps_dropped", "Steps not recorded (queue full, store unreachable)",
                         ["reason"], registry=r),
     )
@@ -142,13 +138,17 @@ def _agent_series(r: CollectorRegistry) -> AgentSeries:
 
 @dataclass(frozen=True)
 class Metrics:
-    """The gateway's Prometheus series, in a registry of its own (one per app)."""
+    """The gateway's Prometheus series, in a registry of its own (one per app); `exposed` is what /metrics
+    renders: that registry, or with several workers the merge of every worker's files."""
 
     registry: CollectorRegistry
+    exposed: CollectorRegistry
     requests: Counter
     latency: Histogram
     ttft: Histogram
     tokens: Counter
+    tenant_tokens: Counter
+    spend: Counter
     failovers: Counter
     policy_reloads: Counter
     policy_valid: Gauge
@@ -164,6 +164,9 @@ class Metrics:
     rollout_requests: Counter
     rollout_stale: Gauge
     rollout_weight: Gauge
+    rollout_phase: Gauge
+    rollout_step: Gauge
+    rollout_verdict: Gauge
     policy_shadow_decisions: Counter
     labels: Counter
     labels_skipped: Counter
@@ -173,22 +176,26 @@ class Metrics:
     share_observed: Gauge
     share_threshold: Gauge
     agents: AgentSeries
+    classifier_seconds: Counter
+    classifier_scores: Counter
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
-    token_children: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    token_children: dict[tuple[str, str], tuple[Any, Any, Any, Any, Any]] = field(default_factory=dict)
     scoring: ScoringCost = field(default_factory=ScoringCost)
     spec_decode: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
+    scoring_folded: ScoringCost = field(default_factory=ScoringCost)
+    watched: list[tuple[Gauge, Callable[[], float]]] = field(default_factory=list)
 
     # Each request's figures wait here and reach the series in batches: prometheus_client takes a lock
     # and scans the buckets per observation, which in place, amid a request, costs ~15 µs per request;
     # applied FOLD_EVERY at a time, with the code warm, about a third of that. A scrape folds first.
     pending: list[tuple[str, str, str, str, float, float | None]] = field(default_factory=list)
-    pending_tokens: list[tuple[str, int, int]] = field(default_factory=list)
+    pending_tokens: list[tuple[str, str, int, int, float]] = field(default_factory=list)
 
     def render(self) -> bytes:
         self.fold()
-        return generate_latest(self.registry)
+        return generate_latest(self.exposed)
 
     def observe_request(
         self, endpoint: str, deployment: str, rule: str, status: str, elapsed_s: float, ttft_s: float | None
@@ -197,25 +204,60 @@ class Metrics:
         if len(self.pending) >= FOLD_EVERY:
             self.fold()
 
-    def count_tokens(self, deployment: str, input_tokens: int, output_tokens: int) -> None:
-        self.pending_tokens.append((deployment, input_tokens, output_tokens))
+    def count_tokens(self, deployment: str, tenant: str, input_tokens: int, output_tokens: int,
+                     cost_usd: float) -> None:
+        self.pending_tokens.append((deployment, tenant, input_tokens, output_tokens, cost_usd))
 
     def fold(self) -> None:
-        """Apply the waiting figures to the Prometheus series."""
+        """Apply the waiting figures to the Prometheus series (at a scrape, every FOLD_EVERY requests and,
+        with several workers, every FOLD_S so that another worker's scrape sees them)."""
+        self._fold_requests()
+        self._fold_tokens()
+        self._fold_scoring()
+        for gauge, read in self.watched:
+            gauge.set(read())
+
+    # Each write to a series takes a lock and, with several workers, updates a memory-mapped file (~3 µs):
+    # a fold adds up its batch first and writes each series it touches once.
+    def _fold_requests(self) -> None:
         pending = self.pending.copy()
         self.pending.clear()
+        counts: dict[Any, int] = {}
+        observed: dict[Any, list[float]] = {}
         for endpoint, deployment, rule, status, elapsed_s, ttft_s in pending:
-            children = self._request_children(endpoint, deployment, rule, status)
-            children[0].inc()
-            children[1].observe(elapsed_s)
+            requests, latency, ttft = self._request_children(endpoint, deployment, rule, status)
+            counts[requests] = counts.get(requests, 0) + 1
+            observed.setdefault(latency, []).append(elapsed_s)
             if ttft_s is not None:
-                children[2].observe(ttft_s)
+                observed.setdefault(ttft, []).append(ttft_s)
+        for child, count in counts.items():
+            child.inc(count)
+        for child, values in observed.items():
+            _observe_all(child, values)
+
+    def _fold_tokens(self) -> None:
         tokens = self.pending_tokens.copy()
         self.pending_tokens.clear()
-        for deployment, input_tokens, output_tokens in tokens:
-            inputs, outputs = self._token_children(deployment)
-            inputs.inc(input_tokens)
-            outputs.inc(output_tokens)
+        sums: dict[tuple[str, str], list[float]] = {}
+        for deployment, tenant, input_tokens, output_tokens, cost_usd in tokens:
+            total = sums.setdefault((deployment, tenant), [0, 0, 0.0])
+            total[0] += input_tokens
+            total[1] += output_tokens
+            total[2] += cost_usd
+        for (deployment, tenant), (tokens_in, tokens_out, spent_usd) in sums.items():
+            inputs, outputs, tenant_inputs, tenant_outputs, spend = self._token_children(deployment, tenant)
+            inputs.inc(tokens_in)
+            outputs.inc(tokens_out)
+            tenant_inputs.inc(tokens_in)
+            tenant_outputs.inc(tokens_out)
+            spend.inc(spent_usd)
+
+    def _fold_scoring(self) -> None:
+        cost, folded = self.scoring, self.scoring_folded
+        if cost.scores != folded.scores:
+            self.classifier_seconds.inc(cost.seconds - folded.seconds)
+            self.classifier_scores.inc(cost.scores - folded.scores)
+            folded.seconds, folded.scores = cost.seconds, cost.scores
 
     def _request_children(self, endpoint: str, deployment: str, rule: str, status: str) -> tuple[Any, Any, Any]:
         key = (endpoint, deployment, rule, status)
@@ -226,28 +268,83 @@ class Metrics:
             self.request_children[key] = children
         return children
 
-    def _token_children(self, deployment: str) -> tuple[Any, Any]:
-        children = self.token_children.get(deployment)
+    def _token_children(self, deployment: str, tenant: str) -> tuple[Any, Any, Any, Any, Any]:
+        children = self.token_children.get((deployment, tenant))
         if children is None:
-            children = (self.tokens.labels(deployment, "input"), self.tokens.labels(deployment, "output"))
-            self.token_children[deployment] = children
+            children = (self.tokens.labels(deployment, "input"), self.tokens.labels(deployment, "output"),
+                        self.tenant_tokens.labels(tenant, "input"), self.tenant_tokens.labels(tenant, "output"),
+                        self.spend.labels(tenant, deployment))
+            self.token_children[(deployment, tenant)] = children
         return children
+
+    def totals(self, family: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """A counter's current values by label set, as /metrics would show them (merged across workers)."""
+        self.fold()
+        found: dict[tuple[tuple[str, str], ...], float] = {}
+        for metric in self.exposed.collect():
+            if metric.name != family:
+                continue
+            for sample in metric.samples:
+                if sample.name == family + "_total":
+                    key = tuple(sorted(sample.labels.items()))
+                    found[key] = found.get(key, 0.0) + sample.value
+        return found
+
+
+Mode = Literal["livemax", "livemin", "livesum", "livemostrecent"]  # how several workers' gauge values merge
+def _observe_all(histogram: Any, values: list[float]) -> None:
+    """Observe many values with one write per bucket touched and one to the sum (the result observe() would
+    give). It reaches into prometheus_client's histogram child; another layout falls back to observe()."""
+    bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None:
+        for value in values:
+            histogram.observe(value)
+        return
+    for index, count in Tally(bisect.bisect_left(bounds, value) for value in values).items():
+        buckets[index].inc(count)  # the first bucket whose upper bound is >= the value, as observe() picks
+    total.inc(sum(values))
 
 
 FOLD_EVERY = 256
+FOLD_S = 1.0  # with several workers: how stale another worker's figures may be in a scrape
+
+
+def multiprocess_dir() -> str | None:
+    """The directory the workers of this run share their series in, or None in a single process."""
+    return os.environ.get(MULTIPROC_DIR_ENV) or None
+
+
+def forget_worker(pid: int) -> None:
+    """Drop an ended worker's live gauges (its counters and histograms stay counted)."""
+    path = multiprocess_dir()
+    if path is not None:
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+
+
+def _exposed(registry: CollectorRegistry) -> CollectorRegistry:
+    path = multiprocess_dir()
+    if path is None:
+        return registry
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged, path)  # type: ignore[no-untyped-call]
+    return merged
 
 
 def make_metrics() -> Metrics:
     r = CollectorRegistry()
     dep = ["deployment"]
-    scoring = ScoringCost()
-    r.register(_ScoringCollector(scoring))
     spec_decode = SpecDecodeCounts()
     r.register(_SpecDecodeCollector(spec_decode))
+    exposed = _exposed(r)
+    if exposed is not r:  # a collector is no file: the answering worker's counts (the same in every worker)
+        exposed.register(_SpecDecodeCollector(spec_decode))
+    # With several workers a gauge's value is one per worker: each says how they merge (the "live" modes
+    # forget a worker that has ended). A single process ignores the mode.
+    same: Mode = "livemostrecent"  # every worker holds the same shared figure: the latest write is the truth
     return Metrics(
-        scoring=scoring,
         spec_decode=spec_decode,
         registry=r,
+        exposed=exposed,
         requests=Counter("gateway_requests", "Requests by outcome", ["endpoint", "deployment", "rule", "status"],
                          registry=r),
         latency=Histogram("gateway_request_duration_seconds", "Time to the last byte", ["endpoint", "deployment"],
@@ -255,18 +352,28 @@ def make_metrics() -> Metrics:
         ttft=Histogram("gateway_time_to_first_token_seconds", "Time to the first streamed chunk", dep,
                        buckets=LATENCY_BUCKETS_S, registry=r),
         tokens=Counter("gateway_tokens", "Tokens reported by deployments", ["deployment", "direction"], registry=r),
+        tenant_tokens=Counter("gateway_tenant_tokens", "Tokens reported by deployments, by tenant",
+                              ["tenant", "direction"], registry=r),
+        spend=Counter("gateway_spend_usd", "Cost of the reported tokens at the deployment's prices",
+                      ["tenant", "deployment"], registry=r),
         failovers=Counter("gateway_failovers", "Attempts moved to the next deployment", ["from_deployment", "reason"],
                           registry=r),
         policy_reloads=Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r),
-        policy_valid=Gauge("gateway_policy_last_reload_ok", "1 when the last policy reload succeeded", registry=r),
-        deployment_healthy=Gauge("gateway_deployment_healthy", "1 when routable", dep, registry=r),
-        deployment_waiting=Gauge("gateway_deployment_requests_waiting", "vLLM queue depth", dep, registry=r),
-        deployment_running=Gauge("gateway_deployment_requests_running", "vLLM running requests", dep, registry=r),
-        deployment_kv_cache=Gauge("gateway_deployment_kv_cache_usage_ratio", "vLLM KV cache usage", dep, registry=r),
+        policy_valid=Gauge("gateway_policy_last_reload_ok", "1 when the last policy reload succeeded", registry=r,
+                           multiprocess_mode="livemin"),
+        deployment_healthy=Gauge("gateway_deployment_healthy", "1 when routable", dep, registry=r,
+                                 multiprocess_mode=same),
+        deployment_waiting=Gauge("gateway_deployment_requests_waiting", "vLLM queue depth", dep, registry=r,
+                                 multiprocess_mode=same),
+        deployment_running=Gauge("gateway_deployment_requests_running", "vLLM running requests", dep, registry=r,
+                                 multiprocess_mode=same),
+        deployment_kv_cache=Gauge("gateway_deployment_kv_cache_usage_ratio", "vLLM KV cache usage", dep, registry=r,
+                                  multiprocess_mode=same),
         deployment_spec_acceptance=Gauge("gateway_deployment_spec_decode_acceptance_ratio",
                                          "Accepted / drafted speculative tokens since the deployment started",
-                                         dep, registry=r),
-        in_flight=Gauge("gateway_deployment_in_flight", "Requests the gateway has open", dep, registry=r),
+                                         dep, registry=r, multiprocess_mode=same),
+        in_flight=Gauge("gateway_deployment_in_flight", "Requests the gateway has open", dep, registry=r,
+                        multiprocess_mode="livesum"),
         shadow_dropped=Counter("gateway_shadow_dropped", "Shadows not sent, by reason", ["target", "reason"],
                                registry=r),
         shadow_sent=Counter("gateway_shadow_requests", "Shadows sent, by result", ["target", "result"], registry=r),
@@ -275,9 +382,16 @@ def make_metrics() -> Metrics:
         rollout_requests=Counter("gateway_rollout_requests", "Requests by rollout arm", ["route", "arm"],
                                  registry=r),
         rollout_stale=Gauge("gateway_rollout_state_stale",
-                            "1 while this replica serves stable for lack of a fresh rollout state", registry=r),
+                            "1 while this replica serves stable for lack of a fresh rollout state", registry=r,
+                            multiprocess_mode="livemax"),
         rollout_weight=Gauge("gateway_rollout_weight_pct", "Candidate weight as this replica applies it", ["route"],
-                             registry=r),
+                             registry=r, multiprocess_mode="livemax"),
+        rollout_phase=Gauge("gateway_rollout_phase", "1 for the phase the route's rollout is in, else 0",
+                            ["route", "phase"], registry=r, multiprocess_mode=same),
+        rollout_step=Gauge("gateway_rollout_step", "Index of the step the route's rollout executes or waits on",
+                           ["route"], registry=r, multiprocess_mode=same),
+        rollout_verdict=Gauge("gateway_rollout_verdict", "1 for each guard's current interim status (the leader's "
+                              "last tick), else 0", ["route", "guard", "status"], registry=r, multiprocess_mode=same),
         policy_shadow_decisions=Counter("gateway_policy_shadow_decisions", "Candidate policy decisions on live traffic",
                                         ["candidate", "agreement"], registry=r),
         labels=Counter("gateway_labels", "Shadow pairs labelled: the weak side's answer against the strong side's",
@@ -288,25 +402,34 @@ def make_metrics() -> Metrics:
         labeller_dropped=Counter("gateway_labeller_dropped", "Pairs not labelled: the labeller's queue was full",
                                  registry=r),
         share_target=Gauge("gateway_complexity_share_target", "The HQ share a complexity rule asks for",
-                           ["route", "share"], registry=r),
+                           ["route", "share"], registry=r, multiprocess_mode=same),
         share_observed=Gauge("gateway_complexity_share_observed",
                              "Share of the route's recent calls at or above the live threshold", ["route", "share"],
-                             registry=r),
+                             registry=r, multiprocess_mode=same),
         share_threshold=Gauge("gateway_complexity_threshold", "The score threshold in force for a target share",
-                              ["route", "share"], registry=r),
+                              ["route", "share"], registry=r, multiprocess_mode=same),
+        classifier_seconds=Counter("gateway_classifier_seconds", "Wall time spent scoring requests (in the event "
+                                   "loop, so about its CPU time)", registry=r),
+        classifier_scores=Counter("gateway_classifier_scores", "Requests scored by the classifier", registry=r),
         agents=_agent_series(r),
     )
 
 
-def watch(metrics: Metrics, series: tuple[str, str], read: Callable[[], float]) -> None:
-    """A gauge read at scrape time from a resource's own count (the store's degraded flag, spans exported)."""
-    name, help_text = series
-    Gauge(name, help_text, registry=metrics.registry).set_function(read)
+def watch(metrics: Metrics, series: Series, read: Callable[[], float]) -> None:
+    """A gauge read from a resource's own count (the store's degraded flag, spans exported) whenever the
+    metrics fold; the third item of `series` says how the workers' values merge."""
+    name, help_text, mode = series
+    gauge = Gauge(name, help_text, registry=metrics.registry, multiprocess_mode=mode)
+    gauge.set(read())
+    metrics.watched.append((gauge, read))
 
 
 # The gauges that `watch` adds, named here so the one metrics module lists every series.
-STORE_DEGRADED = ("gateway_store_degraded", "1 while the shared store (Redis) is unreachable")
-STORE_PENDING_SETTLES = ("gateway_store_pending_settles", "Settles kept locally until the shared store answers again")
-STORE_DROPPED_SETTLES = ("gateway_store_dropped_settles", "Settles dropped because the pending queue was full")
-SPANS_EXPORTED = ("gateway_spans_exported", "Spans posted to the OTLP endpoint")
-SPANS_DROPPED = ("gateway_spans_dropped", "Spans dropped: the export queue was full")
+Series = tuple[str, str, Mode]
+STORE_DEGRADED: Series = ("gateway_store_degraded", "1 while the shared store (Redis) is unreachable", "livemax")
+STORE_PENDING_SETTLES: Series = ("gateway_store_pending_settles",
+                                 "Settles kept locally until the shared store answers again", "livesum")
+STORE_DROPPED_SETTLES: Series = ("gateway_store_dropped_settles", "Settles dropped because the pending queue was full",
+                                 "livesum")
+SPANS_EXPORTED: Series = ("gateway_spans_exported", "Spans posted to the OTLP endpoint", "livesum")
+SPANS_DROPPED: Series = ("gateway_spans_dropped", "Spans dropped: the export queue was full", "livesum")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -13,6 +14,7 @@ from gateway.decision.routing import DeploymentLoad
 from gateway.errors import GatewayError
 from gateway.policy.model import Deployment, Policy
 from gateway.upstream import forward as upstream
+from gateway.upstream.board import POST_S, Board, Others, Posting, Probe
 from gateway.upstream.client import Pool
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class Tracked:
     consecutive_failures: int = 0
     ejected_until: float = 0.0
     probe_ok: bool = True
+    probed_at: float = 0.0  # wall clock of the last /health check (this worker's or the prober's)
     spec_decode: SpecDecode | None = None
 
 
@@ -83,15 +86,42 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 class Deployments:
-    """Keeps a current DeploymentLoad per deployment and counts in-flight requests."""
+    """Keeps a current DeploymentLoad per deployment and counts in-flight requests; with a Board, one of
+    several workers probes and all of them count the whole server's failures and requests in flight."""
 
-    def __init__(self, client: Pool, on_change: Callable[[str, Tracked], None] | None = None):
+    def __init__(
+        self, client: Pool, on_change: Callable[[str, Tracked], None] | None = None, board: Board | None = None
+    ):
         self._client = client
         self._tracked: dict[str, Tracked] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._on_change = on_change
-        self.in_flight: dict[str, int] = {}
+        self.in_flight: dict[str, int] = {}  # this worker's
         self.load: dict[str, DeploymentLoad] = {}
+        self.board = board
+        self._others = Others(prober=0) if board is None else board.read()
+        self._sharing = None if board is None else asyncio.get_running_loop().create_task(self._share())
+
+    @property
+    def probing(self) -> bool:
+        """Whether this worker checks the deployments itself (always, unless it shares a Board)."""
+        return self.board is None or self._others.prober == self.board.worker
+
+    @property
+    def prober(self) -> int:
+        return self._others.prober
+
+    def failures(self, name: str) -> int:
+        """Consecutive failures of a deployment seen by this worker and (as last posted) the others."""
+        tracked = self._tracked.get(name)
+        return (0 if tracked is None else tracked.consecutive_failures) + self._others.failures.get(name, 0)
+
+    def in_flight_now(self) -> dict[str, int]:
+        """Requests in flight per deployment across the whole server (the other workers' as last posted)."""
+        others = self._others.in_flight
+        if not others:
+            return dict(self.in_flight)
+        return {name: count + others.get(name, 0) for name, count in self.in_flight.items()}
 
     def reconcile(self, policy: Policy) -> None:
         """Follow a (re)loaded policy: start watching new deployments, stop watching removed ones."""
@@ -115,11 +145,13 @@ class Deployments:
             task.cancel()
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *([self._sharing] if self._sharing is not None else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.board is not None:
+            self.board.withdraw()
 
     def tracked(self, name: str) -> Tracked | None:
         return self._tracked.get(name)
@@ -137,10 +169,11 @@ class Deployments:
             return
         tracked.consecutive_failures += 1
         health = tracked.deployment.health
-        if tracked.consecutive_failures >= health.eject_after_failures:
+        seen = tracked.consecutive_failures + self._others.failures.get(name, 0)  # other workers' too
+        if seen >= health.eject_after_failures:
             tracked.ejected_until = time.monotonic() + health.cooldown_s
             log.warning("deployment %s ejected for %.1fs after %d consecutive failures",
-                        name, health.cooldown_s, tracked.consecutive_failures)
+                        name, health.cooldown_s, seen)
         self._publish(name)
 
     def _publish_all(self) -> None:
@@ -162,13 +195,14 @@ class Deployments:
         period_s = min(dep.health.interval_s, dep.load.scrape_interval_s)
         next_probe = 0.0
         while True:
-            now = time.monotonic()
-            if now >= next_probe:
-                await self._probe(name, tracked)
-                next_probe = now + dep.health.interval_s
-            if tracked.probe_ok:
-                await self._scrape(name, tracked)
-            self._publish(name)
+            if self.probing:  # else the prober's figures arrive through the board
+                now = time.monotonic()
+                if now >= next_probe:
+                    await self._probe(name, tracked)
+                    next_probe = now + dep.health.interval_s
+                if tracked.probe_ok:
+                    await self._scrape(name, tracked)
+                self._publish(name)
             await asyncio.sleep(period_s)
 
     async def _probe(self, name: str, tracked: Tracked) -> None:
@@ -180,7 +214,7 @@ class Deployments:
             ok = False
         if ok != tracked.probe_ok:
             log.warning("deployment %s health check %s", name, "passes again" if ok else "fails")
-        tracked.probe_ok = ok
+        tracked.probe_ok, tracked.probed_at = ok, time.time()
         if ok and time.monotonic() >= tracked.ejected_until:
             tracked.consecutive_failures = 0
 
@@ -198,3 +232,53 @@ class Deployments:
         counts = {VLLM_SPEC_DECODE[k]: v for k, v in figures.items() if k in VLLM_SPEC_DECODE}
         if counts:
             tracked.spec_decode = SpecDecode(**counts)
+
+    # Sharing with the other workers of one server (only with a Board).
+    async def _share(self) -> None:
+        assert self.board is not None
+        while True:
+            try:
+                self.board.post(self._posting())
+                self._adopt(self.board.read())
+            except OSError as exc:
+                log.warning("sharing health and load with the other workers failed: %s", exc)
+            await asyncio.sleep(POST_S)
+
+    def _posting(self) -> Posting:
+        assert self.board is not None
+        now, wall = time.monotonic(), time.time()
+        posting = Posting(self.board.worker, os.getpid(), wall, in_flight=dict(self.in_flight))
+        for name, t in self._tracked.items():
+            if self.probing:
+                spec = None if t.spec_decode is None else (t.spec_decode.drafts, t.spec_decode.draft_tokens,
+                                                           t.spec_decode.accepted_tokens)
+                posting.probes[name] = Probe(t.probe_ok, t.load.requests_waiting, t.load.requests_running,
+                                             t.load.kv_cache_usage, spec, t.probed_at)
+            if t.consecutive_failures:
+                posting.failures[name] = t.consecutive_failures
+            if t.ejected_until > now:
+                posting.ejected_until[name] = wall + t.ejected_until - now
+        return posting
+
+    def _adopt(self, others: Others) -> None:
+        """Take the prober's figures and any worker's ejection; then publish the result."""
+        self._others = others
+        now, wall = time.monotonic(), time.time()
+        for name, tracked in self._tracked.items():
+            until = others.ejected_until.get(name, 0.0)
+            if until > wall:
+                tracked.ejected_until = max(tracked.ejected_until, now + until - wall)
+            probe = None if self.probing else others.probes.get(name)
+            if probe is not None:
+                _take(tracked, probe, now)
+        self._publish_all()
+
+
+def _take(tracked: Tracked, probe: Probe, now: float) -> None:
+    """The prober's view of a deployment; its passing check after the cool-down ends an ejection here too."""
+    if probe.ok and probe.at > tracked.probed_at and now >= tracked.ejected_until:
+        tracked.consecutive_failures = 0
+    tracked.probe_ok, tracked.probed_at = probe.ok, probe.at
+    tracked.spec_decode = None if probe.spec_decode is None else SpecDecode(*probe.spec_decode)
+    tracked.load = replace(tracked.load, requests_waiting=probe.requests_waiting,
+                           requests_running=probe.requests_running, kv_cache_usage=probe.kv_cache_usage)

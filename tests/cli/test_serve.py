@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from tests.fixtures.processes import free_port, spawn_gateway
-from tests.fixtures.stack import Stack
+from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
 HELLO = [{"role": "user", "content": "hi"}]
 
@@ -83,3 +84,74 @@ def test_serve_with_a_bad_classifier_model_is_a_clear_error(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(policy)],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 2 and "model.pkl" in out.stderr and "Traceback" not in out.stderr
+
+
+def _total(exposition: str, family: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines()
+               if line.startswith(family + "{") or line.startswith(family + " "))
+
+
+async def _from_each_worker(http: aiohttp.ClientSession, url: str, workers: int, deadline: float,
+                            ready: Any = lambda text: True) -> dict[str, str]:
+    """The first answer from each worker (named by x-gateway-worker) that `ready` accepts."""
+    found: dict[str, str] = {}
+    last: dict[str, str] = {}
+    while len(found) < workers:
+        assert time.monotonic() < deadline, f"accepted answers from workers {sorted(found)} only; last: {last}"
+        try:
+            async with http.get(url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+                worker = resp.headers.get("x-gateway-worker") or str((await resp.json())["worker"]["index"])
+                text = await resp.text()
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.1)
+            continue
+        last[worker] = text[-2000:]
+        if ready(text):
+            found.setdefault(worker, text)
+    return found
+
+
+async def test_workers_tell_one_truth_in_metrics_and_deployments(make_stack: Any) -> None:
+    """Whichever worker answers, /metrics counts every worker's requests, and every worker reports the same
+    health: one worker probes, the others take its figures."""
+    stack: Stack = await make_stack()
+    policy = stack.policy_path.with_name("slow-probes.yaml")  # a probe a second: answers can agree on it
+    policy.write_text(stack.policy_path.read_text().replace("interval_s: 0.2", "interval_s: 1"))
+    port = free_port()
+    env = {**os.environ, "AGENT_GATEWAY_LOG_LEVEL": "WARNING", "AGENT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+    proc = spawn_gateway(policy, port, env, "--workers", "2")
+    base = f"http://127.0.0.1:{port}"
+    requests = 40
+    try:
+        deadline = time.monotonic() + 60
+        # a fresh connection per request: SO_REUSEPORT spreads connections, so both workers serve some
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+            await _from_each_worker(http, base + "/metrics", 2, deadline)
+            for _ in range(requests):
+                async with http.post(base + "/v1/chat/completions", json={"model": "auto", "messages": HELLO}) as resp:
+                    assert resp.status == 200
+            scrapes = await _from_each_worker(http, base + "/metrics", 2, deadline,
+                                              lambda text: _total(text, "gateway_requests_total") == requests)
+            for text in scrapes.values():
+                assert _total(text, "gateway_tokens_total") == requests * (11 + 8)
+                assert "gateway_deployment_in_flight" in text
+            stack.hq.healthy = False
+            await _same_probe_from_each_worker(http, base, deadline)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    assert proc.returncode == 0
+
+
+async def _same_probe_from_each_worker(http: aiohttp.ClientSession, base: str, deadline: float) -> None:
+    """Both workers report hq unhealthy from the very same probe (its time), taken by the one prober."""
+    latest: dict[int, dict[str, Any]] = {}
+    while True:
+        assert time.monotonic() < deadline, f"workers disagree: {latest}"
+        async with http.get(base + "/admin/deployments", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
+            view = await r.json()
+        (hq,) = [d for d in view["deployments"] if d["name"] == "hq"]
+        latest[view["worker"]["index"]] = {"healthy": hq["healthy"], "probed_at": hq["probed_at"],
+                                          "prober": view["worker"]["prober"]}
+        if len(latest) == 2 and len({json.dumps(v) for v in latest.values()}) == 1 and not hq["healthy"]:
+            return

@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.server.resources import TELEMETRY, TRAJECTORIES
 from gateway.telemetry.spans import Spans
-from tests.fixtures.agent_runs import SECRET_TASK, Agent, admin, recorded, until
+from tests.fixtures.agent_runs import SECRET_TASK, Agent, admin, recorded
+from tests.fixtures.conditions import until
 from tests.fixtures.stack import Stack
 
 STEP_FIELDS = {"step", "at", "deployment", "rule", "arm", "tokens_in", "tokens_out", "cost_usd", "latency_ms",
@@ -103,7 +104,7 @@ async def test_the_same_tool_call_repeated_is_flagged_and_counted(make_stack: Ca
                                                       ["loop:repeated_tool_call"]]
     assert session["flags"] == ["loop:repeated_tool_call"]
     text = await _metrics(stack)
-    assert 'gateway_agent_flags_total{action="flag",flag="loop:repeated_tool_call"} 1.0' in text
+    assert 'gateway_agent_flags_total{action="flag",flag="loop:repeated_tool_call",tenant="anonymous"} 1.0' in text
     assert 'gateway_agent_repeated_tool_calls_total{arm="none",deployment="hq"} 3.0' in text
 
 
@@ -118,7 +119,7 @@ async def test_a_stopped_loop_answers_429_naming_the_loop(make_stack: Callable[.
     error = refused.value.body
     assert isinstance(error, dict) and error["code"] == "agent_loop_detected"
     assert "loop:repeated_tool_call" in error["message"] and "search" in error["message"]
-    assert 'gateway_agent_actions_total{action="stop",flag="loop:repeated_tool_call"} 1.0' in await _metrics(stack)
+    assert 'gateway_agent_actions_total{action="stop",flag="loop:repeated_tool_call",tenant="anonymous"} 1.0' in await _metrics(stack)
     async with stack.client() as client:  # another session of the same client is not stopped
         await Agent(client, "fresh").run(1)
 

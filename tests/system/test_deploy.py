@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
@@ -126,7 +127,7 @@ def test_compose_runs_the_same_pair() -> None:
 
 
 def test_prometheus_scrapes_gateway_and_both_deployments() -> None:
-    compose_config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    compose_config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     k8s_config = yaml.safe_load(find("ConfigMap", "prometheus")["data"]["prometheus.yml"])
     gpu = profiles.load("gpu").deployments
     for config in (compose_config, k8s_config):
@@ -141,3 +142,49 @@ def test_otel_collector_config_is_shared() -> None:
     assert text == (DEPLOY / "otel-collector.yaml").read_text()
     config = yaml.safe_load(text)
     assert set(config["service"]["pipelines"]["traces"]["receivers"]) == {"otlp"}
+
+
+def _mounts(deployment: str) -> dict[str, str]:
+    """{ConfigMap name: mount path} of a Deployment's only container."""
+    pod = find("Deployment", deployment)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    return {volumes[m["name"]]: m["mountPath"] for m in container["volumeMounts"] if m["name"] in volumes}
+
+
+def test_prometheus_loads_the_alert_rules() -> None:
+    rules = DEPLOY / "prometheus" / "alerts.yml"
+    assert find("ConfigMap", "prometheus-rules")["data"]["alerts.yml"] == rules.read_text()
+    mounts = _mounts("prometheus")
+    (container,) = find("Deployment", "prometheus")["spec"]["template"]["spec"]["containers"]
+    assert f"--config.file={mounts['prometheus']}/prometheus.yml" in container["args"]
+    k8s_config = yaml.safe_load(find("ConfigMap", "prometheus")["data"]["prometheus.yml"])
+    loaded = PurePosixPath(mounts["prometheus-rules"]) / "alerts.yml"
+    assert any(fnmatch.fnmatch(str(loaded), pattern) for pattern in k8s_config["rule_files"])
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["prometheus"]
+    assert "./prometheus:/etc/prometheus:ro" in compose["volumes"]
+    compose_config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert compose_config["rule_files"] == ["/etc/prometheus/alerts.yml"]  # ./prometheus/alerts.yml, mounted
+
+
+def test_grafana_is_provisioned_with_the_datasource_and_the_dashboard() -> None:
+    grafana = DEPLOY / "grafana"
+    files = {
+        "grafana-datasources": ("prometheus.yaml", grafana / "provisioning" / "datasources" / "prometheus.yaml"),
+        "grafana-dashboard-providers": ("agent-gateway.yaml",
+                                        grafana / "provisioning" / "dashboards" / "agent-gateway.yaml"),
+        "grafana-dashboards": ("agent-gateway.json", grafana / "agent-gateway.json"),
+    }
+    for config_map, (key, path) in files.items():
+        assert find("ConfigMap", config_map)["data"][key] == path.read_text(), f"{config_map} differs from {path}"
+    mounts = _mounts("grafana")
+    assert mounts["grafana-datasources"] == "/etc/grafana/provisioning/datasources"
+    assert mounts["grafana-dashboard-providers"] == "/etc/grafana/provisioning/dashboards"
+    (provider,) = yaml.safe_load(files["grafana-dashboard-providers"][1].read_text())["providers"]
+    assert provider["options"]["path"] == mounts["grafana-dashboards"]
+    (source,) = yaml.safe_load(files["grafana-datasources"][1].read_text())["datasources"]
+    (port,) = find("Service", "prometheus")["spec"]["ports"]
+    assert source["url"] == f"http://prometheus:{port['port']}"
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["grafana"]
+    assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in compose["volumes"]
+    assert f"./grafana/agent-gateway.json:{provider['options']['path']}/agent-gateway.json:ro" in compose["volumes"]

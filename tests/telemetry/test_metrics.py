@@ -368,13 +368,38 @@ def test_request_figures_reach_prometheus_in_batches_and_at_every_scrape() -> No
     metrics = make_metrics()
     for _ in range(3):
         metrics.observe_request("chat", "fast", "default", "200", 0.004, 0.001)
-    metrics.count_tokens("fast", 11, 8)
+    metrics.count_tokens("fast", "acme", 11, 8, 0.25)
     text = metrics.render().decode()
     assert 'gateway_requests_total{deployment="fast",endpoint="chat",rule="default",status="200"} 3.0' in text
     assert 'gateway_request_duration_seconds_bucket{deployment="fast",endpoint="chat",le="0.005"} 3.0' in text
     assert 'gateway_time_to_first_token_seconds_count{deployment="fast"} 3.0' in text
     assert 'gateway_tokens_total{deployment="fast",direction="output"} 8.0' in text
+    assert 'gateway_tenant_tokens_total{direction="input",tenant="acme"} 11.0' in text
+    assert 'gateway_spend_usd_total{deployment="fast",tenant="acme"} 0.25' in text
     for _ in range(FOLD_EVERY):
         metrics.observe_request("chat", "hq", "default", "200", 0.5, None)
     assert not metrics.pending  # folded without a scrape
     assert metrics.requests.labels("chat", "hq", "default", "200")._value.get() == FOLD_EVERY
+
+
+def test_a_fold_writes_what_one_observation_at_a_time_would() -> None:
+    """A fold adds up its batch (one write per series touched): the exposition equals observe() per value."""
+    values = [0.0, 0.001, 0.0011, 0.25, 0.3, 7.0, 120.0, 500.0, 0.001]  # bucket bounds, between them, above all
+    folded, direct = make_metrics(), make_metrics()
+    for i, value in enumerate(values):
+        folded.observe_request("chat", "hq", "default", "200", value, value if i % 2 else None)
+        folded.count_tokens("hq", "acme", 3, 4, 0.5)
+        direct.requests.labels("chat", "hq", "default", "200").inc()
+        direct.latency.labels("chat", "hq").observe(value)
+        if i % 2:
+            direct.ttft.labels("hq").observe(value)
+        for child, amount in ((direct.tokens.labels("hq", "input"), 3), (direct.tokens.labels("hq", "output"), 4),
+                              (direct.tenant_tokens.labels("acme", "input"), 3),
+                              (direct.tenant_tokens.labels("acme", "output"), 4),
+                              (direct.spend.labels("acme", "hq"), 0.5)):
+            child.inc(amount)
+
+    def samples(text: str) -> list[str]:
+        return sorted(line for line in text.splitlines() if line.startswith("gateway_") and "_created" not in line)
+
+    assert samples(folded.render().decode()) == samples(direct.render().decode())

@@ -1,0 +1,199 @@
+"""The operators' page in a real headless browser (Debian's chromium via selenium) against a running gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.fixtures.agent_runs import Agent, recorded
+from tests.fixtures.stack import ADMIN_TOKEN, OpsStack
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="needs Debian's chromium and chromium-driver (scripts/setup installs them)",
+)
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+HELLO = [{"role": "user", "content": "hi"}]
+# Set to a file path to keep the screenshot of the signed-in page (to look at what an operator sees).
+SCREENSHOT_ENV = "AGENT_GATEWAY_UI_SCREENSHOT"
+STEPS = 4  # an agent run long enough for a repeated tool error (3 in a row) to be flagged
+
+
+def _start_browser() -> WebDriver:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM or ""
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1440,1800", "--hide-scrollbars", "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER or ""))
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[WebDriver]:
+    driver = await asyncio.to_thread(_start_browser)
+    yield driver
+    await asyncio.to_thread(driver.quit)
+
+
+async def wait_for(driver: WebDriver, condition: Callable[[WebDriver], Any], timeout_s: float = 20) -> Any:
+    """Selenium blocks: it waits in a thread while the test's event loop serves the gateway and the fakes."""
+    wait = WebDriverWait(driver, timeout_s, poll_frequency=0.1,
+                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+    try:
+        return await asyncio.to_thread(wait.until, condition)
+    except TimeoutException:
+        page = await asyncio.to_thread(lambda: driver.find_element(By.TAG_NAME, "body").text)
+        raise AssertionError(f"the page never met the condition; it shows:\n{page}") from None
+
+
+def text_of(css: str) -> Callable[[WebDriver], str]:
+    return lambda d: d.find_element(By.CSS_SELECTOR, css).text
+
+
+async def admin(url: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
+    async with aiohttp.ClientSession() as http, http.request(method, url, json=body, headers=ADMIN) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def rollout_at(stack: OpsStack, weight_pct: float) -> None:
+    deadline = time.monotonic() + 20
+    while (await admin(stack.url("/admin/rollouts/hq")))["weight_pct"] != weight_pct:
+        assert time.monotonic() < deadline, "the rollout did not reach its weight"
+        await asyncio.sleep(0.1)
+
+
+async def sign_in(driver: WebDriver, url: str, token: str = ADMIN_TOKEN) -> None:
+    await asyncio.to_thread(driver.get, url)
+    field = await wait_for(driver, lambda d: d.find_element(By.ID, "token") if d.find_element(
+        By.ID, "login").is_displayed() else None)
+    await asyncio.to_thread(field.send_keys, token + "\n")
+
+
+async def test_without_the_token_the_page_shows_only_the_sign_in(ops_stack: OpsStack, browser: WebDriver) -> None:
+    async with aiohttp.ClientSession() as http, http.get(ops_stack.url("/ui")) as resp:
+        assert resp.status == 200 and "default-src 'none'" in resp.headers["content-security-policy"]
+    await sign_in(browser, ops_stack.url("/ui"), token="not-the-token")
+    error = await wait_for(browser, lambda d: d.find_element(By.ID, "login-error").text or None)
+    assert "admin token" in error
+    assert not browser.find_element(By.ID, "dashboard").is_displayed()
+    assert browser.execute_script("return sessionStorage.length") == 0  # a refused token is not kept
+
+
+async def test_the_page_shows_live_figures_and_aborts_a_rollout(ops_stack: OpsStack, browser: WebDriver,
+                                                               tmp_path: Path) -> None:
+    await rollout_at(ops_stack, 50)
+    async with ops_stack.client() as client:
+        for i in range(10):
+            await client.chat.completions.create(model="hq", messages=HELLO, extra_headers={"x-session-id": f"s{i}"})
+            await client.chat.completions.create(model="auto", messages=HELLO)
+    await sign_in(browser, ops_stack.url("/ui"))
+
+    # Deployments, shares against targets, the rollout, shadows and budgets, read from the gateway.
+    await wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#deployments tr[data-deployment]")) == 3)
+    health = browser.find_element(By.CSS_SELECTOR, '#deployments tr[data-deployment="fast"]').text
+    assert "healthy" in health and "0 / 256" in health
+    note = await wait_for(browser, text_of("#shares-note"))
+    assert note.startswith("20 requests over the last")  # the server's first minute: since it started
+    assert "target 50%" in browser.find_element(By.CSS_SELECTOR, '#shares [data-target="rollout:hq"]').text
+    share = browser.find_element(By.CSS_SELECTOR, '#shares [data-target="share:auto"]').text
+    assert "auto: top 30% to HQ (hard-prompt-to-hq)" in share and "target 30%" in share
+    rollout = await wait_for(browser, text_of('#rollouts [data-route="hq"]'))
+    assert "Paused" in rollout and "2 of 2" in rollout and "deployment:hq → deployment:hq-v2" in rollout
+    assert "50.0%" in rollout
+    await wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, '#shadows tr[data-target="deployment:hq-v2"]'))
+    budget = await wait_for(browser, text_of('#budgets tr[data-tenant="anonymous"][data-window="day"]'))
+    assert "$1.00" in budget and "$2.00" in budget
+
+    # Live: more traffic shows up at the next refresh without reloading the page.
+    async with ops_stack.client() as client:
+        for _ in range(5):
+            await client.chat.completions.create(model="fast", messages=HELLO)
+    await wait_for(browser, lambda d: int(d.find_element(By.ID, "shares-note").text.split()[0]) >= 25)
+
+    shot = tmp_path / "ui.png"
+    await asyncio.to_thread(browser.save_screenshot, str(shot))
+    assert shot.stat().st_size > 20_000
+    if os.environ.get(SCREENSHOT_ENV):
+        shutil.copy(shot, os.environ[SCREENSHOT_ENV])
+
+    # Abort, as an operator would: who and why, the button, the confirmation.
+    actor = browser.find_element(By.ID, "actor")
+    await asyncio.to_thread(actor.clear)
+    await asyncio.to_thread(actor.send_keys, "alice\t")
+    reason = browser.find_element(By.CSS_SELECTOR, '#rollouts [data-route="hq"] .actions input')
+    await asyncio.to_thread(reason.send_keys, "answers look wrong")
+    abort = browser.find_element(By.CSS_SELECTOR, '#rollouts button[data-route="hq"][data-action="abort"]')
+    await asyncio.to_thread(abort.click)
+    alert = await wait_for(browser, lambda d: d.switch_to.alert)
+    assert "abort the rollout on route hq" in alert.text
+    await asyncio.to_thread(alert.accept)
+    await wait_for(browser, lambda d: "Aborted" in d.find_element(By.CSS_SELECTOR, '#rollouts [data-route="hq"]').text)
+    state = await admin(ops_stack.url("/admin/rollouts/hq"))
+    assert state["phase"] == "Aborted" and state["weight_pct"] == 0
+    last = (await admin(ops_stack.url("/admin/rollouts/hq/history")))[-1]
+    assert (last["action"], last["actor"], last["reason"]) == ("abort", "alice (ui)", "answers look wrong")
+
+
+# The sessions API (GET /admin/sessions[/{id}]) comes with agent trajectories. Until it is in the gateway, a
+# stub that answers its documented shape lets the page's list and timeline be checked against the contract.
+def _stub_sessions(app: web.Application) -> None:
+    now = time.time()
+    summary = {"session_id": "run-42", "tenant": "acme", "steps": 2, "cost_usd": 0.0123, "tokens_in": 1200,
+               "tokens_out": 300, "started_at": now - 20, "last_at": now - 5, "steps_per_min": 6.0,
+               "deployments": {"hq": 1, "fast": 1}, "flags": ["repeated_tool_call"]}
+    steps = [
+        {"step": 1, "at": now - 20, "deployment": "hq", "rule": "tools-to-hq", "arm": None, "tokens_in": 500,
+         "tokens_out": 120, "cost_usd": 0.0033, "latency_ms": 840, "ttft_ms": 210, "status": 200,
+         "tool_calls": [{"name": "search", "args_digest": "9f2c"}], "tool_results": [], "flags": []},
+        {"step": 2, "at": now - 5, "deployment": "fast", "rule": "default", "arm": None, "tokens_in": 700,
+         "tokens_out": 180, "cost_usd": 0.009, "latency_ms": 320, "ttft_ms": 90, "status": 200,
+         "tool_calls": [{"name": "search", "args_digest": "9f2c"}],
+         "tool_results": [{"tool_call_id": "call_1", "ok": False, "size": 48}], "flags": ["repeated_tool_call"]},
+    ]
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [summary]})
+
+    async def one(request: web.Request) -> web.Response:
+        return web.json_response({**summary, "steps": steps})
+
+    app.router.add_get("/admin/sessions", listing)
+    app.router.add_get("/admin/sessions/{session_id}", one)
+
+
+async def test_the_sessions_list_opens_a_timeline(ops_stack: OpsStack, browser: WebDriver) -> None:
+    # A real agent run through the gateway: each step asks for the same search and is fed the same error.
+    error = "Error: the notes index is offline"
+    async with ops_stack.client() as client:
+        await Agent(client, "run-42", output=lambda _: error).run(STEPS)
+    recorded_run = await recorded(ops_stack.url("").rstrip("/"), "h:run-42", STEPS)
+    assert "loop:repeated_tool_error" in recorded_run["flags"]
+
+    await sign_in(browser, ops_stack.url("/ui"))
+    row = await wait_for(browser, text_of('#sessions tr[data-session="h:run-42"]'))
+    assert f"anonymous {STEPS} " in row and "loop:repeated_tool_error" in row
+    served = ", ".join(f"{d} {n}" for d, n in recorded_run["deployments"].items())
+    assert served in row
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="h:run-42"]').click)
+    timeline = await wait_for(browser, text_of("#timeline"))
+    assert f"Session h:run-42 · {STEPS} steps" in timeline
+    assert timeline.count("→ search") == STEPS and timeline.count(f"← error {len(error)} B") == STEPS - 1
+    if os.environ.get(SCREENSHOT_ENV):
+        await asyncio.to_thread(browser.save_screenshot, os.environ[SCREENSHOT_ENV].replace(".png", "-sessions.png"))
