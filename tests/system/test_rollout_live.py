@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.cli.command import main
 from gateway.settings import Settings
+from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import FakeVLLM, Fault
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, three_deployments
 
@@ -80,14 +81,8 @@ async def make_live(
     return make
 
 
-async def _until(check: Callable[[], Any], timeout_s: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
+async def _aborted(live: Live) -> bool:
+    return (await _phase(live))[0] == "Aborted"
 
 
 async def _phase(live: Live) -> tuple[str, float]:
@@ -99,7 +94,7 @@ async def test_failing_candidate_aborts_and_its_clients_return_to_stable(
     make_live: Callable[..., Any],
 ) -> None:
     live = await make_live(ROLLOUT)
-    await _until(lambda: _weight_is(live, 50.0))
+    await until(lambda: _weight_is(live, 50.0))
     live.v2.fail_after = 10  # the candidate answers its first 10 requests, then only 500s
     served: dict[str, str] = {}
     sent = 0
@@ -164,7 +159,7 @@ async def test_a_candidate_goes_through_admission_like_any_deployment(
     make_live: Callable[..., Any], tenancy: str, headers: dict[str, str]
 ) -> None:
     live = await make_live(CANDIDATE_FOR_ALL + tenancy)
-    await _until(lambda: _weight_is(live, 100.0, "fast"))
+    await until(lambda: _weight_is(live, 100.0, "fast"))
     async with live.client() as client:
         raw = await client.chat.completions.with_raw_response.create(
             model="fast", messages=HELLO, max_tokens=100, extra_headers=headers
@@ -187,7 +182,7 @@ shadows:
 tenants: [{name: anonymous, requests_per_minute: 2}]
 """
     live = await make_live(CANDIDATE_FOR_ALL + shadow)
-    await _until(lambda: _weight_is(live, 100.0, "fast"))
+    await until(lambda: _weight_is(live, 100.0, "fast"))
     live.v2.faults = [Fault(status=400)]
     async with live.client() as client:
         with pytest.raises(openai.BadRequestError):  # the deployment's 400: the request's fault, not a sample
@@ -236,7 +231,7 @@ async def test_stalling_shadow_never_delays_the_client(make_live: Callable[..., 
     async def both_timed_out() -> bool:
         return await live.metric("gateway_shadow_requests_total", result="timeout") == 2
 
-    await _until(both_timed_out, timeout_s=3.0)
+    await until(both_timed_out, timeout_s=3.0)
     sent = live.hq.received[0]
     assert sent["max_tokens"] == 16 and "store" not in sent and "metadata" not in sent
     assert live.hq.headers_seen[0].get("x-gateway-shadow") == "1"
@@ -256,7 +251,7 @@ async def test_shadow_pairs_stream_compare_and_report(make_live: Callable[..., A
         _, found = await live.admin("GET", "/admin/shadow/pairs?target=deployment:hq")
         return found if len(found) == 3 else None
 
-    records = await _until(pairs)
+    records = await until(pairs)
     assert all(live.hq.received[i]["stream"] for i in range(3))  # the shadow streams like the client did
     assert all(
         r["stream"] and r["shadow"]["ttft_ms"] is not None and r["exact_match"] is True for r in records
@@ -279,7 +274,7 @@ async def test_shadow_pairs_stream_compare_and_report(make_live: Callable[..., A
 
 async def test_rollout_cli_against_the_admin_api(make_live: Callable[..., Any], capsys: Any) -> None:
     live = await make_live(ROLLOUT)
-    await _until(lambda: _weight_is(live, 50.0))
+    await until(lambda: _weight_is(live, 50.0))
     base = ["--url", live.url(""), "--admin-token", ADMIN_TOKEN]
 
     def cli(*args: str) -> tuple[int, str, str]:
@@ -301,7 +296,7 @@ async def test_rollout_cli_against_the_admin_api(make_live: Callable[..., Any], 
     assert code == 0 and "by ann: look" in out and "abort" in out
     status, body = await live.admin("POST", "/admin/rollouts/hq/resume", {"actor": "x", "generation": 0})
     assert status == 409 and body["error"]["code"] == "stale_generation"
-    await _until(lambda: _weight_is(live, 0.0))
+    await until(lambda: _weight_is(live, 0.0))
 
 
 POLICY_SHADOW = """
@@ -330,7 +325,7 @@ async def test_policy_shadow_and_request_log_then_simulate(
     assert {d["live"]["deployment"] for d in found["disagreements"]} == {"hq"}
     assert {d["decision"]["deployment"] for d in found["disagreements"]} == {"fast"}
     assert len(live.hq.received) == 3  # the candidate policy called nothing
-    await _until(
+    await until(
         lambda: asyncio.sleep(0, result=log_path.exists() and len(log_path.read_text().splitlines()) == 6)
     )
     record = json.loads(log_path.read_text().splitlines()[0])
@@ -367,7 +362,7 @@ async def test_a_candidate_that_makes_agents_loop_more_is_aborted(make_live: Cal
     from tests.fixtures.agent_runs import Agent
 
     live = await make_live(AGENT_ROLLOUT)
-    await _until(lambda: _weight_is(live, 50.0))
+    await until(lambda: _weight_is(live, 50.0))
     live.hq.tool_args = lambda n: {"query": "launch code", "page": n}  # stable moves on every step
     # the candidate's fake asks for the same call every time: its agents redo their work
     served: list[str] = []
@@ -377,6 +372,8 @@ async def test_a_candidate_that_makes_agents_loop_more_is_aborted(make_live: Cal
             served += agent.served
             if (await _phase(live))[0] == "Aborted":
                 break
+    # The leader rules at its next tick on the samples flushed so far: the traffic may end before it does.
+    await until(lambda: _aborted(live), what="the rollout aborted")
     _, history = await live.admin("GET", "/admin/rollouts/hq/history")
     assert history[-1]["action"] == "abort" and history[-1]["reason"].startswith("rework_rate:")
     assert "hq-v2" in served and "hq" in served
