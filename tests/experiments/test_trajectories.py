@@ -119,7 +119,8 @@ async def test_a_stopped_loop_answers_429_naming_the_loop(make_stack: Callable[.
     error = refused.value.body
     assert isinstance(error, dict) and error["code"] == "agent_loop_detected"
     assert "loop:repeated_tool_call" in error["message"] and "search" in error["message"]
-    assert 'gateway_agent_actions_total{action="stop",flag="loop:repeated_tool_call",tenant="anonymous"} 1.0' in await _metrics(stack)
+    stopped = 'gateway_agent_actions_total{action="stop",flag="loop:repeated_tool_call",tenant="anonymous"} 1.0'
+    assert stopped in await _metrics(stack)
     async with stack.client() as client:  # another session of the same client is not stopped
         await Agent(client, "fresh").run(1)
 
