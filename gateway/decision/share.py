@@ -25,7 +25,7 @@ import numpy as np
 
 from gateway.policy.model import Policy
 
-RECOMPUTE_EVERY = 32  # calls between refreshes of the step size (a partition of the window: ~10 µs at 1,000)
+RECOMPUTE_EVERY = 32  # calls between refreshes of the step size (a copy and a partition of the window: ~16 µs at 1,000)
 MIN_SAMPLES = 50  # fewer recent scores than this: the cold-start threshold
 STEP_IQR = 0.1  # the threshold's step per call, in interquartile ranges of the window's scores
 
@@ -88,12 +88,21 @@ class RouteScores:
         if n < MIN_SAMPLES:
             return
         scores = np.fromiter(self.scores, dtype=np.float64, count=n)
-        low, high = np.percentile(scores, (25, 75))
+        low, high = interquartile(scores)
         for share, target in self.targets.items():
             target.step = STEP_IQR * max(float(high - low), 1e-9)
             if target.live_threshold is None:
                 target.live_threshold = top_share_threshold(scores, share)
             self.thresholds[share] = target.live_threshold
+
+
+def interquartile(scores: np.ndarray) -> tuple[float, float]:
+    """The window's lower and upper quartiles, as order statistics: one partition (np.percentile's
+    interpolation costs ten times more, and a step size needs no interpolated quartile)."""
+    n = len(scores)
+    low_k, high_k = (n - 1) // 4, (3 * (n - 1)) // 4
+    ranked = np.partition(scores, (low_k, high_k))
+    return float(ranked[low_k]), float(ranked[high_k])
 
 
 def top_share_threshold(scores: np.ndarray, share: float) -> float:

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from gateway.decision.share import MIN_SAMPLES, ShareTracker, top_share_threshold
+from gateway.decision.share import MIN_SAMPLES, STEP_IQR, RouteScores, ShareTracker, top_share_threshold
 from gateway.policy import model as policy
 
 
@@ -92,3 +92,11 @@ def test_the_served_share_cannot_drift_off_target() -> None:
         score = rng.betavariate(2, 5) if i % 2 else rng.random()  # a lumpy mix
         hits += score >= tracker.observe("auto", score)[0.2]
     assert hits / 5000 == pytest.approx(0.2, abs=0.01)
+
+
+def test_the_step_follows_the_quartiles_of_the_window() -> None:
+    route = RouteScores(1001, {0.2: 0.5})
+    for i in range(1001):  # scores 0.000 .. 1.000: quartiles 0.25 and 0.75
+        route.observe(i / 1000, shared=False)
+    route.recompute()
+    assert route.targets[0.2].step == pytest.approx(STEP_IQR * 0.5)
