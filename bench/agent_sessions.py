@@ -67,20 +67,28 @@ def script(rng: random.Random, steps: int, error_pct: float, loop_pct: float) ->
     return out
 
 
-async def drive(url: str, sessions: int, steps: int, error_pct: float, loop_pct: float, seed: int) -> list[dict]:
+async def drive(url: str, sessions: int, steps: int, error_pct: float, loop_pct: float, seed: int,
+                at_once: int = 0, max_tokens: int = 32) -> list[dict[str, Any]]:
+    """Every step's outcome; `at_once` sessions run together (0: all of them)."""
     rng = random.Random(seed)
     scripts = [script(rng, steps, error_pct, loop_pct) for _ in range(sessions)]
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     timeout = aiohttp.ClientTimeout(total=120)
+    running = asyncio.Semaphore(at_once or sessions)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         async def session(index: int, steps_of: list[list[dict[str, Any]]]) -> None:
+            async with running:
+                await run_steps(index, steps_of)
+
+        async def run_steps(index: int, steps_of: list[list[dict[str, Any]]]) -> None:
             for messages in steps_of:  # one step after another, as an agent would
-                body = {"model": "auto", "messages": messages, "tools": TOOLS, "max_tokens": 32}
+                body = {"model": "auto", "messages": messages, "tools": TOOLS, "max_tokens": max_tokens}
                 started = time.perf_counter()
                 async with http.post(f"{url}/v1/chat/completions", json=body,
                                      headers={"x-session-id": f"bench-{seed}-{index}"}) as r:
                     await r.read()
-                    records.append({"status": r.status, "deployment": r.headers.get("x-gateway-deployment"),
+                    records.append({"session": index, "status": r.status,
+                                    "deployment": r.headers.get("x-gateway-deployment"),
                                     "rule": r.headers.get("x-gateway-rule"),
                                     "ms": (time.perf_counter() - started) * 1000})
 
@@ -88,7 +96,7 @@ async def drive(url: str, sessions: int, steps: int, error_pct: float, loop_pct:
     return records
 
 
-def report(records: list[dict]) -> None:
+def report(records: list[dict[str, Any]]) -> None:
     by_deployment = Counter(r["deployment"] for r in records)
     by_rule = Counter(r["rule"] for r in records)
     total = len(records)
@@ -102,10 +110,14 @@ def report(records: list[dict]) -> None:
     for r in records:
         latencies[r["deployment"]].append(r["ms"])
     all_ms = [r["ms"] for r in records]
-    print(f"{'per-step latency':<20}{'p50 ms':>10}{'p95 ms':>10}")
-    for name, values in [*sorted(latencies.items()), ("all steps", all_ms)]:
+    # A session's steps run one after another: its duration is what an agent's user waits for.
+    sessions: dict[int, float] = defaultdict(float)
+    for r in records:
+        sessions[r["session"]] += r["ms"]
+    print(f"{'latency':<20}{'p50 ms':>10}{'p95 ms':>10}{'mean ms':>10}")
+    for name, values in [*sorted(latencies.items()), ("all steps", all_ms), ("whole sessions", [*sessions.values()])]:
         q = statistics.quantiles(values, n=20) if len(values) >= 2 else [values[0]] * 19
-        print(f"  {name:<18}{statistics.median(values):>10.1f}{q[18]:>10.1f}")
+        print(f"  {name:<18}{statistics.median(values):>10.1f}{q[18]:>10.1f}{statistics.fmean(values):>10.1f}")
 
 
 @contextlib.contextmanager
@@ -141,6 +153,8 @@ def main() -> None:
     parser.add_argument("--error-pct", type=float, default=15.0)
     parser.add_argument("--loop-pct", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--at-once", type=int, default=0, help="sessions running together (default: all)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="each step's max_tokens")
     parser.add_argument("--hq-ms", type=float, default=60.0)
     parser.add_argument("--fast-ms", type=float, default=25.0)
     parser.add_argument("--policy", type=Path, default=ROOT / "policies" / "default.yaml",
@@ -148,10 +162,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.url:
         records = asyncio.run(drive(args.url.rstrip("/"), args.sessions, args.steps, args.error_pct,
-                                    args.loop_pct, args.seed))
+                                    args.loop_pct, args.seed, args.at_once, args.max_tokens))
     else:
         with local_gateway(args.hq_ms, args.fast_ms, args.policy) as url:
-            records = asyncio.run(drive(url, args.sessions, args.steps, args.error_pct, args.loop_pct, args.seed))
+            records = asyncio.run(drive(url, args.sessions, args.steps, args.error_pct, args.loop_pct, args.seed,
+                                        args.at_once, args.max_tokens))
     report(records)
 
 

@@ -88,7 +88,8 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def measure(url: str, extra: list[str], duration_s: float, pid: int | None, scored: bool) -> dict[str, float]:
+def measure(url: str, extra: list[str], duration_s: float, pid: int | None = None, scored: bool = False
+            ) -> dict[str, float]:
     """Load figures for one target; CPU per request from /proc, and for a gateway (scored=True) the time
     its classifier took per request, from its own gateway_classifier_seconds_total."""
     scoring_before = scoring_s(url) if scored else 0.0  # scraped outside the CPU window
