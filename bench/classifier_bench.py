@@ -98,6 +98,10 @@ def percentiles_us(
     return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
 
 
+def _extract_and_score(model: Classifier, body: dict[str, Any]) -> float:
+    return model.score(extract(body, "chat"))
+
+
 def line(name: str, figures: tuple[float, float]) -> str:
     return f"{name:<46}{figures[0]:>10.1f}{figures[1]:>10.1f}"
 
@@ -188,7 +192,7 @@ def main() -> None:
         "model": "m",
         "messages": [{"role": role, "content": prose(tokens, seed=i)} for i, (role, tokens) in enumerate(turns)],
     }
-    huge = {"model": "m", "messages": [{"role": "user", "content": prose(200_000, seed=1)}]}
+    huge: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": prose(200_000, seed=1)}]}
     n = args.iterations
     cold = features.count_exact.cache_clear
     print(f"{'µs per request (' + str(n) + ' iterations)':<46}{'p50':>10}{'p99':>10}")
@@ -199,22 +203,22 @@ def main() -> None:
             f"classifier text {len(f.last_user_text)} chars, score {model.score(f):.3f}"
         )
         print(
-            line("  extract (token counts cold)", percentiles_us(lambda b=body: extract(b, "chat"), n, cold))
+            line("  extract (token counts cold)", percentiles_us(functools.partial(extract, body, "chat"), n, cold))
         )
-        print(line("  extract (token counts memoized)", percentiles_us(lambda b=body: extract(b, "chat"), n)))
-        print(line("  score", percentiles_us(lambda f=f: model.score(f), n)))
-        print(line("  of which the task cues (read_cues)", percentiles_us(lambda f=f: read_cues(f), n)))
+        print(line("  extract (token counts memoized)", percentiles_us(functools.partial(extract, body, "chat"), n)))
+        print(line("  score", percentiles_us(functools.partial(model.score, f), n)))
+        print(line("  of which the task cues (read_cues)", percentiles_us(functools.partial(read_cues, f), n)))
         print(
             line(
                 "  extract + score (cold)",
-                percentiles_us(lambda b=body: model.score(extract(b, "chat")), n, cold),
+                percentiles_us(functools.partial(_extract_and_score, model, body), n, cold),
             )
         )
         slow = sklearn_scorer(model)
         print(
             line(
                 "  score via scikit-learn (for comparison)",
-                percentiles_us(lambda f=f, slow=slow: slow(f), max(n // 10, 20)),
+                percentiles_us(functools.partial(slow, f), max(n // 10, 20)),
             )
         )
     prompts = distinct_prompts(10_000)
@@ -225,7 +229,7 @@ def main() -> None:
     chars = len(huge["messages"][0]["content"])
     estimated = not f.prompt_tokens_exact
     print(f"-- 200k-token prompt ({chars} chars): prompt_tokens={f.prompt_tokens} (estimated: {estimated})")
-    print(line("  extract", percentiles_us(lambda: extract(huge, "chat"), max(n // 20, 20), cold)))
+    print(line("  extract", percentiles_us(functools.partial(extract, huge, "chat"), max(n // 20, 20), cold)))
     print(
         line(
             "  extract + score",

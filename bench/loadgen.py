@@ -54,7 +54,9 @@ async def one(session: aiohttp.ClientSession, url: str, payload: bytes | list[by
         return end - start, (first or end) - start, resp.status == 200
 
 
-async def closed(url: str, payload: list[bytes], concurrency: int, duration_s: float, max_requests: int) -> dict:
+async def closed(
+    url: str, payload: list[bytes], concurrency: int, duration_s: float, max_requests: int
+) -> dict[str, float]:
     latencies: list[float] = []
     ttfbs: list[float] = []
     errors = 0
@@ -74,7 +76,9 @@ async def closed(url: str, payload: list[bytes], concurrency: int, duration_s: f
     return _figures(latencies, ttfbs, errors, elapsed)
 
 
-async def open_loop(url: str, payload: list[bytes], rate: float, duration_s: float, max_in_flight: int) -> dict:
+async def open_loop(
+    url: str, payload: list[bytes], rate: float, duration_s: float, max_in_flight: int
+) -> dict[str, float]:
     """Requests start on a fixed schedule; latency counts from the scheduled start (no coordinated omission)."""
     latencies: list[float] = []
     ttfbs: list[float] = []
@@ -83,7 +87,7 @@ async def open_loop(url: str, payload: list[bytes], rate: float, duration_s: flo
         await one(session, url, payload)
         start = time.perf_counter()
         total = int(rate * duration_s)
-        tasks = []
+        tasks: list[asyncio.Task[None]] = []
 
         async def fire(scheduled: float) -> None:
             nonlocal errors
@@ -109,7 +113,7 @@ async def open_loop(url: str, payload: list[bytes], rate: float, duration_s: flo
     return figures
 
 
-def _figures(latencies: list[float], ttfbs: list[float], errors: int, elapsed: float) -> dict:
+def _figures(latencies: list[float], ttfbs: list[float], errors: int, elapsed: float) -> dict[str, float]:
     ordered = sorted(latencies)
     def pct(values: list[float], q: float) -> float:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")

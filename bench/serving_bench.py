@@ -222,6 +222,10 @@ def report(runs: dict[tuple[str, int], Run], concurrencies: Sequence[int], load:
               f"{fast.aggregate_tokens_per_s / hq.aggregate_tokens_per_s:10.2f}x {step:10.2f}x")
 
 
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="cpu", help="cpu or a profile YAML file (default: cpu)")
@@ -234,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
     profile = profiles.load(args.profile)
     started = time.monotonic()
     commands = prepare(profile, args.model_dir)
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     with (
         tempfile.TemporaryDirectory(prefix="serving-bench-") as work,
         running(commands, Path(work), start=profile.start, timeout_s=profile.startup_timeout_s, progress=say),

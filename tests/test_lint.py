@@ -16,6 +16,6 @@ def test_ruff_is_clean() -> None:
 
 
 def test_mypy_strict_is_clean() -> None:
-    """The package type-checks under mypy --strict with pydantic's plugin (settings in pyproject.toml)."""
+    """The package and the benchmarks type-check under mypy --strict with pydantic's plugin (pyproject.toml)."""
     out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
