@@ -9,50 +9,12 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
+from gateway.cli.admin_client import CliError, client_options, guarded, request
 from gateway.rollout.comparison import format_report, summarize
 
-TOKEN_ENV = "AGENT_GATEWAY_ADMIN_TOKEN"
-URL_ENV = "AGENT_GATEWAY_URL"
 ACTIONS = ("promote", "pause", "resume", "abort", "retry", "undo")
-
-
-class CliError(Exception):
-    """A one-line message for the user; the command exits 2."""
-
-
-def request(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    """One admin API call; every failure becomes a CliError naming the URL and the gateway's message."""
-    url = args.url.rstrip("/") + path
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Accept", "application/json")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    token = args.admin_token or os.environ.get(TOKEN_ENV)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=args.timeout_s) as resp:
-            return json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        raise CliError(f"{method} {url}: HTTP {exc.code}: {_envelope_message(exc.read())}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CliError(f"{method} {url}: cannot reach the gateway ({reason})") from None
-    except ValueError:
-        raise CliError(f"{method} {url}: the reply is not JSON") from None
-
-
-def _envelope_message(raw: bytes) -> str:
-    try:
-        error = json.loads(raw)["error"]
-        code = f" [{error['code']}]" if error.get("code") else ""
-        return f"{error['message']}{code}"
-    except (ValueError, KeyError, TypeError):
-        return raw[:200].decode(errors="replace").strip() or "no message"
 
 
 def _route_path(route: str, *rest: str) -> str:
@@ -168,36 +130,14 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
     return records
 
 
-def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except CliError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-
-    return run
-
-
-def _client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url",
-        default=os.environ.get(URL_ENV, "http://127.0.0.1:8080"),
-        help=f"gateway base URL (env {URL_ENV})",
-    )
-    parser.add_argument("--admin-token", default=None, help=f"admin bearer token (default: env {TOKEN_ENV})")
-    parser.add_argument("--timeout-s", type=float, default=10.0)
-    parser.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add `rollout …` and `shadow report` to the agent-gateway parser."""
     rollout = subparsers.add_parser("rollout", help="watch and steer gradual rollouts")
     sub = rollout.add_subparsers(dest="rollout_command", required=True)
     status = sub.add_parser("status", help="phase, weight and per-metric verdicts")
     status.add_argument("route", nargs="?")
-    _client_options(status)
-    status.set_defaults(func=_guarded(cmd_status))
+    client_options(status)
+    status.set_defaults(func=guarded(cmd_status))
     for action in ACTIONS:
         p = sub.add_parser(action, help=f"{action} the route's rollout (audited)")
         p.add_argument("route")
@@ -208,12 +148,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         p.add_argument("--generation", type=int, default=None, help="act only if the state is still at it")
         if action == "promote":
             p.add_argument("--full", action="store_true", help="skip every remaining step")
-        _client_options(p)
-        p.set_defaults(func=_guarded(cmd_action), action=action, full=False)
+        client_options(p)
+        p.set_defaults(func=guarded(cmd_action), action=action, full=False)
     history = sub.add_parser("history", help="audited transitions, oldest first")
     history.add_argument("route")
-    _client_options(history)
-    history.set_defaults(func=_guarded(cmd_history))
+    client_options(history)
+    history.set_defaults(func=guarded(cmd_history))
 
     shadow = subparsers.add_parser("shadow", help="shadow traffic")
     ssub = shadow.add_subparsers(dest="shadow_command", required=True)
@@ -221,10 +161,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     report.add_argument("--file", help="a JSONL export of pairs (offline; no gateway needed)")
     report.add_argument("--target", help="only pairs of this shadow target (from the gateway)")
     report.add_argument("--margin", type=float, default=0.05, help="win-share non-inferiority margin")
-    _client_options(report)
-    report.set_defaults(func=_guarded(cmd_shadow_report))
+    client_options(report)
+    report.set_defaults(func=guarded(cmd_shadow_report))
     labels = ssub.add_parser("labels", help="export the labels of shadow pairs as JSONL (for classifier train)")
     labels.add_argument("--out", default="-", help="JSONL file to write (default: stdout)")
     labels.add_argument("--limit", type=int, default=10_000, help="the newest this many labels")
-    _client_options(labels)
-    labels.set_defaults(func=_guarded(cmd_shadow_labels))
+    client_options(labels)
+    labels.set_defaults(func=guarded(cmd_shadow_labels))

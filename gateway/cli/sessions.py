@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 import urllib.parse
-from collections.abc import Callable
 from typing import Any
 
-from gateway.cli.rollout import TOKEN_ENV, URL_ENV, CliError, request
+from gateway.cli.admin_client import client_options, guarded, request
 
 SORTS = ("recent", "cost", "steps", "rate")
 
@@ -85,23 +82,8 @@ def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
-def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except CliError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-
-    return run
-
-
-def _client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=os.environ.get(URL_ENV, "http://127.0.0.1:8080"),
-                        help=f"gateway base URL (env {URL_ENV})")
-    parser.add_argument("--admin-token", default=None, help=f"admin bearer token (default: env {TOKEN_ENV})")
-    parser.add_argument("--timeout-s", type=float, default=10.0)
-    parser.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+def _session_options(parser: argparse.ArgumentParser) -> None:
+    client_options(parser)
     parser.add_argument("--tenant", help="only this tenant's sessions")
 
 
@@ -112,9 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     listing = sub.add_parser("list", help="sessions with steps, cost, rate, deployments and flags")
     listing.add_argument("--sort", choices=SORTS, default="recent", help="largest first (default: most recent)")
     listing.add_argument("--limit", type=int, default=50)
-    _client_options(listing)
-    listing.set_defaults(func=_guarded(cmd_list))
+    _session_options(listing)
+    listing.set_defaults(func=guarded(cmd_list))
     show = sub.add_parser("show", help="one session's timeline, step by step")
     show.add_argument("session_id", help="as `sessions list` shows it, e.g. h:run-42")
-    _client_options(show)
-    show.set_defaults(func=_guarded(cmd_show))
+    _session_options(show)
+    show.set_defaults(func=guarded(cmd_show))

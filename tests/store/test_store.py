@@ -12,29 +12,22 @@ from gateway.policy.tenancy import Window
 from gateway.store.contract import Hold, Limits, Refusal, Reservation, Spend, Store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis_store import RedisStore
+from tests.fixtures.clock import ManualClock
 from tests.fixtures.redis_server import RedisServer
 
 # A fixed instant in the future (so Redis EXPIREAT never lands in the past): 5 s into tomorrow, UTC.
 T0 = (int(time.time()) // 86400 + 1) * 86400 + 5.0
 
 
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(T0)
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def store(
     request: pytest.FixtureRequest,
-    clock: Clock,
+    clock: ManualClock,
     key_prefix: str,
 ) -> AsyncIterator[Store]:
     if request.param == "memory":
@@ -66,7 +59,7 @@ async def test_reserve_holds_worst_case_in_every_window(store: Store) -> None:
 
 
 async def test_hard_usd_refusal_names_limit_and_retry_after_and_has_no_side_effects(
-    store: Store, clock: Clock
+    store: Store, clock: ManualClock
 ) -> None:
     limits = Limits(usd={Window.DAY: 1.0})
     await held(store, hold(0.6, limits=limits))
@@ -119,7 +112,7 @@ async def test_release_frees_hold_without_spend_and_is_idempotent(store: Store) 
     assert day.requests == 1  # an attempt still counts against the request rate
 
 
-async def test_requests_per_minute(store: Store, clock: Clock) -> None:
+async def test_requests_per_minute(store: Store, clock: ManualClock) -> None:
     limits = Limits(requests_per_minute=3)
     for _ in range(3):
         await store.release(await held(store, hold(limits=limits)))
@@ -145,7 +138,7 @@ async def test_max_concurrent(store: Store) -> None:
     await held(store, hold(limits=limits))
 
 
-async def test_reservation_expires_and_late_settle_still_records_spend(store: Store, clock: Clock) -> None:
+async def test_reservation_expires_and_late_settle_still_records_spend(store: Store, clock: ManualClock) -> None:
     limits = Limits(usd={Window.DAY: 1.0}, max_concurrent=1)
     r = await held(store, hold(0.9, limits=limits, ttl_s=10))
     clock.now += 11  # the replica that held it crashed
@@ -158,7 +151,7 @@ async def test_reservation_expires_and_late_settle_still_records_spend(store: St
     assert (day.spend_usd, day.reserved_usd, day.tokens) == (0.05, 0.0, 10)
 
 
-async def test_settle_lands_in_the_buckets_it_was_reserved_in(store: Store, clock: Clock) -> None:
+async def test_settle_lands_in_the_buckets_it_was_reserved_in(store: Store, clock: ManualClock) -> None:
     r = await held(store, hold(0.5, 100))
     clock.now += 60  # a new minute started while the request ran
     await store.settle(r, Spend(0.2, 10, 10))
@@ -168,7 +161,7 @@ async def test_settle_lands_in_the_buckets_it_was_reserved_in(store: Store, cloc
     assert snap.windows[Window.HOUR].reserved_usd == 0.0
 
 
-async def test_new_window_starts_empty(store: Store, clock: Clock) -> None:
+async def test_new_window_starts_empty(store: Store, clock: ManualClock) -> None:
     r = await held(store, hold(0.5, 100))
     await store.settle(r, Spend(0.2, 10, 10))
     clock.now += 3600
@@ -177,7 +170,7 @@ async def test_new_window_starts_empty(store: Store, clock: Clock) -> None:
     assert snap.windows[Window.DAY].spend_usd == 0.2
 
 
-async def test_session_steps_rate_pin_and_cost(store: Store, clock: Clock) -> None:
+async def test_session_steps_rate_pin_and_cost(store: Store, clock: ManualClock) -> None:
     for _ in range(5):
         state = await store.step("acme", "sess-1", 30.0, 3600)
         clock.now += 1
@@ -251,7 +244,7 @@ async def test_redis_and_memory_agree_on_a_random_history(redis_server: RedisSer
     import random
 
     rng = random.Random(5)
-    clock = Clock()
+    clock = ManualClock(T0)
     stores: list[Store] = [
         MemoryStore(prefix=key_prefix, clock=clock),
         RedisStore(redis_server.url, prefix=key_prefix, clock=clock),
@@ -305,7 +298,7 @@ async def test_redis_and_memory_agree_on_a_random_history(redis_server: RedisSer
 
 
 async def test_the_memory_store_forgets_idle_sessions_and_ended_minutes_nobody_reads_again() -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     store = MemoryStore(clock=clock)
     for i in range(3000):  # 3,000 one-step sessions and a minute bucket per minute, never read again
         clock.now = T0 + i * 0.1
@@ -321,7 +314,7 @@ async def test_the_memory_store_forgets_idle_sessions_and_ended_minutes_nobody_r
 
 
 async def test_the_memory_store_has_a_size_bound_and_evicts_idle_sessions_first() -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     store = MemoryStore(clock=clock, max_keys=1000)
     for i in range(5000):
         clock.now = T0 + i * 0.01

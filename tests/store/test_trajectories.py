@@ -12,27 +12,20 @@ from gateway.decision.trajectory import Step, ToolCall
 from gateway.policy.agents import Recording
 from gateway.store.trajectories import Append, RedisTrajectoryStore, TrajectoryStore
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
+from tests.fixtures.clock import ManualClock
 from tests.fixtures.redis_server import RedisServer
 
 T0 = float(int(time.time()) // 10 * 10)  # a spend bucket's start: T0 + 0..9 s share one
 LIMITS = Recording(max_steps_per_session=3, max_sessions=3, ttl_s=600)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(T0)
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-async def store(request: pytest.FixtureRequest, clock: Clock, key_prefix: str) -> AsyncIterator[TrajectoryStore]:
+async def store(request: pytest.FixtureRequest, clock: ManualClock, key_prefix: str) -> AsyncIterator[TrajectoryStore]:
     if request.param == "memory":
         yield MemoryTrajectoryStore(clock=clock)
         return
@@ -99,7 +92,7 @@ async def test_the_same_session_id_of_two_tenants_is_two_sessions(store: Traject
     assert (acme[0].tenant, acme[0].steps, globex[0].tenant) == ("acme", 1, "globex")
 
 
-async def test_idle_sessions_past_the_ttl_leave_the_list(store: TrajectoryStore, clock: Clock) -> None:
+async def test_idle_sessions_past_the_ttl_leave_the_list(store: TrajectoryStore, clock: ManualClock) -> None:
     await store.append([_append("old", T0)], {}, LIMITS)
     clock.now = T0 + 700
     await store.append([_append("new", T0 + 700)], {}, LIMITS)
