@@ -419,15 +419,36 @@ class Policy(Frozen):
         return {}
 
     def candidates(self, first: str) -> tuple[str, ...]:
-        """Deployments to try for a request that prefers `first`: it, then the fallback list, then the rest.
+        """Deployments to try for a request that prefers `first`: it, then the fallback list, then the rest
+        but those only experiments reach (see experiment_only).
 
         The caller keeps the first max_attempts that are usable, so excluded ones do not use up attempts.
         """
         order = self._candidates.get(first)
         if order is None:
-            order = tuple(dict.fromkeys([first, *self.fallback, *self.deployments]))
+            rest = (name for name in self.deployments if name not in self.experiment_only)
+            order = tuple(dict.fromkeys([first, *self.fallback, *rest]))
             self._candidates[first] = order
         return order
+
+    @functools.cached_property
+    def experiment_only(self) -> frozenset[str]:
+        """Deployments that only experiments reach: a rollout's candidate, a shadow's target, the labels'
+        judge, a deployment only a candidate policy uses. Failover does not send live traffic to them (an
+        aborted candidate or the judge would answer clients) unless the fallback list names them."""
+        routed = {self.default, *self.fallback, *(r.use for r in self.rules),
+                  *(m.pin for m in self.models.values() if m.pin is not None),
+                  *(d.load.spill_to for d in self.deployments.values() if d.load.spill_to is not None),
+                  *(t.above_soft.route_to for t in self.tenants if t.above_soft.route_to is not None),
+                  self.sessions.tight_loop_route_to, *(name for _, name in self.agents.targets())}
+        targets = [*(r.candidate for r in self.rollouts), *(s.target for s in self.shadows)]
+        reached = {t.removeprefix("deployment:") for t in targets if t.startswith("deployment:")}
+        for cand in self.policies.values():
+            reached.update(r.use for r in cand.rules or ())
+            reached.update([*([cand.default] if cand.default else ()), *(cand.fallback or ())])
+        if self.labels is not None and self.labels.judge is not None:
+            reached.add(self.labels.judge.deployment)
+        return frozenset(reached - routed)
 
     @functools.cached_property
     def _candidates(self) -> dict[str, tuple[str, ...]]:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 
+from gateway.settings import Settings
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import Fault
-from tests.fixtures.stack import ADMIN_TOKEN, Stack
+from tests.fixtures.fake_vllm import FakeVLLM, Fault
+from tests.fixtures.stack import ADMIN_TOKEN, Stack, fake_server, policy_yaml, with_deployment
 
 HELLO = [{"role": "user", "content": "hello there"}]
 WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -139,6 +142,40 @@ async def test_failover_before_first_byte_on_5xx(stack: Stack) -> None:
     assert raw.parse().model == "fake-hq"
     assert raw.headers["x-gateway-deployment"] == "hq"
     assert await _metric(stack, 'gateway_failovers_total{from_deployment="fast",reason="upstream_5xx"}') == 1.0
+
+
+# An aborted-looking rollout (its candidate at weight 0) and a judge for labels: both deployments exist only
+# for experiments, and up to four attempts would reach them if failover went on to "the rest".
+EXPERIMENTS_ONLY = """
+    max_attempts: 4
+    labels: {strong: hq, weak: fast, judge: {deployment: judge}}
+    rollouts:
+      - id: hq-v2-held
+        route: hq
+        candidate: deployment:hq-v2
+        stable: deployment:hq
+        steps: [{pause: {}}]
+"""
+
+
+async def test_failover_never_sends_clients_to_a_deployment_only_experiments_use(
+    fake_pair: Any, gateway_server: Callable[[Settings], Any], aiohttp_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    hq, hq_server, fast, fast_server = fake_pair
+    judge, candidate = FakeVLLM("fake-judge"), FakeVLLM("fake-hq-v2")
+    text = policy_yaml(str(hq_server.make_url("")).rstrip("/"), str(fast_server.make_url("")).rstrip("/"),
+                       EXPERIMENTS_ONLY)
+    text = with_deployment(text, "judge", await fake_server(judge, aiohttp_server), "fake-judge")
+    text = with_deployment(text, "hq-v2", await fake_server(candidate, aiohttp_server), "fake-hq-v2")
+    (tmp_path / "policy.yaml").write_text(text)
+    stack = Stack(hq, fast, await gateway_server(Settings(policy=str(tmp_path / "policy.yaml"))), tmp_path)
+    fast.faults.append(Fault(status=503))
+    hq.faults.append(Fault(status=503))
+    async with stack.client() as client:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(model="auto", messages=HELLO)
+    assert caught.value.status_code == 502
+    assert judge.received == [] and candidate.received == []
 
 
 async def test_failover_on_timeout(make_stack: Any) -> None:
