@@ -109,10 +109,10 @@ class Experiments:
                 self.shadows.drop(spec.candidate, "stale_state")
             return
         arm = (await self.rollouts.arm(state, key)).arm
-        self.arms.labels(spec.route or "", arm.value).inc()
         # A request the candidate may not serve (admission, health, context window…) stays on stable in
         # either arm, unmeasured: both cohorts then hold only requests the candidate could have taken.
         candidate = self._candidate(enrollment, spec.candidate, ctx) if arm is not Arm.STABLE else None
+        self.arms.labels(spec.route or "", (arm if candidate is not None else Arm.STABLE).value).inc()  # as served
         if arm is Arm.CANDIDATE and candidate is not None:
             enrollment.decision = candidate
             enrollment.candidate_deployment = _deployment_of(spec.candidate)

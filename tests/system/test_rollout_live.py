@@ -18,7 +18,7 @@ from gateway.cli.command import main
 from gateway.settings import Settings
 from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import FakeVLLM, Fault
-from tests.fixtures.stack import ADMIN_TOKEN, fake_server, three_deployments
+from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, three_deployments
 
 HELLO = [{"role": "user", "content": "hello there"}]
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -166,9 +166,16 @@ async def test_a_candidate_goes_through_admission_like_any_deployment(
         )  # before: the candidate's hold (or call) went through anyway, and near a hard limit got 429
         assert raw.headers["x-gateway-deployment"] == "fast"
         assert live.v2.received == []
+        assert await _served_by_arm(live) == {"candidate": 0, "stable": 1}  # the arm that served it
         roomy = await client.chat.completions.with_raw_response.create(model="fast", messages=HELLO, max_tokens=1)
     if not tenancy:  # a call whose worst case fits everything still goes to the candidate
         assert roomy.headers["x-gateway-deployment"] == "hq-v2"
+        assert await _served_by_arm(live) == {"candidate": 1, "stable": 1}  # as served, not as assigned
+
+
+async def _served_by_arm(live: Live) -> dict[str, float]:
+    return {arm: await metric(live.gateway, "gateway_rollout_requests_total", route="fast", arm=arm)
+            for arm in ("candidate", "stable")}
 
 
 async def test_only_calls_a_deployment_served_are_sampled_shadowed_and_paired(
