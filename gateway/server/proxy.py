@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Mapping
 from typing import Any
@@ -16,7 +17,7 @@ from gateway.decision.routing import Context, Decision, decide, needs_complexity
 from gateway.decision.sessions import session_id
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
 from gateway.features import Features, extract
-from gateway.policy.model import Policy
+from gateway.policy.model import Policy, Price
 from gateway.server.middleware import add_gateway_headers
 from gateway.server.resources import (
     ACCOUNTING,
@@ -198,6 +199,9 @@ async def _forward(
                 metrics.failovers.labels(name, exc.code or exc.error_type).inc()
                 last = exc.with_traceback(None)  # kept, its traceback would tie this frame into a cycle
                 continue
+            except asyncio.CancelledError:
+                _left_while_answering(ex, metrics, name, dep.price)
+                raise
             if answer is None:
                 ex.answered(name, None, dep.price)  # the model it names is read from the stream's first event
                 return await _relay_stream(request, deployments, metrics, reply, client_wants_usage)
@@ -207,6 +211,13 @@ async def _forward(
         finally:
             deployments.in_flight[name] -= 1
     raise last or UpstreamError("No deployment was tried")
+
+
+def _left_while_answering(ex: Exchange, metrics: Metrics, name: str, price: Price) -> None:
+    """The client left while the deployment had its request: the prompt was taken in (prefill comes
+    first) and is charged; what it generated before the call was cancelled cannot be told, and is not."""
+    ex.answered(name, None, price)
+    ex.settle(openai.Usage(ex.prompt_tokens, 0, estimated=True), metrics)
 
 
 def _relay_body(

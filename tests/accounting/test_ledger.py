@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -237,6 +238,24 @@ async def test_a_client_that_disconnects_mid_stream_is_charged_what_was_streamed
     spend, out = await _settled(stack)
     assert 16 <= out < 64  # the chunks the gateway relayed (or had read), each one token, never the rest
     assert spend > 0 and spend == pytest.approx(_fast_cost(out), rel=1e-6)
+
+
+async def test_a_client_that_leaves_a_non_streamed_call_is_charged_its_prompt(
+    make_stack: Any, store_settings: dict[str, Any]
+) -> None:
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+    """, settings=store_settings)
+    stack.fast.faults += [Fault(stall_s=5)]  # the deployment has the request and is still working on it
+    async with aiohttp.ClientSession() as http:
+        call = asyncio.ensure_future(http.post(stack.base_url + "/chat/completions",
+                                               json={"model": "fast", "messages": HELLO}))
+        await until(lambda: stack.fast.received, what="the deployment received the call")
+        call.cancel()  # the client hangs up before the answer
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    spend, out = await _settled(stack)
+    assert out == 0 and spend == pytest.approx(_fast_cost(0), rel=1e-6) and spend > 0  # before: released, $0
 
 
 async def test_a_deployment_that_dies_mid_stream_is_charged_what_it_streamed(
