@@ -296,6 +296,10 @@ async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gat
         "max_tokens": 1800,
         "ignore_eos": True,  # vLLM's extension: keep decoding so the queue stays deep
     }
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="none", timeout=60.0, max_retries=0)
+    # The SDK builds its client and response types on first use: seconds on cores the flood keeps busy,
+    # during which the queue drained before the first decision was sent. Warm it before the flood.
+    await client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES, max_tokens=1)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
@@ -308,9 +312,6 @@ async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gat
             # Wait on what the decision reads: the gateway's own scrape of fast's queue, not vLLM's.
             await _until(lambda: _sum(_metrics(gateway.url), "gateway_deployment_requests_waiting",
                                       "deployment=fast") >= 3, 60.0)
-            client = openai.AsyncOpenAI(
-                base_url=gateway.base_url, api_key="none", timeout=60.0, max_retries=0
-            )
             # The queue can drain between a scrape and a decision: judge the decision by the load it saw.
             for _ in range(5):
                 raw = await client.chat.completions.with_raw_response.create(
