@@ -351,16 +351,7 @@ def live_policy_path(tmp_path: Path) -> str:
     return str(tmp_path / "policy.yaml")
 
 
-AGENT_ROLLOUT = """
-rollouts:
-  - id: hq-v2-agents
-    route: hq
-    candidate: deployment:hq-v2
-    stable: deployment:hq
-    steps:
-      - set_weight: 50
-      - pause: {duration_s: 600}
-    guards:
+AGENT_ROLLOUT = ROLLOUT + """    guards:
       rework_rate: {margin: 0.1}
 """
 
