@@ -129,7 +129,7 @@ class StoreUnavailable(GatewayError):
     code = "store_unavailable"
 
 
-class UpstreamTimeout(GatewayError):
+class UpstreamTimeout(UpstreamError):
     status = 504
     error_type = "timeout_error"
     code = "upstream_timeout"

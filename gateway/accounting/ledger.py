@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from gateway import openai
 from gateway.accounting.budgets import Budgets
 from gateway.accounting.keys import KeyRing
 from gateway.decision.admission import (
-    ANONYMOUS,
     Admission,
     Cost,
     SessionState,
@@ -24,10 +21,9 @@ from gateway.decision.admission import (
     judge,
     tracks_sessions,
 )
+from gateway.decision.call import Call
 from gateway.decision.routing import Decision
-from gateway.decision.sessions import session_id
 from gateway.errors import RateLimited
-from gateway.features import Features
 from gateway.openai import Usage
 from gateway.policy.model import Policy
 from gateway.policy.tenancy import TenantPolicy, find_tenant
@@ -37,7 +33,6 @@ from gateway.telemetry.exchange import Exchange
 log = logging.getLogger(__name__)
 
 RESERVE_MARGIN_S = 60.0  # a hold outlives its request's total timeout by this much
-Response = TypeVar("Response")
 
 
 @dataclass(slots=True)
@@ -67,51 +62,33 @@ class Accounting:
         """The tenant of an `Authorization: Bearer <key>` header (401 unknown or revoked, 503 store down)."""
         return await self.ring.tenant(authorization)
 
-    async def admit(
-        self,
-        tenant: str | None,
-        headers: Mapping[str, str],
-        policy: Policy,
-        features: Features,
-        body: Mapping[str, Any],
-        body_bytes: int,
-    ) -> Admitted:
+    async def admit(self, call: Call) -> Admitted:
         """Read the tenant's windows and count this session step (one store call, when needed); judge."""
-        tenant = tenant or ANONYMOUS
+        policy, features, tenant, body_bytes = call.policy, call.features, call.tenant_or_anonymous, call.body_bytes
         limits = find_tenant(policy.tenants, tenant)
         rules = policy.sessions
-        sid = session_id(headers, body) if tracks_sessions(rules) else None
-        costs = costs_of(policy, features, body_bytes, openai.choices_of(body, features.endpoint))
+        sid = call.session_id if tracks_sessions(rules) else None
+        costs = costs_of(policy, features, body_bytes, openai.choices_of(call.view, features.endpoint))
         snapshot, session = TenantSnapshot(tenant, 0.0, {}), None
         if sid is not None or has_soft_limits(limits):
             # hard limits alone need no read: reserve checks them atomically
             seen = await self.budgets.observe(tenant, sid, rules)
             snapshot, session = seen.snapshot, seen.session
-        verdict = judge(policy, costs, headers, snapshot, session)
+        verdict = judge(policy, costs, call.headers, snapshot, session)
         return Admitted(tenant, limits, sid, costs, verdict, session, caps_of(policy, features, body_bytes))
 
-    async def follow(
-        self,
-        admitted: Admitted,
-        policy: Policy,
-        decision: Decision,
-        ex: Exchange,
-        forward: Callable[[Decision], Awaitable[Response]],
-    ) -> Response:
-        """Hold the worst case, forward, then settle the usage the deployment reported or release the hold."""
-        if not policy.accounted:
-            return await forward(decision)  # only a cost-cap header steered this request: nothing to account
-        held, decision = await self._hold(admitted, policy, decision)
-        try:
-            return await forward(decision)
-        finally:
-            # What was generated is charged, also when the client left or the deployment died mid-stream
-            # (the relay then counts the streamed tokens); only a call that generated nothing is released.
-            # Shielded: a client that disconnects cancels the handler, and the hold must still be freed.
-            done = self._settle(held, policy, ex) if ex.usage is not None else self.budgets.release(held)
-            await asyncio.shield(done)
+    async def close(self, held: Reservation, policy: Policy, ex: Exchange) -> None:
+        """Settle what the deployment reported, or release the hold of a call that generated nothing.
 
-    async def _hold(
+        What was generated is charged, also when the client left or the deployment died mid-stream (the relay
+        then counts the streamed tokens); only a call no deployment took is released.
+        """
+        if ex.usage is not None:
+            await self._settle(held, policy, ex)
+        else:
+            await self.budgets.release(held)
+
+    async def hold(
         self, admitted: Admitted, policy: Policy, decision: Decision
     ) -> tuple[Reservation, Decision]:
         """Hold the largest worst case among the deployments failover may try, else the chosen one's alone."""

@@ -7,9 +7,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway import openai
+from gateway.apis.routes import BY_ENDPOINT
 from gateway.decision.admission import (
     ANONYMOUS,
     Admission,
@@ -18,14 +19,18 @@ from gateway.decision.admission import (
     WindowUsage,
     costs_of,
     judge,
-    steered,
+    needs_admission,
     window_bucket,
 )
+from gateway.decision.call import Call, read_call
+from gateway.decision.context import ColdStart, Surroundings, gather
 from gateway.decision.explain import explanation
-from gateway.decision.routing import Context, DeploymentLoad, decide, needs_complexity
-from gateway.features import extract
+from gateway.decision.routing import DeploymentLoad, decide
 from gateway.policy import model as policy_module
 from gateway.policy.tenancy import Window
+
+if TYPE_CHECKING:
+    from gateway.classifier.scoring import Classifier
 
 
 class ExplainInputError(ValueError):
@@ -41,26 +46,29 @@ def offline(
         raw = Path(request_path).read_bytes()
     except OSError as exc:
         raise ExplainInputError(f"cannot read: {exc.strerror}") from exc
-    body = openai.decode(raw)
-    openai.check(body, endpoint)
-    features = extract(body, endpoint)
-    complexity, top = None, []
-    if needs_complexity(policy):
-        from gateway.classifier.scoring import Classifier
-
-        classifier = policy.classifier.model if policy.classifier is not None else Classifier.default()
-        complexity = classifier.score(features)
-        top = classifier.explain(features)
+    adapter = BY_ENDPOINT.get(endpoint)
+    if adapter is None:
+        raise ExplainInputError(f"--endpoint {endpoint!r}: expected one of {', '.join(BY_ENDPOINT)}")
+    body = adapter.parse(raw)
+    view = adapter.view(body)
     given = _headers(headers)
-    choices = openai.choices_of(body, endpoint)
-    verdict, state = _admission(policy, features, len(raw), given, tenant, spent, session, choices)
-    ctx = Context(headers=given, tenant=tenant, complexity=complexity,
-                  load=_loads(policy.deployments, loads), admission=verdict, session=state)
-    decision = decide(policy, features, ctx, explain=True)
+    call = read_call(policy, endpoint, body, view, len(raw), adapter.features(view), given, tenant)
+    verdict, state = _admission(policy, call, spent, session)
+    scoring = ColdStart(_default_classifier)
+    ctx = gather(call, scoring, Surroundings(load=_loads(policy.deployments, loads), admission=verdict,
+                                             session=state))
+    decision = decide(policy, call.features, ctx, explain=True)
 
-    report = explanation(decision, features, ctx)
+    report = explanation(decision, call.features, ctx)
+    top = scoring.model(policy).explain(call.features) if ctx.complexity is not None else []
     report["top_features"] = [[name, round(weight, 4)] for name, weight in top]
     return report
+
+
+def _default_classifier() -> Classifier:
+    from gateway.classifier.scoring import Classifier  # loaded only when a rule reads the score
+
+    return Classifier.default()
 
 
 def _headers(items: Sequence[str]) -> dict[str, str]:
@@ -74,11 +82,11 @@ def _headers(items: Sequence[str]) -> dict[str, str]:
 
 
 def _admission(
-    policy: policy_module.Policy, features: Any, body_bytes: int, headers: dict[str, str], tenant: str | None,
-    spent: Sequence[str], session: Sequence[str], choices: int = 1,
+    policy: policy_module.Policy, call: Call, spent: Sequence[str], session: Sequence[str]
 ) -> tuple[Admission | None, SessionState | None]:
     """The budget verdict with assumed spend (`--spent-usd day=45`) and session (`--session pinned=hq`)."""
-    if not (steered(policy, headers) or spent or session):
+    tenant, headers = call.tenant, call.headers
+    if not (needs_admission(policy, headers) or spent or session):
         return None, None
     now_s = time.time()
     windows = {}
@@ -92,7 +100,7 @@ def _admission(
                                     f"{', '.join(Window)}") from exc
     snapshot = TenantSnapshot(tenant or ANONYMOUS, now_s, windows)
     state = _session(session) if session else None
-    costs = costs_of(policy, features, body_bytes, choices)
+    costs = costs_of(policy, call.features, call.body_bytes, openai.choices_of(call.view, call.endpoint))
     return judge(policy, costs, headers, snapshot, state), state
 
 

@@ -14,14 +14,17 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gateway.decision.routing import Context, decide
+from gateway.decision.call import Call
+from gateway.decision.context import Logged, Surroundings, gather
+from gateway.decision.routing import decide
 from gateway.errors import GatewayError
 from gateway.features import Features
 from gateway.policy import model as policy_module
 from gateway.policy.model import Policy
+from gateway.steps import AgentStep
 
 SHOWN_CHANGES = 20
 _FEATURES = [f.name for f in fields(Features)]
@@ -52,19 +55,21 @@ def features_of(record: dict[str, Any]) -> Features:
     return Features(**values)
 
 
-def _scored(policy: Policy, features: Features, ctx: Context) -> Context:
-    """The logged score, or the policy's own classifier's where it names one and the log kept the prompt."""
-    if policy.classifier is None or not features.last_user_text:
-        return ctx
-    return replace(ctx, complexity=policy.classifier.model.score(features))
-
-
-def _choice(policy: Policy, features: Features, ctx: Context) -> tuple[str, str]:
+def _choice(policy: Policy, call: Call, complexity: float | None) -> tuple[str, str]:
+    """The policy's decision of a logged call, gathered as the live gateway gathers it (load assumed idle)."""
     try:
-        found = decide(policy, features, ctx)
+        found = decide(policy, call.features, gather(call, Logged(complexity), Surroundings()))
     except GatewayError as exc:
         return f"error:{exc.code}", ""
     return found.deployment, found.rule
+
+
+def call_of(policy: Policy, record: dict[str, Any]) -> Call:
+    """A logged request as the call the live gateway read: features, headers, tenant and agent step."""
+    features = features_of(record)
+    step = record.get("step")
+    return Call(policy, features.endpoint, {}, {}, 0, features, record.get("headers") or {}, record.get("tenant"),
+                AgentStep(**step) if isinstance(step, dict) else None)
 
 
 def _cost(policy: Policy, deployment: str, usage: dict[str, Any] | None) -> float:
@@ -80,18 +85,14 @@ def replay(path: str, candidate: Policy, live: Policy | None) -> dict[str, Any]:
     changes: list[dict[str, Any]] = []
     total = 0
     for _, record in read_log(path):
-        features = features_of(record)
-        ctx = Context(
-            headers=record.get("headers") or {},
-            tenant=record.get("tenant"),
-            complexity=record.get("complexity"),
-        )
+        complexity = record.get("complexity")
         logged = record.get("decision") or {}
         if live is not None:
-            was, was_rule = _choice(live, features, _scored(live, features, ctx))
+            was, was_rule = _choice(live, call_of(live, record), complexity)
         else:
             was, was_rule = logged.get("deployment", "?"), logged.get("rule", "?")
-        now, now_rule = _choice(candidate, features, _scored(candidate, features, ctx))
+        features = features_of(record)
+        now, now_rule = _choice(candidate, call_of(candidate, record), complexity)
         usage = record.get("usage")
         pricing = live or candidate
         for name, (dep, pol) in {"live": (was, pricing), "candidate": (now, candidate)}.items():

@@ -246,7 +246,7 @@ def _apply_session_preference(v: _Verdict, session: SessionState, sessions: Sess
         v.reasons.append(f"session pinned to {session.pinned}")
 
 
-def steered(policy: Policy, headers: Mapping[str, str]) -> bool:
+def needs_admission(policy: Policy, headers: Mapping[str, str]) -> bool:
     """Whether this request needs admission at all: tenancy is configured, or it caps its own cost."""
     return policy.accounted or MAX_COST_HEADER in headers
 

@@ -1,25 +1,27 @@
 """A request's part in rollouts, shadows, the policy shadow and the request log: the request path's one hook.
 
-`Experiments.begin` runs after the live decision (it may swap in the candidate's decision and starts any
-shadow), `Enrollment.follow` wraps the forward and, once the client has its answer, records the cohort sample,
-hands the primary's capture to the shadows and queues the request-log line. Nothing here delays or
+`Experiments.begin` runs after the live decision (it may swap in the candidate's decision and prepares any
+shadow), `Enrollment.sent` starts the shadows once the call is past the budget hold, and `Experiments.finished`,
+once the client has its answer, records the cohort sample, hands the primary's capture to the shadows and
+queues the request-log line. Nothing here delays or
 alters what the client receives beyond choosing the rollout arm.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from gateway import openai
+from gateway.apis.routes import BY_ENDPOINT
 from gateway.classifier.scoring import Classifier
+from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision, decide, substitute
-from gateway.decision.sessions import session_id
 from gateway.errors import GatewayError
 from gateway.experiments.agent_steps import Cohorted
 from gateway.experiments.request_log import RequestLog, loggable_headers
@@ -38,17 +40,6 @@ from gateway.telemetry.metrics import COMPLEXITY, Metrics
 CLIENT_CLOSED = 499
 DISAGREEMENTS_MAX = 1000
 DEFAULT_KEY = ("header:x-session-id", "user", "api_key")
-
-
-class Answered(Protocol):
-    """A response, as far as the experiments read it."""
-
-    @property
-    def status(self) -> int: ...
-
-
-Response = TypeVar("Response", bound=Answered)
-Forward = Callable[[Decision], Awaitable[Response]]
 
 
 class Experiments:
@@ -70,23 +61,15 @@ class Experiments:
     def engaged(self, policy: Policy) -> bool:
         return policy.experimental or self.log is not None
 
-    async def begin(
-        self,
-        ex: Exchange,
-        headers: Mapping[str, str],
-        policy: Policy,
-        features: Features,
-        ctx: Context,
-        decision: Decision,
-        body: dict[str, Any],
-    ) -> Enrollment:
-        enrollment = Enrollment(self, ex, policy, features, decision, body, headers, ctx.tenant)
+    async def begin(self, ex: Exchange, call: Call, ctx: Context, decision: Decision) -> Enrollment:
+        policy, features = call.policy, call.features
+        enrollment = Enrollment(ex, call, decision)
         if not policy.experimental:
             return enrollment
         route = features.requested_model
         index = self.rollouts.index(policy)
         spec, shadows = index.rollouts.get(route), index.shadows.get(route, ())
-        key = _key(spec.key if spec else DEFAULT_KEY, headers, body, ctx) if spec or shadows else None
+        key = _key(spec.key if spec else DEFAULT_KEY, call) if spec or shadows else None
         if spec is not None:
             await self._rollout(enrollment, spec, key, ctx)
         for shadow in shadows:
@@ -173,14 +156,14 @@ class Experiments:
         if name == enrollment.decision.deployment:
             self.shadows.drop(target, "same_deployment")
             return
-        dep, path = enrollment.policy.deployments[name], openai.PATHS[enrollment.features.endpoint]
+        dep, path = enrollment.policy.deployments[name], BY_ENDPOINT[enrollment.features.endpoint].path
         enrollment.shadows.append(
             lambda: self.shadows.mirror(
                 target,
                 name,
                 dep,
                 path,
-                enrollment.body,
+                enrollment.call.body,
                 enrollment.ex.request_id,
                 limits,
                 enrollment.primary,  # only a sent shadow makes the relay copy the primary's bytes
@@ -266,9 +249,10 @@ class Experiments:
             "request_id": ex.request_id,
             "endpoint": f.endpoint,
             "model": f.requested_model,
-            "tenant": enrollment.tenant,
-            "headers": loggable_headers(enrollment.headers, enrollment.policy.read_headers),
+            "tenant": enrollment.call.tenant,
+            "headers": loggable_headers(enrollment.call.headers, enrollment.policy.read_headers),
             "features": features,
+            "step": None if enrollment.call.step is None else dataclasses.asdict(enrollment.call.step),
             "complexity": complexity,
             "decision": {"deployment": d.deployment, "rule": d.rule, "attempts": list(d.attempts)},
             "served_by": ex.deployment,
@@ -284,7 +268,7 @@ class Experiments:
             "ttft_ms": None if ttft_ms is None else round(ttft_ms, 3),
         }
         if self.log_prompts:
-            record["body"] = enrollment.body
+            record["body"] = enrollment.call.body
         return record
 
     @property
@@ -293,39 +277,13 @@ class Experiments:
 
 
 class Enrollment:
-    """One request's part in the experiments: its arm, cohort, shadow rendezvous and what the log needs."""
+    """One request's part in the experiments: its arm, cohort and shadow rendezvous."""
 
-    __slots__ = (
-        "body",
-        "candidate_deployment",
-        "cohort",
-        "decision",
-        "ex",
-        "experiments",
-        "features",
-        "forwarded",
-        "future",
-        "headers",
-        "policy",
-        "shadows",
-        "spec",
-        "state",
-        "tenant",
-    )
+    __slots__ = ("call", "candidate_deployment", "cohort", "decision", "ex", "forwarded", "future", "shadows",
+                 "spec", "state")
 
-    def __init__(
-        self,
-        experiments: Experiments,
-        ex: Exchange,
-        policy: Policy,
-        features: Features,
-        decision: Decision,
-        body: dict[str, Any],
-        headers: Mapping[str, str],
-        tenant: str | None,
-    ) -> None:
-        self.experiments, self.ex, self.policy, self.features = experiments, ex, policy, features
-        self.decision, self.body, self.headers, self.tenant = decision, body, headers, tenant
+    def __init__(self, ex: Exchange, call: Call, decision: Decision) -> None:
+        self.ex, self.call, self.decision = ex, call, decision
         self.spec: RolloutSpec | None = None
         self.state: RolloutState | None = None
         self.cohort: Cohort | None = None
@@ -350,45 +308,33 @@ class Enrollment:
             self.ex.tap = []
         return self.future
 
-    def forwarding(self, forward: Forward[Response]) -> Forward[Response]:
-        """`forward`, marking the call as sent to a deployment and starting its shadows then: after the budget
-        hold, so a call refused there is neither shadowed nor sampled."""
+    @property
+    def policy(self) -> Policy:
+        return self.call.policy
 
-        def sent(decision: Decision) -> Awaitable[Response]:
-            self.forwarded = True
-            for start in self.shadows:
-                start()
-            self.shadows.clear()
-            return forward(decision)
+    @property
+    def features(self) -> Features:
+        return self.call.features
 
-        return sent
-
-    async def follow(self, forwarded: Awaitable[Response]) -> Response:
-        status = 500
-        try:
-            response = await forwarded
-            status = response.status
-            return response
-        except GatewayError as exc:
-            status = exc.status
-            raise
-        except (asyncio.CancelledError, ConnectionResetError):  # the client went away
-            status = CLIENT_CLOSED
-            raise
-        finally:
-            self.experiments.finished(self, status)
+    def sent(self) -> None:
+        """The call is past the budget hold, on its way to a deployment: its shadows start now, so a call refused
+        there is neither shadowed nor sampled."""
+        self.forwarded = True
+        for start in self.shadows:
+            start()
+        self.shadows.clear()
 
 
-def _key(chain: tuple[str, ...], headers: Mapping[str, str], body: Mapping[str, Any], ctx: Context) -> str | None:
-    auth = headers.get("authorization", "")
-    user = body.get("user")
+def _key(chain: tuple[str, ...], call: Call) -> str | None:
+    auth = call.headers.get("authorization") or call.headers.get("x-api-key") or ""
+    user = call.view.get("user")
     return sticky_key(
         chain,
-        headers=headers,
+        headers=call.headers,
         user=user if isinstance(user, str) else None,
         api_key=auth.removeprefix("Bearer ").strip() or None,
-        tenant=ctx.tenant,
-        session=session_id(headers, body) if "session" in chain else None,
+        tenant=call.tenant,
+        session=call.session_id if "session" in chain else None,
     )
 
 

@@ -16,17 +16,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gateway.decision import loops as found
 from gateway.decision import spikes
 from gateway.decision import trajectory as tr
+from gateway.decision.call import Call
 from gateway.decision.loops import AgentVerdict, Finding
 from gateway.decision.trajectory import Step
 from gateway.experiments.agent_steps import Cohorted, PendingStep, StepReport
-from gateway.features import Features
 from gateway.policy.agents import SpikePolicy
 from gateway.policy.model import Policy
 from gateway.store.contract import StoreError
@@ -67,8 +66,9 @@ class Trajectories:
     # --- the request path ---
 
     @staticmethod
-    def recording(policy: Policy, features: Features, headers: Mapping[str, str]) -> bool:
-        return policy.agents.record.enabled and tr.is_step(features, headers)
+    def recording(call: Call) -> bool:
+        """Whether this call is an agent step the policy records."""
+        return call.policy.agents.record.enabled and tr.is_step(call.features, call.headers)
 
     async def verdict(self, policy: Policy, tenant: str, session_id: str, ex: Exchange) -> AgentVerdict | None:
         """What the session's active flags ask of this request; reads the store only when the tenant's
@@ -87,12 +87,13 @@ class Trajectories:
             ex.attributes[t.AGENT_ACTION] = f"{verdict.action} ({verdict.flag})"
         return verdict
 
-    def begin(self, ex: Exchange, policy: Policy, tenant: str, session_id: str, body: Mapping[str, Any],
-              features: Features, cohorted: Cohorted | None) -> None:
-        """Hang the step on the exchange; it queues itself when the exchange ends."""
+    def begin(self, ex: Exchange, call: Call, cohorted: Cohorted | None) -> None:
+        """Hang the step of an admitted call on the exchange; it queues itself when the exchange ends."""
+        session_id = call.session_id
+        assert session_id is not None
         ex.attributes[t.GEN_AI_CONVERSATION_ID] = session_id
-        ex.step = PendingStep(self.queue, self.clock(), policy, tenant, session_id, body.get("messages"),
-                              features.tools_count > 0, cohorted)
+        ex.step = PendingStep(self.queue, self.clock(), call.policy, call.tenant_or_anonymous, session_id,
+                              call.view.get("messages"), call.features.tools_count > 0, cohorted)
 
     def queue(self, step: PendingStep) -> None:
         if len(self._queue) >= QUEUE_MAX:

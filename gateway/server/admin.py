@@ -4,20 +4,29 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway import openai
 from gateway.accounting.budgets import usage_report
+from gateway.apis.routes import BY_ENDPOINT
+from gateway.decision.context import gather
 from gateway.decision.explain import explanation
 from gateway.decision.routing import decide
-from gateway.errors import NotFound
+from gateway.errors import BadRequest, NotFound
 from gateway.experiments.shares import export as export_shares
-from gateway.features import extract
 from gateway.policy.tenancy import find_tenant
-from gateway.server.proxy import context
-from gateway.server.resources import ACCOUNTING, DEPLOYMENTS, POLICY, RECENT, SETTINGS, SHARES, TELEMETRY, TENANT
+from gateway.server import pipeline
+from gateway.server.resources import ACCOUNTING, DEPLOYMENTS, POLICY, RECENT, SETTINGS, SHARES, TELEMETRY
+from gateway.server.scoring import LiveScoring
 
 
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def models(request: web.Request) -> web.Response:
+    """The client-facing models the policy declares."""
+    policy = request.app[POLICY].current
+    data = [{"id": name, "object": "model", "owned_by": "agent-gateway", "created": 0,
+             "description": model.description} for name, model in policy.models.items()]
+    return web.json_response({"object": "list", "data": data})
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -53,21 +62,25 @@ async def explain_recent(request: web.Request) -> web.Response:
     if remembered is None:
         raise NotFound(f"No recent request with id {request_id!r} (only the last "
                        f"{request.app[SETTINGS].explain_memory} are kept)")
-    policy, features, ctx = remembered
-    return web.json_response(explanation(decide(policy, features, ctx, explain=True), features, ctx))
+    report = explanation(decide(remembered.policy, remembered.features, remembered.ctx, explain=True),
+                         remembered.features, remembered.ctx)
+    served = remembered.served
+    report["served"] = {"deployment": served.deployment, "rule": served.rule, "attempts": list(served.attempts),
+                        "reasons": list(served.reasons)}
+    return web.json_response(report)
 
 
 async def explain_body(request: web.Request) -> web.Response:
     """What the live policy would decide for this request body now, without calling any deployment."""
     endpoint = request.query.get("endpoint", "chat")
-    body = openai.decode(await request.read())
-    openai.check(body, endpoint)
-    policy = request.app[POLICY].current
-    features = extract(body, endpoint)
-    ctx = context(request.app, request.headers, request.get(TENANT), features, policy, observed=False,
-                  body=body)
-    report = explanation(decide(policy, features, ctx, explain=True), features, ctx)
-    report["shares"] = request.app[SHARES].describe(features.requested_model)
+    adapter = BY_ENDPOINT.get(endpoint)
+    if adapter is None:
+        raise BadRequest(f"endpoint={endpoint!r} is not one of {', '.join(BY_ENDPOINT)}", param="endpoint")
+    call = await pipeline.read(request, adapter)
+    # the live path's own gathering, as a dry run: no share observed, no budget or session step counted
+    ctx = gather(call, LiveScoring(request.app, observed=False), pipeline.surroundings(request.app, None, None))
+    report = explanation(decide(call.policy, call.features, ctx, explain=True), call.features, ctx)
+    report["shares"] = request.app[SHARES].describe(call.features.requested_model)
     return web.json_response(report)
 
 

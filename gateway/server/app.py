@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
+from gateway.apis.routes import ADAPTERS
 from gateway.classifier.scoring import Classifier
 from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
@@ -23,10 +24,10 @@ from gateway.experiments.shadows import Shadows
 from gateway.experiments.shares import keep_in_step
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
-from gateway.policy.file import PolicyFile
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin, deployment_admin, proxy, rollout_admin, session_admin, ui
+from gateway.server import admin, deployment_admin, pipeline, rollout_admin, session_admin, ui
 from gateway.server.middleware import exchange_middleware
+from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import (
     ACCOUNTING,
     CLASSIFIER,
@@ -56,7 +57,7 @@ from gateway.upstream.deployments import Deployments, Tracked
 
 
 def create_app(settings: Settings) -> web.Application:
-    # The body limit is enforced by proxy.read_body with a clear message; aiohttp's own cap sits above it.
+    # The body limit is enforced by pipeline.read_body with a clear message; aiohttp's own cap sits above it.
     app = web.Application(middlewares=[exchange_middleware], client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[RECENT] = Recent(settings.explain_memory)
@@ -64,10 +65,9 @@ def create_app(settings: Settings) -> web.Application:
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _shares, _accounting,
                             _experiments, _trajectories, _long_lived_heap])
-    app.router.add_post("/v1/chat/completions", proxy.chat_completions)
-    app.router.add_post("/v1/completions", proxy.completions)
-    app.router.add_post("/v1/embeddings", proxy.embeddings)
-    app.router.add_get("/v1/models", proxy.models)
+    for adapter in ADAPTERS:
+        app.router.add_post(adapter.path, pipeline.handler(adapter))
+    app.router.add_get("/v1/models", admin.models)
     app.router.add_get("/healthz", admin.healthz)
     app.router.add_get("/readyz", admin.readyz)
     app.router.add_get("/metrics", admin.metrics)

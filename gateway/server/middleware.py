@@ -13,21 +13,24 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.accounting.keys import check_admin
+from gateway.apis.adapter import Adapter
+from gateway.apis.routes import BY_PATH
 from gateway.errors import GatewayError, NotFound, PayloadTooLarge
 from gateway.server.resources import ACCOUNTING, EXCHANGE, POLICY, REQUEST_ID, SETTINGS, TELEMETRY, TENANT
-from gateway.telemetry.exchange import SPAN_NAMES, Exchange
+from gateway.telemetry.exchange import Exchange, span_name
 
 log = logging.getLogger(__name__)
 
-_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Status of a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
 CLIENT_ID_HEADER = "x-client-request-id"
 
 
-def error_response(err: GatewayError) -> web.Response:
-    return web.json_response(err.envelope(), status=err.status, headers=err.headers)
+def error_response(err: GatewayError, adapter: Adapter | None = None) -> web.Response:
+    """The error in the envelope of the API the request came in on (OpenAI's for every other path)."""
+    body = adapter.envelope(err) if adapter is not None else err.envelope()
+    return web.json_response(body, status=err.status, headers=err.headers)
 
 
 # Unique across processes and restarts without a syscall per request: random prefix, then a counter.
@@ -50,16 +53,16 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
     telemetry = request.app[TELEMETRY]
     request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
     request[REQUEST_ID] = request_id
-    endpoint = _ENDPOINTS.get(request.path)
+    adapter = BY_PATH.get(request.path) if request.method == "POST" else None
     ex = None
-    if endpoint is not None:
+    if adapter is not None:
         spans = telemetry.spans
-        trace = spans.begin(SPAN_NAMES[endpoint], request.headers.get("traceparent")) if spans else None
-        ex = Exchange(request_id, endpoint, trace, _client_request_id(request))
+        trace = spans.begin(span_name(adapter.endpoint), request.headers.get("traceparent")) if spans else None
+        ex = Exchange(request_id, adapter.endpoint, adapter.operation, trace, _client_request_id(request))
         request[EXCHANGE] = ex
     status = 500
     try:
-        response = await _respond(request, handler, ex)
+        response = await _respond(request, handler, ex, adapter)
         status = response.status
         if not response.prepared:  # a stream set its headers before its first byte (proxy._relay_stream)
             add_gateway_headers(request, response)
@@ -74,7 +77,9 @@ async def exchange_middleware(request: web.Request, handler: Handler) -> web.Str
             ex.finish(status, telemetry.metrics, telemetry.spans)
 
 
-async def _respond(request: web.Request, handler: Handler, ex: Exchange | None) -> web.StreamResponse:
+async def _respond(
+    request: web.Request, handler: Handler, ex: Exchange | None, adapter: Adapter | None
+) -> web.StreamResponse:
     """The handler's response, or its error as the OpenAI envelope."""
     app = request.app
     try:
@@ -88,9 +93,9 @@ async def _respond(request: web.Request, handler: Handler, ex: Exchange | None) 
     except GatewayError as exc:
         if ex is not None:
             ex.error = exc
-        return error_response(exc)
+        return error_response(exc, adapter)
     except web.HTTPException as exc:
-        return error_response(_from_http(exc))
+        return error_response(_from_http(exc), adapter)
     except ConnectionResetError:
         raise  # the client is gone: nothing to answer, nothing to log
     except Exception:
@@ -99,7 +104,7 @@ async def _respond(request: web.Request, handler: Handler, ex: Exchange | None) 
         log.exception("unhandled error in request %s", request_id)
         if request.writer.output_size > 0:
             raise  # a started response cannot become an error envelope: aiohttp drops the connection
-        return error_response(GatewayError(f"Internal error; quote request id {request_id}"))
+        return error_response(GatewayError(f"Internal error; quote request id {request_id}"), adapter)
 
 
 def _from_http(exc: web.HTTPException) -> GatewayError:

@@ -10,13 +10,14 @@ from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
 from gateway.classifier.scoring import Classifier
-from gateway.decision.routing import Context
+from gateway.decision.call import Call
+from gateway.decision.routing import Context, Decision
 from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import Features
-from gateway.policy.file import PolicyFile
 from gateway.policy.model import Policy
+from gateway.server.policy_file import PolicyFile
 from gateway.settings import Settings
 from gateway.store.opening import Stores
 from gateway.telemetry.exchange import Exchange
@@ -27,19 +28,29 @@ from gateway.upstream.client import Pool
 from gateway.upstream.deployments import Deployments
 
 
+@dataclass(slots=True)
+class Remembered:
+    """A live decision's inputs (to recompute its full trail: decide is pure) and the decision as served."""
+
+    policy: Policy
+    features: Features
+    ctx: Context
+    served: Decision  # after the rollout arm and the budget hold, which may narrow the failover
+
+
 class Recent:
-    """The inputs of the last N decisions, so their full trail can be recomputed on demand (decide is pure)."""
+    """The last N live decisions, for `/admin/requests/{id}/explain`."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._items: OrderedDict[str, tuple[Policy, Features, Context]] = OrderedDict()
+        self._items: OrderedDict[str, Remembered] = OrderedDict()
 
-    def remember(self, request_id: str, policy: Policy, features: Features, ctx: Context) -> None:
-        self._items[request_id] = (policy, features, ctx)
+    def remember(self, request_id: str, call: Call, ctx: Context, served: Decision) -> None:
+        self._items[request_id] = Remembered(call.policy, call.features, ctx, served)
         if len(self._items) > self._size:
             self._items.popitem(last=False)
 
-    def get(self, request_id: str) -> tuple[Policy, Features, Context] | None:
+    def get(self, request_id: str) -> Remembered | None:
         return self._items.get(request_id)
 
 

@@ -10,13 +10,15 @@ from gateway.decision.admission import ANONYMOUS
 from gateway.decision.routing import Decision
 from gateway.errors import GatewayError
 from gateway.features import Features, count_tokens, prompt_tokens_with_template
-from gateway.openai import OPERATION, StreamTally, Usage
+from gateway.openai import StreamTally, Usage
 from gateway.policy.model import Price
 from gateway.telemetry import metrics as t
 from gateway.telemetry.otlp import SpanEvent
 from gateway.telemetry.spans import Spans, TraceContext
 
-SPAN_NAMES = {endpoint: f"gateway {endpoint}" for endpoint in OPERATION}
+
+def span_name(endpoint: str) -> str:
+    return "gateway " + endpoint
 
 
 class StepHook(Protocol):
@@ -37,24 +39,26 @@ class Exchange:
     """
 
     __slots__ = ("attributes", "client_request_id", "deployment", "endpoint", "error", "first_byte_at", "price",
-                 "prompt_tokens", "request_id", "response_model", "rule", "started", "started_ns", "step", "tap",
-                 "tenant",
+                 "prompt_tokens", "request_id", "response_model", "rule", "sent", "started", "started_ns", "step",
+                 "tap", "tenant",
                  "trace", "tried", "usage")
 
     def __init__(
-        self, request_id: str, endpoint: str, trace: TraceContext | None = None, client_request_id: str | None = None
+        self, request_id: str, endpoint: str, operation: str, trace: TraceContext | None = None,
+        client_request_id: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.client_request_id = client_request_id  # the client's own id: echoed and recorded, never a key
         self.endpoint = endpoint
         self.started = time.perf_counter()
         self.started_ns = time.time_ns()
-        self.attributes: dict[str, Any] = {t.REQUEST_ID: request_id, t.GEN_AI_OPERATION: OPERATION[endpoint]}
+        self.attributes: dict[str, Any] = {t.REQUEST_ID: request_id, t.GEN_AI_OPERATION: operation}
         if client_request_id is not None:
             self.attributes[t.CLIENT_REQUEST_ID] = client_request_id
         self.deployment: str | None = None
         self.rule: str | None = None
         self.tried: list[str] = []  # the deployments sent the request, in order (failover adds more)
+        self.sent = False  # the current attempt's bytes reached a connection (the deployment may have it)
         self.response_model: str | None = None  # the model the answering deployment named in its answer
         self.price: Price | None = None  # the answering deployment's, for the spend by tenant
         self.tenant = ANONYMOUS
@@ -67,7 +71,9 @@ class Exchange:
         self.step: StepHook | None = None  # set when the request is an agent step being recorded
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
-        self.deployment, self.rule = decision.deployment, decision.rule
+        """The decision as admission left it; the deployment is set only once one is tried (a call the budget
+        refused reached none)."""
+        self.rule = decision.rule
         self.prompt_tokens = prompt_tokens_with_template(features)
         attrs = self.attributes
         attrs[t.GEN_AI_REQUEST_MODEL] = features.requested_model
@@ -82,6 +88,11 @@ class Exchange:
 
     def trying(self, deployment: str) -> None:
         self.tried.append(deployment)
+        self.deployment, self.sent = deployment, False
+
+    def reached(self) -> None:
+        """The attempt's request was handed to the deployment's connection."""
+        self.sent = True
 
     def answered(self, deployment: str, model: str | None, price: Price | None = None) -> None:
         """The deployment whose answer the client gets (after any failover), the model it named, its price."""
@@ -91,10 +102,13 @@ class Exchange:
         if self.first_byte_at is None:
             self.first_byte_at = time.perf_counter()
 
-    def settle(self, usage: Usage | None, metrics: t.Metrics, streamed: StreamTally | None = None) -> None:
+    def settle(
+        self, usage: Usage | None, metrics: t.Metrics, streamed: StreamTally | None = None, cut: bool = False
+    ) -> None:
         """Keep a finished exchange's usage and count its tokens and cost: the deployment's (exact), else, for a
-        stream that ended without it (client gone, deployment died), the prompt and the tokens it streamed."""
-        if usage is None and streamed is not None and streamed.events:
+        stream that ended without it (client gone, deployment died), the prompt and the tokens it streamed
+        (a `cut` stream is charged its prompt even before its first event: the deployment had the call)."""
+        if usage is None and streamed is not None and (cut or streamed.events):
             usage = Usage(self.prompt_tokens, streamed.completion_tokens(count_tokens), estimated=True)
         self.usage = usage
         if usage is not None and self.deployment is not None:
@@ -132,5 +146,5 @@ class Exchange:
             attrs[t.TTFT_MS] = ttft_s * 1000
         failed = status >= 500 or self.error is not None
         error = (self.error.message if self.error else str(status)) if failed else None
-        spans.record(SPAN_NAMES[self.endpoint], self.started_ns, attrs, error, self.trace, end_ns=end_ns,
+        spans.record(span_name(self.endpoint), self.started_ns, attrs, error, self.trace, end_ns=end_ns,
                      events=events)

@@ -358,8 +358,10 @@ class Pool:
         connect_s: float | None = None,
         read_s: float | None = None,
         total_s: float | None = None,
+        sent: Callable[[], None] | None = None,
     ) -> Response:
-        """Send a request and return once the response's status and headers are in."""
+        """Send a request and return once the response's status and headers are in; `sent` is called once its
+        bytes are handed to a connection (a caller cancelled before that knows the server never saw it)."""
         loop = asyncio.get_running_loop()
         target = _target(url)
         head = _request_head(method, target, body, headers or {})
@@ -371,6 +373,8 @@ class Pool:
             connection, reused = await self._acquire(target.origin, loop, connect_by)
             response = Response(connection, read_s, deadline)
             connection.send(response, head, body)
+            if sent is not None:
+                sent()
             try:
                 await response.wait_headers()
             except Disconnected:

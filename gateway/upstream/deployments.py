@@ -116,6 +116,10 @@ class Deployments:
         tracked = self._tracked.get(name)
         return (0 if tracked is None else tracked.consecutive_failures) + self._others.failures.get(name, 0)
 
+    def sending(self, name: str) -> _Sending:
+        """`with deployments.sending(name):` counts a call in flight on the deployment while it lasts."""
+        return _Sending(self.in_flight, name)
+
     def in_flight_now(self) -> dict[str, int]:
         """Requests in flight per deployment across the whole server (the other workers' as last posted)."""
         others = self._others.in_flight
@@ -282,3 +286,18 @@ def _take(tracked: Tracked, probe: Probe, now: float) -> None:
     tracked.spec_decode = None if probe.spec_decode is None else SpecDecode(*probe.spec_decode)
     tracked.load = replace(tracked.load, requests_waiting=probe.requests_waiting,
                            requests_running=probe.requests_running, kv_cache_usage=probe.kv_cache_usage)
+
+
+class _Sending:
+    """One call in flight on a deployment, for as long as its `with` block lasts."""
+
+    __slots__ = ("counts", "name")
+
+    def __init__(self, counts: dict[str, int], name: str) -> None:
+        self.counts, self.name = counts, name
+
+    def __enter__(self) -> None:
+        self.counts[self.name] = self.counts.get(self.name, 0) + 1
+
+    def __exit__(self, *_: object) -> None:
+        self.counts[self.name] -= 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from gateway import openai
@@ -126,6 +126,7 @@ async def send(
     path: str,
     body: bytes,
     headers: Mapping[str, str],
+    sent: Callable[[], None] | None = None,
 ) -> Reply:
     """POST to a deployment and wait for the response headers.
 
@@ -136,7 +137,7 @@ async def send(
     request_headers = {**headers, "content-type": "application/json"}
     try:
         response = await client.request("POST", deployment.url + path, body, request_headers,
-                                        connect_s=t.connect_s, read_s=t.read_s, total_s=t.total_s)
+                                        connect_s=t.connect_s, read_s=t.read_s, total_s=t.total_s, sent=sent)
     except (TimeoutError, ClientError) as exc:
         raise _translate(exc, name) from exc
     if response.status >= 500:
@@ -173,7 +174,7 @@ async def get(client: Pool, url: str, timeout_s: float) -> tuple[int, bytes]:
         raise _translate(exc, url) from exc
 
 
-def _translate(exc: BaseException, name: str) -> UpstreamError | UpstreamTimeout:
+def _translate(exc: BaseException, name: str) -> UpstreamError:
     if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"Deployment {name!r} did not answer in time")
     if isinstance(exc, ConnectError):

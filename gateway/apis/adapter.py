@@ -1,0 +1,60 @@
+"""What the pipeline asks of an API: read a native request into the common view, write answers back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gateway.errors import GatewayError
+from gateway.features import Features
+from gateway.openai import StreamTally, Usage
+
+
+class StreamReader(Protocol):
+    """Reads one deployment's stream as it is relayed: passes events on, notes usage and a proper end."""
+
+    usage: Usage | None  # the deployment's own count, from the stream's final usage
+    done: bool  # the stream ended as this API ends one ([DONE], a terminal event)
+    streamed: StreamTally  # what was generated, should the usage never come
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send the client for this chunk of the deployment's stream."""
+        ...
+
+
+class Adapter(Protocol):
+    """One API: its path on the gateway and on every deployment, and its request and answer formats.
+
+    Decision, admission, accounting, experiments and telemetry see only what `read` returns (features and a
+    chat-shaped view of the conversation), never the native body.
+    """
+
+    endpoint: str  # the gateway's name for the API: metric labels, spans, the request log, `policy explain`
+    path: str  # the deployment's own path for it (vLLM serves every API the gateway does)
+    operation: str  # the GenAI semantic conventions' operation name
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        """The request body, checked leniently: a 400 names a field the gateway reads that has a wrong type."""
+        ...
+
+    def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The body as the decision reads it: chat-shaped (`messages`, `tools`, …) or completions-shaped."""
+        ...
+
+    def features(self, view: Mapping[str, Any]) -> Features: ...
+
+    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
+        """The body for a deployment and whether the client asked for the stream's usage itself."""
+        ...
+
+    def usage_of(self, answer: Mapping[str, Any]) -> Usage | None: ...
+
+    def stream_reader(self, client_wants_usage: bool) -> StreamReader: ...
+
+    def envelope(self, err: GatewayError) -> dict[str, Any]:
+        """An error as this API's clients expect its body."""
+        ...
+
+    def error_event(self, err: GatewayError) -> bytes:
+        """The one event that ends a stream which failed after its first byte."""
+        ...

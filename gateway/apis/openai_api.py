@@ -1,0 +1,84 @@
+"""Chat Completions, Completions and Embeddings: the OpenAI APIs whose bodies the decision reads as they are."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway import openai
+from gateway.errors import GatewayError
+from gateway.features import Features, extract
+
+
+class OpenAIAdapter:
+    """One of the three OpenAI APIs vLLM serves under their own names; the decision reads their bodies as sent."""
+
+    __slots__ = ("endpoint", "operation", "path")
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.path = openai.PATHS[endpoint]
+        self.operation = openai.OPERATION[endpoint]
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        body = openai.decode(raw)
+        openai.check(body, self.endpoint)
+        return body
+
+    def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        return body
+
+    def features(self, view: Mapping[str, Any]) -> Features:
+        return extract(view, self.endpoint)
+
+    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
+        return openai.upstream_body(body, served_model, cap_tokens)
+
+    def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
+        return openai.usage_of(answer)
+
+    def stream_reader(self, client_wants_usage: bool) -> SseReader:
+        return SseReader(client_wants_usage)
+
+    def envelope(self, err: GatewayError) -> dict[str, Any]:
+        return err.envelope()
+
+    def error_event(self, err: GatewayError) -> bytes:
+        return openai.error_event(err)
+
+
+class SseReader:
+    """Splits an OpenAI stream into SSE events, takes the usage chunk, notes [DONE]."""
+
+    __slots__ = ("_pending", "client_wants_usage", "done", "streamed", "usage")
+
+    def __init__(self, client_wants_usage: bool) -> None:
+        self.client_wants_usage = client_wants_usage
+        self._pending = b""
+        self.usage: openai.Usage | None = None
+        self.done = False
+        self.streamed = openai.StreamTally()  # what was generated, should the usage chunk never come
+
+    def feed(self, chunk: bytes) -> bytes:
+        self.streamed.add(chunk)
+        # Nearly every chunk is whole content events: pass those through without splitting them.
+        if not self._pending and chunk.endswith(b"\n\n") and b'"usage"' not in chunk and b"[DONE]" not in chunk:
+            return chunk
+        events, self._pending = openai.split_events(self._pending + chunk)
+        if not events:
+            return b""
+        kept = []
+        for event in events:
+            if openai.is_usage_event(event):
+                self.usage = openai.usage_of(openai.event_data(event))
+                if not self.client_wants_usage:
+                    continue
+            elif event.startswith(openai.DONE_EVENT):
+                self.done = True
+            kept.append(event)
+        return b"".join(kept)
+
+
+CHAT = OpenAIAdapter("chat")
+COMPLETIONS = OpenAIAdapter("completions")
+EMBEDDINGS = OpenAIAdapter("embeddings")

@@ -1,0 +1,49 @@
+"""One client call as the decision sees it, read once per request and passed to every stage after."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.decision.admission import ANONYMOUS
+from gateway.decision.sessions import session_id
+from gateway.features import Features
+from gateway.policy.model import Policy
+from gateway.steps import AgentStep, read_step
+
+
+class Call:
+    """What the decision reads of one request: the policy in force, the features, where it stands in its agent
+    loop, who sends it. Built once (by `read_call`, or from a log line); treated as immutable (slots, not
+    frozen: a frozen class sets each field through object.__setattr__, which costs microseconds a request)."""
+
+    __slots__ = ("_session", "body", "body_bytes", "endpoint", "features", "headers", "policy", "step", "tenant",
+                 "view")
+
+    def __init__(self, policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any],
+                 body_bytes: int, features: Features, headers: Mapping[str, str], tenant: str | None,
+                 step: AgentStep | None) -> None:
+        self.policy, self.endpoint, self.body, self.view = policy, endpoint, body, view
+        self.body_bytes, self.features, self.headers = body_bytes, features, headers
+        self.tenant = tenant  # None when auth is off: no tenant rule can match it
+        self.step = step
+        self._session: tuple[str | None] | None = None
+
+    @property
+    def tenant_or_anonymous(self) -> str:
+        """The tenant budgets, trajectories and the request record are kept under."""
+        return self.tenant or ANONYMOUS
+
+    @property
+    def session_id(self) -> str | None:
+        """The agent session this call belongs to (decision/sessions.py), worked out on first use only."""
+        if self._session is None:
+            self._session = (session_id(self.headers, self.view),)
+        return self._session[0]
+
+
+def read_call(policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any], body_bytes: int,
+              features: Features, headers: Mapping[str, str], tenant: str | None) -> Call:
+    """The call of a request body: its agent step read from the view when a rule of the policy reads it."""
+    step = read_step(view) if policy.reads_steps else None
+    return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step)

@@ -1,0 +1,172 @@
+"""The request path as one pipeline of named stages, the same for every API the gateway serves:
+
+    read → decide → admit → forward (with failover) → relay → settle → record
+
+Each API is an adapter at the two ends (gateway/apis/): it reads the native body into the one view of the call
+(gateway/decision/call.py) and writes answers, stream events, usage and errors back in its own format. No stage
+after `read` knows which API a call came in on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.accounting.ledger import Admitted
+from gateway.apis.adapter import Adapter
+from gateway.decision.admission import needs_admission
+from gateway.decision.call import Call, read_call
+from gateway.decision.context import Surroundings, gather
+from gateway.decision.loops import AgentVerdict
+from gateway.decision.routing import Context, Decision, decide
+from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
+from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
+from gateway.policy.model import Policy
+from gateway.server import relay
+from gateway.server.resources import (
+    ACCOUNTING,
+    DEPLOYMENTS,
+    EXCHANGE,
+    EXPERIMENTS,
+    POLICY,
+    RECENT,
+    SETTINGS,
+    TENANT,
+    TRAJECTORIES,
+)
+from gateway.server.scoring import LiveScoring
+from gateway.store.contract import Reservation
+from gateway.telemetry.exchange import Exchange
+
+
+def handler(adapter: Adapter) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The aiohttp handler of one API: the pipeline with that API's adapter at its ends."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await run(request, adapter)
+
+    handle.__name__ = f"{adapter.endpoint}_handler"
+    return handle
+
+
+async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
+    app, ex = request.app, request[EXCHANGE]
+    call = await read(request, adapter)
+    ex.tenant = call.tenant_or_anonymous
+    agent = await verdict(request.app, call, ex)
+    admitted = await admit(app, call)
+    ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent))
+    decision = decide(call.policy, call.features, ctx)
+    experiments = app[EXPERIMENTS]
+    enrollment = await experiments.begin(ex, call, ctx, decision) if experiments.engaged(call.policy) else None
+    if enrollment is not None:
+        decision = enrollment.decision  # a rollout's candidate arm
+    status, held = 500, None
+    try:
+        try:
+            held, decision = await hold(app, admitted, call.policy, decision)
+        except GatewayError:
+            ex.decided(call.features, decision, ctx.complexity)  # refused by the budget: no deployment reached
+            raise
+        record(app, ex, call, ctx, decision, enrollment)
+        if enrollment is not None:
+            enrollment.sent()
+        response = await relay.forward(request, adapter, call, decision, admitted.caps if admitted else None)
+        status = response.status
+        return response
+    except GatewayError as exc:
+        status = exc.status
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):  # the client went away
+        status = CLIENT_CLOSED
+        raise
+    finally:
+        if held is not None:
+            # Shielded: a client that disconnects cancels the handler, and the hold must still be settled or freed.
+            await asyncio.shield(app[ACCOUNTING].close(held, call.policy, ex))
+        if enrollment is not None:
+            experiments.finished(enrollment, status)
+
+
+async def read(request: web.Request, adapter: Adapter) -> Call:
+    """The one view of the call: the body read within its limit, checked, its features and agent step."""
+    raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
+    body = adapter.parse(raw)
+    view = adapter.view(body)
+    tenant = request.get(TENANT)
+    return read_call(request.app[POLICY].current, adapter.endpoint, body, view, len(raw),
+                     adapter.features(view), request.headers, tenant)
+
+
+async def verdict(app: web.Application, call: Call, ex: Exchange) -> AgentVerdict | None:
+    """What the session's active loop or spike flags ask of this step (escalate, steer, stop), if anything."""
+    if not call.policy.agents.enforcing or not app[TRAJECTORIES].recording(call):
+        return None
+    sid = call.session_id
+    return None if sid is None else await app[TRAJECTORIES].verdict(call.policy, call.tenant_or_anonymous, sid, ex)
+
+
+async def admit(app: web.Application, call: Call) -> Admitted | None:
+    """The budget and session verdict, when tenancy is configured or the call caps its own cost."""
+    if not needs_admission(call.policy, call.headers):
+        return None
+    return await app[ACCOUNTING].admit(call)
+
+
+def surroundings(app: web.Application, admitted: Admitted | None, agent: AgentVerdict | None) -> Surroundings:
+    deployments = app[DEPLOYMENTS]
+    return Surroundings(
+        load=dict(deployments.load), in_flight=deployments.in_flight_now(),
+        admission=admitted.verdict if admitted is not None else None,
+        session=admitted.session if admitted is not None else None, agent=agent,
+    )
+
+
+async def hold(
+    app: web.Application, admitted: Admitted | None, policy: Policy, decision: Decision
+) -> tuple[Reservation | None, Decision]:
+    """Hold the call's worst case against the tenant's budget; near a hard limit this may narrow the failover."""
+    if admitted is None or not policy.accounted:
+        return None, decision  # only a cost-cap header steered this call: nothing to account
+    return await app[ACCOUNTING].hold(admitted, policy, decision)
+
+
+def record(
+    app: web.Application, ex: Exchange, call: Call, ctx: Context, decision: Decision, enrollment: Enrollment | None
+) -> None:
+    """The decision as admission left it goes on the request record, the explain memory and the agent step."""
+    ex.decided(call.features, decision, ctx.complexity)
+    app[RECENT].remember(ex.request_id, call, ctx, decision)
+    trajectories = app[TRAJECTORIES]
+    if trajectories.recording(call) and call.session_id is not None:
+        trajectories.begin(ex, call, enrollment.cohorted() if enrollment is not None else None)
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"The request body is {request.content_length} bytes; the limit is {limit}")
+    try:
+        raw = await _read_chunked(request, limit) if request.content_length is None else await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes") from exc
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes")
+    if not raw:
+        raise BadRequest("The request body is empty; send a JSON object")
+    return raw
+
+
+async def _read_chunked(request: web.Request, limit: int) -> bytes:
+    """A body without Content-Length, read to its end but never past limit + 1 bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        part = await request.content.read(limit + 1 - size)
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
+
