@@ -24,7 +24,7 @@ from gateway.server.resources import ACCOUNTING
 from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.redis_server import RedisServer
-from tests.fixtures.stack import ADMIN_TOKEN, Stack
+from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
 
 HELLO = [{"role": "user", "content": "hello there"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -428,3 +428,31 @@ async def test_near_a_hard_limit_the_chosen_deployment_goes_without_failover(mak
     assert reserved == 0 and spend == pytest.approx(served * 17.5e-6)
     status, _, _ = await _chat(stack, max_tokens=1, model="hq")  # the chosen deployment must fit itself
     assert status == 429
+
+
+async def test_a_call_the_hold_refuses_reached_no_deployment_and_is_no_agent_step(make_stack: Any) -> None:
+    """A 429 from the budget hold is counted under no deployment (it reached none), carries the decision's rule,
+    and records no agent step."""
+    stack: Stack = await make_stack("""
+        tenants:
+          - name: anonymous
+            budgets: [{window: day, hard_usd: 0.02}]
+    """)
+    # hq's worst case at 1,000 tokens out is about 0.016 USD: one call's hold fits the limit, two do not
+    stack.hq.faults.append(Fault(hold=True))
+    first = asyncio.ensure_future(_chat(stack, model="hq", max_tokens=1000))
+    await until(lambda: len(stack.hq.received) == 1)
+    status, body, headers = await _chat(stack, model="hq", max_tokens=1000, tools=TOOLS,
+                                        headers={"x-session-id": "refused-run"})
+    assert status == 429 and body["error"]["code"] == "budget_exceeded"
+    assert headers["x-gateway-deployment"] == "none" and headers["x-gateway-rule"] != "none", body
+    assert await metric(stack.gateway, "gateway_requests_total", deployment="none", status="429") == 1
+    assert await metric(stack.gateway, "gateway_requests_total", deployment="hq", status="429") == 0
+    stack.hq.release.set()
+    assert (await first)[0] == 200
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(stack.gateway.make_url("/admin/sessions"), headers=ADMIN) as resp,
+    ):
+        sessions = (await resp.json())["data"]
+    assert [s for s in sessions if "refused" in json.dumps(s)] == []

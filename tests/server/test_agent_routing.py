@@ -8,9 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
-from tests.fixtures.stack import Stack
+from gateway.cli import explain, simulate
+from gateway.policy import model as policy_module
+from tests.fixtures.conditions import until
+from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
 DEFAULT = yaml.safe_load((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())
 RULES = yaml.safe_dump({"rules": DEFAULT["rules"]})
@@ -55,3 +59,42 @@ async def test_an_agent_loop_goes_where_each_deployment_is_for(make_stack: Any) 
         ("fast", "routine-tool-step-to-fast"),
         ("hq", "repeated-call-to-hq"),
     ]
+
+
+async def test_offline_explain_admin_explain_and_simulate_decide_what_the_live_gateway_decided(
+    make_stack: Any, tmp_path: Path
+) -> None:
+    """Every way to ask the policy about an agent step (the `policy explain` CLI on the body, `POST /admin/explain`,
+    `policy simulate` over the request log) reads the step as the live gateway does, and decides the same."""
+    log_path = tmp_path / "requests.jsonl"
+    stack: Stack = await make_stack(rules=RULES, settings={"request_log": str(log_path)})
+    policy = policy_module.load(str(stack.policy_path))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Find me a flight to Lisbon."}]
+    steps = [[], [_call("search", {"q": "LIS"}, "1"), _result('{"flights": 3}', "1")],
+             [_call("book", {"flight": 1}, "2"), _result("Error: seat map unavailable", "2")],
+             [_call("status", {"booking": 7}, "s0"), _result('{"pending": true}', "s0")] * 3]
+    live, offline, dry = [], [], []
+    for added in steps:
+        messages += added
+        body = {"model": "auto", "messages": messages, "tools": TOOLS}
+        async with stack.client() as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                extra_headers=SESSION, **body)  # type: ignore[call-overload]
+        live.append((raw.headers["x-gateway-deployment"], raw.headers["x-gateway-rule"]))
+        request = tmp_path / "request.json"
+        request.write_text(json.dumps(body))
+        report = explain.offline(str(stack.policy_path), str(request), "chat",
+                                 [f"x-session-id:{SESSION['x-session-id']}"], None, [])
+        offline.append((report["deployment"], report["rule"]))
+        async with aiohttp.ClientSession() as http, http.post(
+                stack.gateway.make_url("/admin/explain"), json=body,
+                headers={**SESSION, "authorization": f"Bearer {ADMIN_TOKEN}"}) as answer:
+            found = await answer.json()
+        dry.append((found["deployment"], found["rule"]))
+    assert [d for d, _ in live] == ["hq", "fast", "hq", "hq"]  # planning, routine, tool error, repeated call
+    assert offline == live
+    assert dry == live
+    await until(lambda: sum(1 for _ in log_path.open()) == len(steps))
+    replayed = simulate.replay(str(log_path), policy, policy)
+    assert replayed["requests"] == len(steps) and replayed["changed"] == 0
+    assert replayed["tallies"]["live"]["shares"] == {"hq": 3, "fast": 1}
