@@ -22,11 +22,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    """The client-facing models the policy declares."""
+    """The client-facing models the policy declares, in a list both the OpenAI and the Anthropic SDKs read."""
     policy = request.app[POLICY].current
-    data = [{"id": name, "object": "model", "owned_by": "agent-gateway", "created": 0,
-             "description": model.description} for name, model in policy.models.items()]
-    return web.json_response({"object": "list", "data": data})
+    data = [{"id": name, "object": "model", "type": "model", "display_name": name, "owned_by": "agent-gateway",
+             "created": 0, "created_at": "1970-01-01T00:00:00Z", "description": model.description}
+            for name, model in policy.models.items()]
+    names = list(policy.models)
+    return web.json_response({"object": "list", "data": data, "has_more": False,
+                              "first_id": names[0] if names else None, "last_id": names[-1] if names else None})
 
 
 async def readyz(request: web.Request) -> web.Response:

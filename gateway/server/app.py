@@ -68,6 +68,7 @@ def create_app(settings: Settings) -> web.Application:
     for adapter in ADAPTERS:
         app.router.add_post(adapter.path, pipeline.handler(adapter))
     app.router.add_get("/v1/models", admin.models)
+    app.router.add_get("/", admin.healthz)  # Claude Code checks the base URL with a HEAD / first
     app.router.add_get("/healthz", admin.healthz)
     app.router.add_get("/readyz", admin.readyz)
     app.router.add_get("/metrics", admin.metrics)

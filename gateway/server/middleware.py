@@ -88,7 +88,7 @@ async def _respond(
             check_admin(request.headers.get("authorization"), auth, app[SETTINGS].admin_token)
         elif request.path.startswith("/v1/") and app[POLICY].current.auth.enabled:
             # the caller's tenant from its API key (401 without a valid one); the key itself is never logged
-            request[TENANT] = await app[ACCOUNTING].tenant(request.headers.get("authorization"))
+            request[TENANT] = await app[ACCOUNTING].tenant(_credential(request))
         return await handler(request)
     except GatewayError as exc:
         if ex is not None:
@@ -105,6 +105,14 @@ async def _respond(
         if request.writer.output_size > 0:
             raise  # a started response cannot become an error envelope: aiohttp drops the connection
         return error_response(GatewayError(f"Internal error; quote request id {request_id}"), adapter)
+
+
+def _credential(request: web.Request) -> str | None:
+    """The API key as a bearer credential: OpenAI's clients send `Authorization: Bearer`, Anthropic's `x-api-key`."""
+    given = request.headers.get("authorization")
+    if given is None and "x-api-key" in request.headers:
+        given = "Bearer " + request.headers["x-api-key"]
+    return given
 
 
 def _from_http(exc: web.HTTPException) -> GatewayError:

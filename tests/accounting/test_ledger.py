@@ -274,6 +274,23 @@ async def test_a_deployment_that_dies_mid_stream_is_charged_what_it_streamed(
     assert spend == pytest.approx(_fast_cost(out), rel=1e-6)
 
 
+async def test_a_stream_cut_before_its_first_event_is_charged_its_prompt(
+    make_stack: Any, store_settings: dict[str, Any]
+) -> None:
+    """vLLM sends a stream's headers at once: a stream cut after them (here the deployment dies before its first
+    event) had the deployment take the prompt in, and is charged it, not released at $0."""
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+    """, settings=store_settings)
+    stack.fast.faults += [Fault(drop_after_chunks=0)]
+    async with stack.client() as client:
+        stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
+        with pytest.raises(openai.APIError):
+            _ = [chunk async for chunk in stream]
+    spend, out = await _settled(stack)
+    assert out == 0 and spend == pytest.approx(_fast_cost(0), rel=1e-6) and spend > 0
+
+
 def test_stream_tally_counts_text_tool_calls_and_events_past_its_kept_bytes() -> None:
     from gateway.features import count_tokens
     from gateway.openai import TALLY_KEPT_BYTES, StreamTally
