@@ -10,9 +10,10 @@ import pytest
 
 GATEWAY = Path(__file__).resolve().parents[1] / "gateway"
 # Lowest first: a module may import its own package and the packages before it, never one after it.
-LAYERS = ["frozen", "errors", "settings", "openai", "features", "steps", "classifier", "rollout", "policy", "decision",
-          "store", "upstream", "telemetry", "accounting", "experiments", "server", "cli"]
-PURE = {"frozen", "errors", "settings", "openai", "features", "steps", "classifier", "rollout", "policy", "decision"}
+LAYERS = ["frozen", "errors", "settings", "openai", "features", "steps", "wire", "classifier", "rollout", "policy",
+          "decision", "store", "upstream", "telemetry", "accounting", "experiments", "server", "cli"]
+PURE = {"frozen", "errors", "settings", "openai", "features", "steps", "wire", "classifier", "rollout", "policy",
+        "decision"}
 IO_LIBRARIES = ("aiohttp", "redis", "opentelemetry", "prometheus_client")
 # One module per foreign library translates its errors and owns its objects.
 OWNERS = {"redis": {"gateway.store.redis_store", "gateway.store.rollouts"},
