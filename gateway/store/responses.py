@@ -104,8 +104,10 @@ class RedisResponseStore(RedisStore):
     async def put(self, record: StoredResponse, limits: ResponseLimits) -> None:
         k, tenant = self.keys, record.tenant
         keys = [k.record(tenant, record.response_id), k.index(tenant), k.index()]
-        args: list[str | int | float] = [record.to_json().decode(), limits.ttl_s, record.created_at, limits.max_per_tenant,
-                limits.max_total, member(tenant, record.response_id), k.records(), k.tenant_indexes()]
+        args: list[str | int | float] = [
+            record.to_json().decode(), limits.ttl_s, record.created_at, limits.max_per_tenant, limits.max_total,
+            member(tenant, record.response_id), k.records(), k.tenant_indexes(),
+        ]
         await self._run(self._put(keys=keys, args=args))
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:

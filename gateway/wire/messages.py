@@ -170,9 +170,9 @@ class MessagesReader(EventReader):
             self.model = message.get("model") if isinstance(message.get("model"), str) else None
             usage = message.get("usage")
             self._prompt = usage if isinstance(usage, dict) else {}
-            self.usage = usage_of(message)
         elif kind == b"message_delta" and isinstance(data.get("usage"), dict):
-            # message_delta's counts are cumulative; its input counts, when present, supersede message_start's
+            # The final count: message_delta's are cumulative, and its input counts, when present, supersede
+            # message_start's. Until it comes there is no usage: a cut stream is estimated from what it streamed.
             self.usage = usage_of({"usage": {**self._prompt, **data["usage"]}})
         elif kind == b"message_stop":
             self.done = True
