@@ -14,6 +14,7 @@ replica, whichever of them answered the earlier steps.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from gateway.wire.responses import input_items
 
 MAX_PAGE = 100
 DEFAULT_PAGE = 20
+_GATEWAY_ID = re.compile(r"resp_[0-9a-f]{48}")  # what responses.new_response_id makes
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,11 @@ class StoredResponse:
         found = json.loads(raw)
         return cls(found["tenant"], found["id"], float(found["at"]), found.get("session"), found.get("previous"),
                    list(found.get("input") or ()), dict(found.get("response") or {}))
+
+
+def is_response_id(text: str) -> bool:
+    """Whether `text` can name a response the gateway keeps: anything else is not found without a store read."""
+    return _GATEWAY_ID.fullmatch(text) is not None
 
 
 def previous_not_found(response_id: str) -> NotFound:

@@ -80,7 +80,8 @@ def test_the_chat_view_is_what_features_and_the_agent_step_read() -> None:
                                    "content": [{"type": "text", "text": "upstream 503"}]}
     assert [t["function"]["name"] for t in chat["tools"]] == ["get_weather", "web_search"]
     features = extract(chat, "chat")
-    assert (features.tools_count, features.tool_result_turns, features.max_tokens, features.stream) == (2, 1, 32000, True)
+    assert (features.tools_count, features.tool_result_turns, features.max_tokens) == (2, 1, 32000)
+    assert features.stream
     assert features.system_tokens == count_tokens("You are Claude Code.")
     step = read_step(chat)
     # the reminder beside the result does not make it a new user turn; "503" alone is no error word: is_error is
@@ -149,7 +150,8 @@ def test_the_reader_relays_a_captured_stream_unchanged_and_reads_its_usage_and_e
     raw = _captured(name)
     reader = MessagesReader()
     assert _relay(reader, raw) == raw
-    delta = next(json.loads(line[6:]) for line in raw.split(b"\n") if b'"message_delta"' in line and line.startswith(b"data"))
+    data = [json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    delta = next(d for d in data if d["type"] == "message_delta")
     assert reader.done and reader.model == "tiny-fast" and not reader.error
     assert reader.usage == openai.Usage(delta["usage"]["input_tokens"], delta["usage"]["output_tokens"])
 

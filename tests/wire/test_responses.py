@@ -23,8 +23,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of
 # A Codex-like second step: instructions, the user's ask, the call the model made, its output fed back.
 STEP = {
     "model": "gpt-5-codex", "instructions": "You are a coding agent.", "stream": True, "store": False,
-    "tools": [WEATHER, {"type": "custom", "name": "apply_patch", "description": "Patch files", "format": {"type": "grammar"}},
-              {"type": "web_search"}],
+    "tools": [WEATHER, {"type": "custom", "name": "apply_patch", "description": "Patch files",
+                        "format": {"type": "grammar"}}, {"type": "web_search"}],
     "input": [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
         {"type": "reasoning", "summary": [], "encrypted_content": "gAAA"},
@@ -80,7 +80,8 @@ def test_the_chat_view_is_what_features_and_the_agent_step_read() -> None:
     assert features.response_format == "json_schema" and features.stream and features.user_turns == 1
     assert features.system_tokens == count_tokens("You are a coding agent.")
     step = read_step(chat)
-    assert step is not None and (step.step, step.turn, step.tool_error, step.repeated_calls) == (2, "tool_result", False, 1)
+    assert step is not None
+    assert (step.step, step.turn, step.tool_error, step.repeated_calls) == (2, "tool_result", False, 1)
 
 
 def test_a_string_input_is_one_user_message_and_calls_in_a_row_are_one_assistant_turn() -> None:
@@ -117,7 +118,8 @@ def test_the_upstream_body_rewrites_the_model_caps_and_turns_the_deployments_sto
     body = {**STEP, "store": True, "previous_response_id": "resp_x", "include": ["reasoning.encrypted_content"]}
     raw, client_wants_usage = responses.upstream_body(body, "tiny-fast", 100)
     sent = json.loads(raw)
-    assert (sent["model"], sent["max_output_tokens"], sent["store"], client_wants_usage) == ("tiny-fast", 100, False, True)
+    assert (sent["model"], sent["max_output_tokens"], sent["store"]) == ("tiny-fast", 100, False)
+    assert client_wants_usage
     assert "previous_response_id" not in sent and sent["include"] == body["include"] and sent["input"] == STEP["input"]
     assert json.loads(responses.upstream_body(STEP, "tiny-hq")[0])["max_output_tokens"] == 512
     assert body["model"] == "gpt-5-codex"  # the client's body is not changed
@@ -206,10 +208,10 @@ def test_a_failure_before_any_whole_event_still_names_the_response() -> None:
 
 
 async def test_the_agents_sdk_stops_on_the_error_with_the_gateways_message(aiohttp_server: Any) -> None:
-    from aiohttp import web
-    from openai import AsyncOpenAI
     from agents import Agent, Runner, set_tracing_disabled
     from agents.models.openai_responses import OpenAIResponsesModel
+    from aiohttp import web
+    from openai import AsyncOpenAI
 
     raw = _captured("responses_stream.sse")
     reader = ResponsesReader(responses.new_response_id())
