@@ -8,7 +8,7 @@ goes through untouched and unparsed.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway import openai
@@ -29,6 +29,18 @@ MAX_PENDING_BYTES = 1024 * 1024
 def newest(items: list[Any]) -> list[Any]:
     """The newest MAX_VIEW_ITEMS items."""
     return items[-MAX_VIEW_ITEMS:] if len(items) > MAX_VIEW_ITEMS else items
+
+
+def newest_messages(items: list[Any], convert: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The chat messages of the newest items, at most MAX_VIEW_ITEMS (an item may make several): converted
+    newest first, so an item with many parts costs no more than the messages it leaves in the view."""
+    found: list[dict[str, Any]] = []
+    for item in reversed(newest(items)):
+        found += reversed(convert(item))
+        if len(found) >= MAX_VIEW_ITEMS:
+            break
+    found.reverse()
+    return found[-MAX_VIEW_ITEMS:]
 
 
 def parts(content: Any) -> list[Any]:

@@ -53,9 +53,7 @@ def view(body: Mapping[str, Any]) -> dict[str, Any]:
     if system:
         chat_messages.append({"role": "system", "content": events.content_view(system)})
     found = body.get("messages")
-    for message in events.newest(found if isinstance(found, list) else []):
-        if isinstance(message, dict) and isinstance(message.get("role"), str):
-            chat_messages += _messages(message)
+    chat_messages += events.newest_messages(found if isinstance(found, list) else [], _messages)
     chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages,
                             "stream": body.get("stream") is True}
     tools = [_tool(t) for t in events.parts(body.get("tools"))]
@@ -67,7 +65,10 @@ def view(body: Mapping[str, Any]) -> dict[str, Any]:
     return chat
 
 
-def _messages(message: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(message: Any) -> list[dict[str, Any]]:
+    """One Messages message as the chat messages it stands for."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        return []
     role, content = message["role"], message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
