@@ -180,6 +180,9 @@ class MessagesReader(EventReader):
         elif kind == b"error":
             self.error = True
 
+    def error_event(self, err: GatewayError) -> bytes:
+        return error_event(err)
+
     def answer_view(self) -> dict[str, Any]:
         """What was streamed (its kept bytes) as a chat completion: text and tool_use blocks."""
         streamed, _ = openai.split_events(b"".join(self.streamed.kept))

@@ -4,7 +4,7 @@
     body = stored.expand(body, record) when body names a `previous_response_id` (wire/stored.py)
     view(body) -> the chat-shaped body features.extract(…, "chat") and steps.read_step read
     upstream_body(body, served_model, cap) -> what the deployment gets (its store stays off: the gateway's is used)
-    non-streamed: usage_of(answer); adopt(raw, upstream id, gateway id) before the client gets it
+    non-streamed: usage_of(answer); adopt_answer(raw, answer, gateway id) before the client gets it
     streamed: ResponsesReader(gateway id).feed(chunk) per chunk; .usage .done .final; .error_event(err)
 
 The gateway names every response itself (`new_response_id`, unguessable): the deployment's own id (vLLM's is
@@ -137,6 +137,12 @@ def adopt(raw: bytes, upstream_id: str | None, response_id: str) -> bytes:
     if not upstream_id or upstream_id == response_id:
         return raw
     return raw.replace(b'"' + upstream_id.encode() + b'"', b'"' + response_id.encode() + b'"')
+
+
+def adopt_answer(raw: bytes, answer: dict[str, Any], response_id: str) -> tuple[bytes, dict[str, Any]]:
+    """A non-streamed answer (its bytes and object) under the gateway's response id."""
+    upstream_id = answer.get("id")
+    return adopt(raw, upstream_id if isinstance(upstream_id, str) else None, response_id), {**answer, "id": response_id}
 
 
 def answer_view(answer: Mapping[str, Any]) -> dict[str, Any]:

@@ -197,7 +197,9 @@ def test_the_anthropic_sdk_raises_the_error_event_after_the_first_byte() -> None
     import httpx
 
     raw = _captured("messages_stream.sse")
-    sent = raw[: raw.index(b"event: content_block_stop")] + messages.error_event(errors.UpstreamError("dropped"))
+    reader = MessagesReader()
+    sent = _relay(reader, raw[: raw.index(b"event: content_block_stop")])
+    sent += reader.error_event(errors.UpstreamError("dropped"))
     client = anthropic.Anthropic(api_key="k", base_url="http://gateway.invalid")
     response = httpx.Response(200, content=sent, headers={"content-type": "text/event-stream"},
                               request=httpx.Request("POST", "http://gateway.invalid/v1/messages"))

@@ -132,8 +132,9 @@ def test_usage_and_the_answer_view_of_a_captured_non_streamed_answer() -> None:
     assert responses.usage_of({"usage": None}) is None
     view = responses.answer_view(answer)
     assert view["choices"][0]["message"]["content"] == answer["output"][0]["content"][0]["text"]
-    adopted = responses.adopt(_captured("responses.json"), answer["id"], "resp_mine")
-    assert json.loads(adopted)["id"] == "resp_mine" and answer["id"].encode() not in adopted
+    adopted, renamed = responses.adopt_answer(_captured("responses.json"), answer, "resp_mine")
+    assert json.loads(adopted)["id"] == renamed["id"] == "resp_mine" and answer["id"].encode() not in adopted
+    assert json.loads(adopted) == {**answer, "id": "resp_mine"}
 
 
 @pytest.mark.parametrize("name", ["responses_stream.sse", "responses_tool_stream.sse"])
