@@ -59,29 +59,30 @@ def _decode_strictly(raw: bytes) -> Any:
 
 def check(body: dict[str, Any], endpoint: str) -> None:
     """Check the fields the gateway itself reads; every other field passes through untouched."""
-    _expect(body, "model", str, required=True)
+    expect(body, "model", str, required=True)
     if endpoint == "chat":
-        messages = _expect(body, "messages", list, required=True)
+        messages = expect(body, "messages", list, required=True)
         if not messages:
             raise BadRequest("'messages' must contain at least one message", param="messages")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise BadRequest(f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]")
     elif endpoint == "completions":
-        _expect(body, "prompt", (str, list), required=True)
+        expect(body, "prompt", (str, list), required=True)
     else:
-        _expect(body, "input", (str, list), required=True)
-    _expect(body, "stream", bool)
-    _expect(body, "stream_options", dict)
-    _expect(body, "tools", list)
+        expect(body, "input", (str, list), required=True)
+    expect(body, "stream", bool)
+    expect(body, "stream_options", dict)
+    expect(body, "tools", list)
     for name in ("max_tokens", "max_completion_tokens", "n"):
-        value = _expect(body, name, int)
+        value = expect(body, name, int)
         if value is not None and value < 1:
             raise BadRequest(f"'{name}' must be at least 1, got {value}", param=name)
-    _expect(body, "temperature", (int, float))
+    expect(body, "temperature", (int, float))
 
 
-def _expect(body: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
+def expect(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
+    """The field's value when it has the wanted JSON type (None when absent); else a 400 naming the field."""
     value = body.get(name)
     if value is None:
         if required:
@@ -216,14 +217,19 @@ def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
 
 
 class StreamTally:
-    """What a deployment streamed, to estimate the tokens it generated when no usage chunk arrives."""
+    """What a deployment streamed, to estimate the tokens it generated when no usage chunk arrives.
 
-    __slots__ = ("events", "kept", "kept_bytes")
+    `text_of` reads the text one event generated; chat and completions chunks by default, another API's
+    events with that API's reader (gateway/wire/).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("events", "kept", "kept_bytes", "text_of")
+
+    def __init__(self, text_of: Callable[[bytes], str] | None = None) -> None:
         self.events = 0
         self.kept: list[bytes] = []
         self.kept_bytes = 0
+        self.text_of = text_of or _generated_text
 
     def add(self, chunk: bytes) -> None:
         self.events += chunk.count(b"\n\n")
@@ -235,7 +241,7 @@ class StreamTally:
         """Tokens generated so far: the larger of the events that carried text (each carried at least one
         token) and `count` of their text; one per event past the kept bytes."""
         events, _ = split_events(b"".join(self.kept))
-        texts = [text for text in map(_generated_text, events) if text]
+        texts = [text for text in map(self.text_of, events) if text]
         beyond = max(0, self.events - len(events))
         return max(len(texts), count("".join(texts))) + beyond
 

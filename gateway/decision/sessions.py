@@ -1,6 +1,6 @@
 """Agent session identity: which session a request belongs to (its state lives in the store).
 
-    sid = session_id(headers, body)          # pure; None when the request carries nothing to go by
+    sid = session_id(headers, view, chain)   # pure; None when the request carries nothing to go by
     state = (await budgets.observe(tenant, sid, rules)).session   # one atomic store call counts the step
     admission(..., session=state, sessions=policy.sessions)       # decision/admission.py
 
@@ -12,24 +12,65 @@ session pinned on one replica reads the same pin on every other.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
 HEADER = "x-session-id"
+# What real agents send: Codex CLI names its session in `session-id` (and in the JSON of its turn metadata),
+# Claude Code in X-Claude-Code-Session-Id. Header names are read lower-cased (aiohttp's are case-blind).
+CODEX_HEADER = "session-id"
+CODEX_METADATA_HEADER = "x-codex-turn-metadata"
+CLAUDE_CODE_HEADER = "x-claude-code-session-id"
 MAX_ID_CHARS = 256
+MAX_METADATA_CHARS = 4096
 
 
-def session_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-    """The `x-session-id` header; else, from a conversation's second step on, a hash of who calls (the
-    API key, the `user` field) and how the conversation opened (system prompt, first user message, first
-    assistant turn); else None: a first step looks like every conversation that opens the same way.
+def session_id(headers: Mapping[str, str], body: Mapping[str, Any], chain: str | None = None) -> str | None:
+    """The session a request names; else the one its Responses chain is in (`chain`, the stored previous
+    response's: wire/stored.py chain_session); else derived from the conversation (`body` chat-shaped).
 
-    Only a header names a session exactly: two conversations of one caller that open alike and get the
-    same first reply (temperature 0) share the derived session.
+    Named, in this order: `x-session-id`; Codex's `session-id` header, or the `session_id` of its
+    `x-codex-turn-metadata`; Claude Code's `x-claude-code-session-id`.
     """
-    given = headers.get(HEADER)
+    given = _named(headers)
     if given:
         return "h:" + given[:MAX_ID_CHARS]
+    if chain:
+        return chain
+    return derived(headers, body)
+
+
+def names_session(headers: Mapping[str, str]) -> bool:
+    """Whether the client names its session in a header (then every call of it is a step worth recording)."""
+    return _named(headers) is not None
+
+
+def _named(headers: Mapping[str, str]) -> str | None:
+    return (headers.get(HEADER) or headers.get(CODEX_HEADER) or _codex_metadata(headers.get(CODEX_METADATA_HEADER))
+            or headers.get(CLAUDE_CODE_HEADER) or None)
+
+
+def _codex_metadata(raw: str | None) -> str | None:
+    """The `session_id` of Codex's turn metadata (a JSON object); None for anything else, never an error."""
+    if not raw or len(raw) > MAX_METADATA_CHARS:
+        return None
+    try:
+        found = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    value = found.get("session_id") if isinstance(found, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def derived(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+    """From a conversation's second step on, a hash of who calls (the API key, the `user` field) and how the
+    conversation opened (system prompt, first user message, first assistant turn); else None: a first step
+    looks like every conversation that opens the same way.
+
+    Only a name the client sends is exact: two conversations of one caller that open alike and get the
+    same first reply (temperature 0) share the derived session.
+    """
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None

@@ -9,6 +9,8 @@ from gateway.store.contract import Store
 from gateway.store.fallback import FallbackStore
 from gateway.store.memory import MemoryRolloutStore, MemoryStore
 from gateway.store.redis_store import RedisStore
+from gateway.store.response_memory import MemoryResponseStore
+from gateway.store.responses import RedisResponseStore, ResponseStore
 from gateway.store.rollouts import RedisRolloutStore, RolloutStore
 from gateway.store.trajectories import RedisTrajectoryStore, TrajectoryStore
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
@@ -16,17 +18,20 @@ from gateway.store.trajectory_memory import MemoryTrajectoryStore
 
 @dataclass(frozen=True, slots=True)
 class Stores:
-    """Accounting state (budgets, sessions, keys), rollout state (states, cohorts, pairs), agent trajectories."""
+    """Accounting state (budgets, sessions, keys), rollout state (states, cohorts, pairs), agent trajectories,
+    the Responses API's stored responses."""
 
     accounting: Store
     rollouts: RolloutStore
     trajectories: TrajectoryStore
+    responses: ResponseStore
     shared: bool = False  # in Redis, seen by every replica (else this process's memory)
 
     async def close(self) -> None:
         await self.accounting.close()
         await self.rollouts.close()
         await self.trajectories.close()
+        await self.responses.close()
 
 
 def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefix: str = "ag") -> Stores:
@@ -36,7 +41,7 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
     bound = section.memory_max_keys
     if not url:
         return Stores(MemoryStore(prefix=prefix, max_keys=bound), MemoryRolloutStore(max_keys=bound),
-                      MemoryTrajectoryStore())
+                      MemoryTrajectoryStore(), MemoryResponseStore())
     shared = RedisStore(
         url,
         timeout_s=section.timeout_s,
@@ -49,4 +54,5 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
         retry_s=section.retry_s,
     )
     return Stores(accounting, RedisRolloutStore(url, timeout_s=section.timeout_s, prefix=prefix),
-                  RedisTrajectoryStore(url, timeout_s=section.timeout_s, prefix=prefix), shared=True)
+                  RedisTrajectoryStore(url, timeout_s=section.timeout_s, prefix=prefix),
+                  RedisResponseStore(url, timeout_s=section.timeout_s, prefix=prefix), shared=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.decision.sessions import session_id
+import pytest
+
+from gateway.decision.sessions import MAX_ID_CHARS, derived, names_session, session_id
 from gateway.policy.tenancy import SessionPolicy
 from gateway.store.memory import MemoryStore
 
@@ -64,3 +66,34 @@ async def test_step_counts_through_the_store() -> None:
     await store.step("acme", "h:1", policy.rate_window_s, policy.idle_ttl_s)
     state = await store.step("acme", "h:1", policy.rate_window_s, policy.idle_ttl_s)
     assert (state.session_id, state.steps, state.steps_per_min) == ("h:1", 2, 2.0)
+
+
+CODEX_METADATA = '{"session_id": "codex-sess", "turn_id": "t-7"}'
+
+
+def test_real_agents_name_their_session_in_their_own_headers_in_order() -> None:
+    named = [
+        ({"x-session-id": "mine", "session-id": "codex", "x-claude-code-session-id": "cc"}, "h:mine"),
+        ({"session-id": "codex", "x-codex-turn-metadata": CODEX_METADATA, "x-claude-code-session-id": "cc"},
+         "h:codex"),
+        ({"x-codex-turn-metadata": CODEX_METADATA, "x-claude-code-session-id": "cc"}, "h:codex-sess"),
+        ({"x-claude-code-session-id": "cc"}, "h:cc"),
+    ]
+    for headers, expected in named:
+        assert session_id(headers, STEP_2, "r:resp_1") == expected
+        assert names_session(headers)
+    assert session_id({"x-session-id": "x" * 1000}, {}) == "h:" + "x" * MAX_ID_CHARS
+
+
+def test_the_responses_chain_comes_before_the_derived_session() -> None:
+    assert session_id({}, CHAT, "r:resp_1") == "r:resp_1"  # even a chain's first call after the root
+    assert session_id({}, STEP_2, None) == derived({}, STEP_2) is not None
+    assert not names_session({}) and not names_session({"authorization": "Bearer k"})
+
+
+@pytest.mark.parametrize("metadata", ["", "not json", "[1]", '{"session_id": 5}', '{"session_id": ""}',
+                                      "[" * 4000, '{"session_id": "' + "x" * 5000 + '"}'])
+def test_codex_metadata_that_names_nothing_falls_through(metadata: str) -> None:
+    headers = {"x-codex-turn-metadata": metadata}
+    assert session_id(headers, STEP_2) == derived(headers, STEP_2)
+    assert not names_session(headers)
