@@ -21,6 +21,14 @@ class StreamReader(Protocol):
         """The bytes to send the client for this chunk of the deployment's stream."""
         ...
 
+    def error_event(self, err: GatewayError) -> bytes:
+        """The end of a stream that failed after its first byte, as this API ends one."""
+        ...
+
+    def answer_view(self) -> dict[str, Any] | None:
+        """What was streamed as a chat completion, for the agent step (None: the step reads the chat chunks)."""
+        ...
+
 
 class Adapter(Protocol):
     """One API: its path on the gateway and on every deployment, and its request and answer formats.
@@ -32,6 +40,9 @@ class Adapter(Protocol):
     endpoint: str  # the gateway's name for the API: metric labels, spans, the request log, `policy explain`
     path: str  # the deployment's own path for it (vLLM serves every API the gateway does)
     operation: str  # the GenAI semantic conventions' operation name
+    chains: bool  # its requests may continue a stored response (`previous_response_id`)
+    generates: bool  # it generates tokens (count_tokens does not: no agent step, nothing to charge)
+    step_from_chunks: bool  # the agent step reads the tool calls from the relayed chat chunks themselves
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         """The request body, checked leniently: a 400 names a field the gateway reads that has a wrong type."""
@@ -49,12 +60,20 @@ class Adapter(Protocol):
 
     def usage_of(self, answer: Mapping[str, Any]) -> Usage | None: ...
 
-    def stream_reader(self, client_wants_usage: bool) -> StreamReader: ...
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str) -> tuple[bytes, dict[str, Any]]:
+        """A non-streamed answer as the client gets it (a Responses answer renamed to the gateway's id)."""
+        ...
+
+    def answer_view(self, found: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A non-streamed answer as a chat completion, for the agent step (None: the answer is one already)."""
+        ...
+
+    def stream_reader(self, client_wants_usage: bool, answer_id: str) -> StreamReader: ...
+
+    def new_id(self) -> str:
+        """The id the gateway gives this call's answer ("" when the deployment's own is kept)."""
+        ...
 
     def envelope(self, err: GatewayError) -> dict[str, Any]:
         """An error as this API's clients expect its body."""
-        ...
-
-    def error_event(self, err: GatewayError) -> bytes:
-        """The one event that ends a stream which failed after its first byte."""
         ...

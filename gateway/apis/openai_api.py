@@ -13,9 +13,11 @@ from gateway.features import Features, extract
 class OpenAIAdapter:
     """One of the three OpenAI APIs vLLM serves under their own names; the decision reads their bodies as sent."""
 
-    __slots__ = ("endpoint", "operation", "path")
+    __slots__ = ("endpoint", "generates", "operation", "path")
+    chains, step_from_chunks = False, True
 
     def __init__(self, endpoint: str) -> None:
+        self.generates = endpoint != "embeddings"
         self.endpoint = endpoint
         self.path = openai.PATHS[endpoint]
         self.operation = openai.OPERATION[endpoint]
@@ -37,14 +39,20 @@ class OpenAIAdapter:
     def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
         return openai.usage_of(answer)
 
-    def stream_reader(self, client_wants_usage: bool) -> SseReader:
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str) -> tuple[bytes, dict[str, Any]]:
+        return raw, found
+
+    def answer_view(self, found: Mapping[str, Any]) -> dict[str, Any] | None:
+        return None
+
+    def stream_reader(self, client_wants_usage: bool, answer_id: str) -> SseReader:
         return SseReader(client_wants_usage)
+
+    def new_id(self) -> str:
+        return ""
 
     def envelope(self, err: GatewayError) -> dict[str, Any]:
         return err.envelope()
-
-    def error_event(self, err: GatewayError) -> bytes:
-        return openai.error_event(err)
 
 
 class SseReader:
@@ -77,6 +85,12 @@ class SseReader:
                 self.done = True
             kept.append(event)
         return b"".join(kept)
+
+    def error_event(self, err: GatewayError) -> bytes:
+        return openai.error_event(err)
+
+    def answer_view(self) -> dict[str, Any] | None:
+        return None
 
 
 CHAT = OpenAIAdapter("chat")

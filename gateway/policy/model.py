@@ -31,8 +31,8 @@ from gateway.rollout.spec import RolloutSpec, ShadowSpec
 if TYPE_CHECKING:
     from gateway.classifier.scoring import Classifier
 
-ENDPOINTS = ("chat", "completions", "embeddings")
-Endpoint = Literal["chat", "completions", "embeddings"]
+ENDPOINTS = ("chat", "completions", "embeddings", "responses", "messages")
+Endpoint = Literal["chat", "completions", "embeddings", "responses", "messages"]
 
 
 
@@ -73,7 +73,7 @@ class LoadLimits(Frozen):
 class Deployment(Frozen):
     url: str
     served_model: str
-    endpoints: tuple[Endpoint, ...] = ("chat", "completions")
+    endpoints: tuple[Endpoint, ...] = ("chat", "completions", "responses", "messages")  # what vLLM serves
     price: Price = Price()
     timeouts: Timeouts = Timeouts()
     max_in_flight: int = Field(256, ge=1)

@@ -25,12 +25,13 @@ from gateway.experiments.shares import keep_in_step
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin, deployment_admin, pipeline, rollout_admin, session_admin, ui
+from gateway.server import admin, conversations, deployment_admin, pipeline, rollout_admin, session_admin, ui
 from gateway.server.middleware import exchange_middleware
 from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import (
     ACCOUNTING,
     CLASSIFIER,
+    CONVERSATIONS,
     DEPLOYMENTS,
     EXPERIMENTS,
     POLICY,
@@ -46,6 +47,7 @@ from gateway.server.resources import (
     Telemetry,
 )
 from gateway.settings import Settings
+from gateway.store.conversations import Conversations
 from gateway.store.fallback import FallbackStore
 from gateway.store.opening import open_stores
 from gateway.telemetry import metrics as m
@@ -63,8 +65,8 @@ def create_app(settings: Settings) -> web.Application:
     app[RECENT] = Recent(settings.explain_memory)
     app[TRAFFIC] = TrafficWindows(time.time())
     # In order: each context may use the resources of those before it, and closes after them.
-    app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _shares, _accounting,
-                            _experiments, _trajectories, _long_lived_heap])
+    app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _conversations, _shares,
+                            _accounting, _experiments, _trajectories, _long_lived_heap])
     for adapter in ADAPTERS:
         app.router.add_post(adapter.path, pipeline.handler(adapter))
     app.router.add_get("/v1/models", admin.models)
@@ -75,6 +77,7 @@ def create_app(settings: Settings) -> web.Application:
     admin.add_routes(app.router)
     rollout_admin.add_routes(app.router)
     session_admin.add_routes(app.router)
+    conversations.add_routes(app.router)
     deployment_admin.add_routes(app.router)
     ui.add_routes(app.router)
     return app
@@ -185,6 +188,11 @@ async def _stores(app: web.Application) -> AsyncIterator[None]:
     app[STORES] = stores = open_stores(app[POLICY].current.store, app[SETTINGS].redis_url)
     yield
     await stores.close()
+
+
+async def _conversations(app: web.Application) -> AsyncIterator[None]:
+    app[CONVERSATIONS] = Conversations(app[STORES].responses)
+    yield
 
 
 async def _shares(app: web.Application) -> AsyncIterator[None]:

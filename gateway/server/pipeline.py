@@ -16,7 +16,7 @@ from aiohttp import web
 
 from gateway.accounting.ledger import Admitted
 from gateway.apis.adapter import Adapter
-from gateway.decision.admission import needs_admission
+from gateway.decision.admission import ANONYMOUS, needs_admission
 from gateway.decision.call import Call, read_call
 from gateway.decision.context import Surroundings, gather
 from gateway.decision.loops import AgentVerdict
@@ -27,6 +27,7 @@ from gateway.policy.model import Policy
 from gateway.server import relay
 from gateway.server.resources import (
     ACCOUNTING,
+    CONVERSATIONS,
     DEPLOYMENTS,
     EXCHANGE,
     EXPERIMENTS,
@@ -70,10 +71,11 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         except GatewayError:
             ex.decided(call.features, decision, ctx.complexity)  # refused by the budget: no deployment reached
             raise
-        record(app, ex, call, ctx, decision, enrollment)
+        record(app, ex, adapter, call, ctx, decision, enrollment)
         if enrollment is not None:
             enrollment.sent()
-        response = await relay.forward(request, adapter, call, decision, admitted.caps if admitted else None)
+        keep = app[CONVERSATIONS].keeper(call) if adapter.chains else None
+        response = await relay.forward(request, adapter, call, decision, admitted.caps if admitted else None, keep)
         status = response.status
         return response
     except GatewayError as exc:
@@ -94,10 +96,12 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     """The one view of the call: the body read within its limit, checked, its features and agent step."""
     raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
     body = adapter.parse(raw)
+    tenant, chain = request.get(TENANT), None
+    if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
+        body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
     view = adapter.view(body)
-    tenant = request.get(TENANT)
     return read_call(request.app[POLICY].current, adapter.endpoint, body, view, len(raw),
-                     adapter.features(view), request.headers, tenant)
+                     adapter.features(view), request.headers, tenant, chain)
 
 
 async def verdict(app: web.Application, call: Call, ex: Exchange) -> AgentVerdict | None:
@@ -134,13 +138,14 @@ async def hold(
 
 
 def record(
-    app: web.Application, ex: Exchange, call: Call, ctx: Context, decision: Decision, enrollment: Enrollment | None
+    app: web.Application, ex: Exchange, adapter: Adapter, call: Call, ctx: Context, decision: Decision,
+    enrollment: Enrollment | None,
 ) -> None:
     """The decision as admission left it goes on the request record, the explain memory and the agent step."""
     ex.decided(call.features, decision, ctx.complexity)
     app[RECENT].remember(ex.request_id, call, ctx, decision)
     trajectories = app[TRAJECTORIES]
-    if trajectories.recording(call) and call.session_id is not None:
+    if adapter.generates and trajectories.recording(call) and call.session_id is not None:
         trajectories.begin(ex, call, enrollment.cohorted() if enrollment is not None else None)
 
 

@@ -19,6 +19,7 @@ from gateway.features import Features
 from gateway.policy.model import Policy
 from gateway.server.policy_file import PolicyFile
 from gateway.settings import Settings
+from gateway.store.conversations import Conversations
 from gateway.store.opening import Stores
 from gateway.telemetry.exchange import Exchange
 from gateway.telemetry.metrics import Metrics
@@ -75,6 +76,7 @@ TRAFFIC = web.AppKey("traffic", TrafficWindows)  # readings of the request count
 ACCOUNTING = web.AppKey("accounting", Accounting)
 EXPERIMENTS = web.AppKey("experiments", Experiments)
 TRAJECTORIES = web.AppKey("trajectories", Trajectories)
+CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API's stored responses
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)

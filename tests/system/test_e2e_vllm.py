@@ -346,6 +346,89 @@ async def _until(condition: Any, timeout_s: float) -> None:
         await asyncio.sleep(0.2)
 
 
+# --- the agents' own APIs through the gateway -------------------------------------------------------------
+
+
+def _tokens(gateway: Gateway, deployment: str) -> float:
+    return _sum(_metrics(gateway.url), "gateway_tokens_total", f"deployment={deployment}")
+
+
+def test_responses_through_gateway_streamed_chained_and_stored(vllm_pair: VllmPair, gateway: Gateway) -> None:
+    """The openai SDK's Responses API: an answer, a streamed step chained onto it (the gateway expands the chain
+    from its own store, so the step may go to either deployment), retrieve, input_items and delete."""
+    client = _client(gateway.base_url)
+    before = _tokens(gateway, "hq")
+    first = client.responses.create(model="hq", input="Say something about the bridge.", max_output_tokens=8)
+    assert first.id.startswith("resp_") and len(first.id) > 40  # the gateway's own, unguessable id
+    assert first.usage is not None and first.status in ("completed", "incomplete")
+    assert _tokens(gateway, "hq") - before == first.usage.input_tokens + first.usage.output_tokens
+    with client.responses.stream(model="fast", input="And the river?", previous_response_id=first.id,
+                                 max_output_tokens=8) as stream:
+        events = [event.type for event in stream]
+        second = stream.get_final_response()
+    assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
+    assert second.id != first.id and second.usage is not None
+    # the chain reached fast with the whole conversation: the first question, its answer, the new question
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    assert client.responses.retrieve(second.id).id == second.id
+    items = client.responses.input_items.list(second.id, order="asc")
+    texts = json.dumps([item.model_dump() for item in items.data])
+    assert "bridge" in texts and "river" in texts
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="fast", input="again", previous_response_id=first.id, max_output_tokens=4)
+
+
+def test_messages_through_gateway_with_the_anthropic_sdk(vllm_pair: VllmPair, gateway: Gateway) -> None:
+    """The anthropic SDK, streamed and not, with a tool offered; usage settles; errors in Anthropic's envelope."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=gateway.url, api_key="none", max_retries=0, timeout=60.0)
+    tool = {"name": "get_weather", "description": "Current weather in a city.",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    before = _tokens(gateway, "fast")
+    reply = client.messages.create(model="fast", max_tokens=8, tools=[tool],  # type: ignore[list-item]
+                                   messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert reply.type == "message" and reply.usage.output_tokens >= 1
+    with client.messages.stream(model="fast", max_tokens=8,
+                                messages=[{"role": "user", "content": "Say hello."}]) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.usage.output_tokens >= 1
+    spent = reply.usage.input_tokens + reply.usage.output_tokens
+    spent += streamed.usage.input_tokens + streamed.usage.output_tokens
+    assert _tokens(gateway, "fast") - before == spent
+    counted = client.messages.count_tokens(model="fast", messages=[{"role": "user", "content": "Say hello."}])
+    assert counted.input_tokens >= 1
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client.messages.create(model="no-such-model", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.body["type"] == "error"  # type: ignore[index]
+    assert caught.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+def test_an_openai_agents_sdk_agent_runs_through_gateway(vllm_pair: VllmPair, gateway: Gateway) -> None:
+    """The OpenAI Agents SDK with its default model class (the Responses API) and a function tool."""
+    import agents
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        return f"sunny in {city}"
+
+    provider_client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="none", max_retries=0)
+    model = agents.OpenAIResponsesModel(model="fast", openai_client=provider_client)
+    # a random-weight model ends only at a stop string or its cap, and the SDK takes a capped answer for a failure
+    settings = agents.ModelSettings(max_tokens=64, extra_body={"stop": [" ", "e", "a", "t", "o"]})
+    agent = agents.Agent(name="weather", instructions="Answer briefly.", tools=[get_weather], model=model,
+                         model_settings=settings)
+    agents.set_tracing_disabled(True)
+    result = agents.Runner.run_sync(agent, "Weather in Paris?", max_turns=3)
+    assert isinstance(result.final_output, str)
+    assert result.raw_responses and all(r.usage.output_tokens >= 1 for r in result.raw_responses)
+    assert _sum(_metrics(gateway.url), "gateway_requests_total", "endpoint=responses", "deployment=fast") >= 1
+
+
 def test_killing_fast_fails_over_to_hq(vllm_pair: VllmPair, gateway: Gateway) -> None:
     """Last in the module: it kills the session's fast server (a later user gets a fresh one)."""
     client = _client(gateway.base_url)

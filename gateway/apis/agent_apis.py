@@ -1,0 +1,109 @@
+"""The agents' own APIs: OpenAI's Responses (Codex CLI, the Agents SDK) and Anthropic's Messages (Claude Code).
+
+The decision reads each through its chat-shaped view (gateway/wire/); what reaches the deployment and the
+client is the API's own body and events, forwarded to the deployment's own endpoint for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway import openai
+from gateway.errors import GatewayError
+from gateway.features import Features, extract
+from gateway.wire import messages, responses
+
+
+def _features(view: Mapping[str, Any], api: str) -> Features:
+    features = extract(view, "chat")
+    features.endpoint = api  # read as chat; the decision knows which API the deployment must serve
+    return features
+
+
+class ResponsesAdapter:
+    """`POST /v1/responses`. The gateway names every response (an unguessable id) and keeps the stored ones."""
+
+    endpoint, path, operation = "responses", responses.PATH, "chat"
+    chains, generates, step_from_chunks = True, True, False
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        body = openai.decode(raw)
+        responses.check(body)
+        return body
+
+    def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        return responses.view(body)
+
+    def features(self, view: Mapping[str, Any]) -> Features:
+        return _features(view, self.endpoint)
+
+    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
+        return responses.upstream_body(body, served_model, cap_tokens)
+
+    def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
+        return responses.usage_of(answer)
+
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str) -> tuple[bytes, dict[str, Any]]:
+        return responses.adopt_answer(raw, found, answer_id)
+
+    def answer_view(self, found: Mapping[str, Any]) -> dict[str, Any] | None:
+        return responses.answer_view(found)
+
+    def stream_reader(self, client_wants_usage: bool, answer_id: str) -> responses.ResponsesReader:
+        return responses.ResponsesReader(answer_id)
+
+    def new_id(self) -> str:
+        return responses.new_response_id()
+
+    def envelope(self, err: GatewayError) -> dict[str, Any]:
+        return responses.envelope(err)
+
+
+class MessagesAdapter:
+    """`POST /v1/messages` (and, with `counting`, `/v1/messages/count_tokens`, which generates nothing)."""
+
+    operation, chains, step_from_chunks = "chat", False, False
+
+    def __init__(self, counting: bool = False) -> None:
+        self.counting = counting
+        self.generates = not counting
+        self.endpoint = "messages_count_tokens" if counting else "messages"
+        self.path = messages.COUNT_TOKENS_PATH if counting else messages.PATH
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        body = openai.decode(raw)
+        messages.check(body, count_tokens=self.counting)
+        return body
+
+    def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        return messages.view(body)
+
+    def features(self, view: Mapping[str, Any]) -> Features:
+        return _features(view, "messages")
+
+    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
+        return messages.upstream_body(body, served_model, None if self.counting else cap_tokens)
+
+    def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
+        return None if self.counting else messages.usage_of(answer)
+
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str) -> tuple[bytes, dict[str, Any]]:
+        return raw, found
+
+    def answer_view(self, found: Mapping[str, Any]) -> dict[str, Any] | None:
+        return None if self.counting else messages.answer_view(found)
+
+    def stream_reader(self, client_wants_usage: bool, answer_id: str) -> messages.MessagesReader:
+        return messages.MessagesReader()
+
+    def new_id(self) -> str:
+        return ""
+
+    def envelope(self, err: GatewayError) -> dict[str, Any]:
+        return messages.envelope(err)
+
+
+RESPONSES = ResponsesAdapter()
+MESSAGES = MessagesAdapter()
+COUNT_TOKENS = MessagesAdapter(counting=True)

@@ -1,0 +1,60 @@
+"""The Responses API's conversation state over its store: chained requests expanded, finished responses kept.
+
+The state lives in the gateway's store (Redis when configured, this process's memory otherwise), scoped to the
+tenant, never in one vLLM server's memory: so every step of an agent can go to either deployment and any replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.decision.call import Call
+from gateway.errors import StoreUnavailable
+from gateway.store.contract import StoreError
+from gateway.store.responses import ResponseLimits, ResponseStore
+from gateway.wire import stored
+from gateway.wire.stored import StoredResponse
+
+log = logging.getLogger(__name__)
+
+
+class Conversations:
+    """Stored responses by (tenant, id), for the request path and the retrieve / delete handlers."""
+
+    def __init__(self, store: ResponseStore, limits: ResponseLimits | None = None) -> None:
+        self.store, self.limits = store, limits or ResponseLimits()
+
+    async def expand(self, body: dict[str, Any], tenant: str) -> tuple[dict[str, Any], str | None]:
+        """The body with the whole conversation its `previous_response_id` names, and that chain's session."""
+        previous = body.get("previous_response_id")
+        if not isinstance(previous, str):
+            return body, None
+        found = await self.find(tenant, previous)
+        if found is None:
+            raise stored.previous_not_found(previous)
+        return stored.expand(body, found), stored.chain_session(found)
+
+    def keeper(self, call: Call) -> Callable[[dict[str, Any]], Awaitable[None]]:
+        """What keeps this call's finished answer (unless it asked `store: false`)."""
+
+        async def keep(answer: dict[str, Any]) -> None:
+            record = stored.record(call.body, answer, call.tenant_or_anonymous, call.session_id, time.time())
+            if record is None:
+                return
+            try:
+                await self.store.put(record, self.limits)
+            except StoreError as exc:  # the client has its answer; a later chain onto it will say not found
+                log.warning("stored responses: could not keep %s: %s", record.response_id, exc)
+
+        return keep
+
+    async def find(self, tenant: str, response_id: str) -> StoredResponse | None:
+        if not stored.is_response_id(response_id):  # not one the gateway made: no store read
+            return None
+        try:
+            return await self.store.get(tenant, response_id)
+        except StoreError as exc:
+            raise StoreUnavailable("The store of stored responses is unavailable; retry shortly") from exc
