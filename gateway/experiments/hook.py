@@ -141,7 +141,8 @@ class Experiments:
     def _mirror(
         self, enrollment: Enrollment, target: str, ctx: Context, limits: ShadowLimits, samples_key: str | None = None
     ) -> None:
-        if enrollment.features.endpoint == "embeddings":
+        adapter = BY_ENDPOINT[enrollment.call.endpoint]
+        if not adapter.generates:  # embeddings, count_tokens: nothing to compare
             return
         if not self.rollouts.fresh():
             self.shadows.drop(target, "stale_state")  # a replica that lost the store stops shadows
@@ -156,7 +157,7 @@ class Experiments:
         if name == enrollment.decision.deployment:
             self.shadows.drop(target, "same_deployment")
             return
-        dep, path = enrollment.policy.deployments[name], BY_ENDPOINT[enrollment.features.endpoint].path
+        dep, path = enrollment.policy.deployments[name], adapter.path
         enrollment.shadows.append(
             lambda: self.shadows.mirror(
                 target,
