@@ -6,9 +6,11 @@ import functools
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from gateway.openai import output_cap
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class Features:
     has_code: bool
     has_math: bool
     response_format: str | None
-    max_tokens: int | None
+    max_tokens: int | None  # the output cap per choice the deployment obeys (openai.output_cap), None: unset
     temperature: float | None
     stream: bool
     last_user_text: str
@@ -158,6 +160,49 @@ def count_tokens(text: str) -> int:
 def prompt_tokens_with_template(features: Features) -> int:
     """The prompt's tokens as a chat template sends them: its text plus per-message wrapping."""
     return features.prompt_tokens + TEMPLATE_TOKENS_PER_MESSAGE * (features.message_count + 1)
+
+
+def prompt_floor(body: Mapping[str, Any], endpoint: str, max_chars: int, enough_tokens: int) -> tuple[int, bool]:
+    """Tokens the prompt surely has, counted exactly over at most `max_chars` characters and no further than
+    `enough_tokens`; with whether that is the whole prompt's exact count.
+
+    About 0.3 µs a token, with the GIL released while tiktoken encodes: run it off the event loop.
+    A text cut at the bound counts one token less than its counted prefix (the cut may split a token).
+    """
+    encoding = load_encoding()
+    if encoding is None:
+        return 0, False
+    tokens, chars_left = 0, max_chars
+    for part in _prompt_parts(body, endpoint):
+        if isinstance(part, int):
+            tokens += part
+        elif len(part) <= chars_left:
+            chars_left -= len(part)
+            short = len(part) <= EXACT_CHARS_PER_MESSAGE  # short texts recur (system prompts): memoized
+            tokens += count_exact(part) if short else len(encoding.encode_ordinary(part))
+        else:
+            return tokens + max(0, len(encoding.encode_ordinary(part[:chars_left])) - 1), False
+        if tokens >= enough_tokens:
+            return tokens, False
+    return tokens, True
+
+
+def _prompt_parts(body: Mapping[str, Any], endpoint: str) -> Iterator[str | int]:
+    """The texts the model reads as prompt, as extract() counts them (token-id lists as their length)."""
+    if endpoint == "chat":
+        raw = body.get("messages")
+        for message in raw if isinstance(raw, list) else ():
+            if isinstance(message, Mapping):
+                yield _message_text(message)
+    else:
+        prompt = body.get("input" if endpoint == "embeddings" else "prompt")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        for item in prompt if isinstance(prompt, list) else ():
+            yield item if isinstance(item, str) else len(item) if isinstance(item, list) else 0
+    tools, functions = body.get("tools"), body.get("functions")
+    if (isinstance(tools, list) and tools) or (isinstance(functions, list) and functions):
+        yield _tool_definitions_text(tools, functions)
 
 
 @functools.lru_cache(maxsize=1024)  # at most ~8 MB of keys: 1024 texts of EXACT_CHARS_PER_MESSAGE
@@ -291,7 +336,7 @@ def extract(body: Mapping[str, Any], endpoint: str) -> Features:
         has_code=has_code(window),
         has_math=has_math(window),
         response_format=_response_format(body.get("response_format")),
-        max_tokens=_max_tokens(body),
+        max_tokens=output_cap(body, endpoint),
         temperature=_number(body.get("temperature")),
         stream=body.get("stream") is True,
         last_user_text=bound_text(tally.last_user_text),
@@ -309,10 +354,7 @@ def _tally_chat(body: Mapping[str, Any], counter: _Counter) -> tuple[_Tally, lis
     tally.prior_answers = roles[: max(last_user, 0)].count("assistant")
     scan_texts: list[str] = []
     for i, (message, role) in enumerate(zip(messages, roles, strict=True)):
-        text = text_of(message.get("content"))
-        if role == "assistant":
-            calls = _tool_call_text(message)
-            text = f"{text}\n{calls}" if text and calls else text or calls
+        text = _message_text(message)
         tokens = counter.count(text)
         if role in ("system", "developer"):
             tally.system_tokens += tokens
@@ -325,6 +367,15 @@ def _tally_chat(body: Mapping[str, Any], counter: _Counter) -> tuple[_Tally, lis
         scan_texts.append(text)
     scan_texts.reverse()
     return tally, scan_texts
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    """What the model reads of one message: its text, and an assistant's tool calls."""
+    text = text_of(message.get("content"))
+    if message.get("role") != "assistant":
+        return text
+    calls = _tool_call_text(message)
+    return f"{text}\n{calls}" if text and calls else text or calls
 
 
 def _tally_prompts(prompt: Any, counter: _Counter) -> tuple[_Tally, list[str]]:
@@ -366,14 +417,6 @@ def _response_format(value: Any) -> str | None:
         kind = value.get("type")
         return kind if isinstance(kind, str) else None
     return value if isinstance(value, str) else None
-
-
-def _max_tokens(body: Mapping[str, Any]) -> int | None:
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
 
 
 def _number(value: Any) -> float | None:

@@ -118,9 +118,42 @@ def encode(value: Any) -> bytes:
         return _COMPACT.encode(value).encode()
 
 
-def upstream_body(body: dict[str, Any], served_model: str, cap_tokens: int | None = None) -> tuple[bytes, bool]:
+# The fields each API's deployment reads as its cap on generated tokens per choice, in the order it reads
+# them: the first one set wins (vLLM 0.32: chat_completion/protocol.py reads max_completion_tokens, else
+# the deprecated max_tokens; completion/protocol.py reads max_tokens alone, and a max_completion_tokens
+# there is ignored). The Responses API would be ("max_output_tokens",), Anthropic Messages ("max_tokens",).
+OUTPUT_CAP_FIELDS: dict[str, tuple[str, ...]] = {
+    "chat": ("max_completion_tokens", "max_tokens"),
+    "completions": ("max_tokens",),
+    "embeddings": (),
+}
+
+
+def output_cap(body: Mapping[str, Any], endpoint: str) -> int | None:
+    """The cap on each choice's generated tokens that the deployment will obey for this body, or None when the
+    body sets none (the deployment then stops at its own default or its context window).
+
+    The one reading of a request's output cap: features, the hold and the cap the gateway sends all use it.
+    """
+    for name in OUTPUT_CAP_FIELDS.get(endpoint, ()):
+        value = body.get(name)
+        if value is not None:  # as vLLM reads it: the first field given decides, a later one is ignored
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+def endpoint_of(body: Mapping[str, Any]) -> str:
+    """The generating API a checked body was sent to, read from its shape (chat has messages, completions a
+    prompt); for callers that do not name it."""
+    return "chat" if "messages" in body else "completions"
+
+
+def upstream_body(
+    body: dict[str, Any], served_model: str, cap_tokens: int | None = None, *, endpoint: str | None = None
+) -> tuple[bytes, bool]:
     """The body for a deployment: only `model` rewritten, usage always requested on streams, and, when
-    `cap_tokens` is given (budgets apply and the request sets no cap), the completion cap the hold assumed.
+    `cap_tokens` is given (budgets apply), the output cap the hold assumed, written where the deployment of
+    `endpoint` reads it first (left as it is when the body already caps at exactly that).
 
     Returns the encoded body and whether the client itself asked for the usage chunk (if not, the
     gateway drops it from the client's stream).
@@ -128,7 +161,9 @@ def upstream_body(body: dict[str, Any], served_model: str, cap_tokens: int | Non
     out = dict(body)
     out["model"] = served_model
     if cap_tokens is not None:
-        out["max_completion_tokens" if "messages" in body else "max_tokens"] = cap_tokens
+        fields = OUTPUT_CAP_FIELDS[endpoint or endpoint_of(body)]
+        if fields and output_cap(body, endpoint or endpoint_of(body)) != cap_tokens:
+            out[fields[0]] = cap_tokens
     client_wants_usage = True
     if body.get("stream"):
         options = body.get("stream_options") or {}

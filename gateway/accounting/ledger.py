@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway import openai
 from gateway.accounting.budgets import Budgets
@@ -13,17 +15,23 @@ from gateway.accounting.keys import KeyRing
 from gateway.decision.admission import (
     Admission,
     Cost,
+    PromptSize,
     SessionState,
     TenantSnapshot,
-    caps_of,
     costs_of,
+    fit_room,
     has_soft_limits,
     judge,
+    measure_prompt,
+    output_plan,
+    prompt_size,
+    room_depends_on_count,
     tracks_sessions,
 )
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.errors import RateLimited
+from gateway.features import Features
 from gateway.openai import Usage
 from gateway.policy.model import Policy
 from gateway.policy.tenancy import TenantPolicy, find_tenant
@@ -45,7 +53,7 @@ class Admitted:
     costs: Mapping[str, Cost]
     verdict: Admission
     session: SessionState | None
-    caps: Mapping[str, int]  # the completion cap to send each deployment, when the request sets none
+    caps: Mapping[str, int]  # the output cap per choice to send each deployment: the one its hold assumed
 
 
 class Accounting:
@@ -68,14 +76,16 @@ class Accounting:
         limits = find_tenant(policy.tenants, tenant)
         rules = policy.sessions
         sid = call.session_id if tracks_sessions(rules) else None
-        costs = costs_of(policy, features, body_bytes, openai.choices_of(call.view, features.endpoint))
+        prompt = await _prompt_size(policy, features, call.view, body_bytes)
+        plan = output_plan(policy, features, prompt)
+        costs = costs_of(policy, features, body_bytes, openai.choices_of(call.view, features.endpoint), prompt=prompt)
         snapshot, session = TenantSnapshot(tenant, 0.0, {}), None
         if sid is not None or has_soft_limits(limits):
             # hard limits alone need no read: reserve checks them atomically
             seen = await self.budgets.observe(tenant, sid, rules)
             snapshot, session = seen.snapshot, seen.session
-        verdict = judge(policy, costs, call.headers, snapshot, session)
-        return Admitted(tenant, limits, sid, costs, verdict, session, caps_of(policy, features, body_bytes))
+        verdict = fit_room(judge(policy, costs, call.headers, snapshot, session), plan, policy, features)
+        return Admitted(tenant, limits, sid, costs, verdict, session, plan.caps)
 
     async def close(self, held: Reservation, policy: Policy, ex: Exchange) -> None:
         """Settle what the deployment reported, or release the hold of a call that generated nothing.
@@ -127,3 +137,12 @@ class Accounting:
         price = policy.deployments[answered].price
         tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
         await self.budgets.settle(held, price, tokens_in, tokens_out, deployment=answered)
+
+
+async def _prompt_size(policy: Policy, features: Features, body: Mapping[str, Any], body_bytes: int) -> PromptSize:
+    """The prompt's bounds; when they need an exact count, counted in a worker thread (tiktoken releases the
+    GIL while it encodes), so a long prompt never stalls the event loop."""
+    size = prompt_size(features, body_bytes)
+    if not room_depends_on_count(policy, features, size):
+        return size
+    return await asyncio.to_thread(measure_prompt, policy, features, body, body_bytes)

@@ -34,7 +34,7 @@ class OpenAIAdapter:
         return extract(view, self.endpoint)
 
     def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
-        return openai.upstream_body(body, served_model, cap_tokens)
+        return openai.upstream_body(body, served_model, cap_tokens, endpoint=self.endpoint)
 
     def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
         return openai.usage_of(answer)

@@ -129,9 +129,11 @@ def serve_command(args: argparse.Namespace) -> int:
         print("agent-gateway serve: give --policy FILE or set AGENT_GATEWAY_POLICY", file=sys.stderr)
         return 2
     try:
-        policy_module.load(settings.policy)
+        policy = policy_module.load(settings.policy)
     except policy_module.PolicyError as exc:
         print("agent-gateway serve: the policy is not valid:\n" + "\n".join(exc.problems), file=sys.stderr)
+        return 2
+    if settings.workers > 1 and _split_budgets(settings, policy):
         return 2
     if settings.classifier_model:
         from gateway.classifier.scoring import Classifier, ModelFileError
@@ -145,6 +147,38 @@ def serve_command(args: argparse.Namespace) -> int:
         return _serve_workers(settings)
     run(settings)
     return 0
+
+
+def _split_budgets(settings: Settings, policy: policy_module.Policy) -> bool:
+    """Workers without a shared store each keep their own memory store: refuse (True) when the policy has
+    hard limits, which would then hold N times over; else warn of what is kept per worker."""
+    if policy.store.redis_url or settings.redis_url:
+        return False
+    n, path = settings.workers, settings.policy
+    fields = hard_limit_fields(policy)
+    if fields:
+        print(f"agent-gateway serve: {n} workers without a shared store would each enforce the hard limits of "
+              f"{path} on their own, allowing up to {n} times each ({', '.join(fields)}); set store.redis_url "
+              f"in {path} (or AGENT_GATEWAY_REDIS_URL), or run one worker", file=sys.stderr)
+        return True
+    print(f"agent-gateway serve: warning: {n} workers without a shared store: each keeps its own soft budgets, "
+          "sessions, API keys, rollout state and agent trajectories; set store.redis_url in "
+          f"{path} (or AGENT_GATEWAY_REDIS_URL) for one truth", file=sys.stderr)
+    return False
+
+
+def hard_limit_fields(policy: policy_module.Policy) -> list[str]:
+    """The policy's hard limits, by field path (tenants[0].budgets[1].hard_usd, sessions.cost_cap_usd …)."""
+    fields: list[str] = []
+    for i, tenant in enumerate(policy.tenants):
+        for j, budget in enumerate(tenant.budgets):
+            fields += [f"tenants[{i}].budgets[{j}].{name}" for name in ("hard_usd", "hard_tokens")
+                       if getattr(budget, name) is not None]
+        fields += [f"tenants[{i}].{name}" for name in ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+                   if getattr(tenant, name) is not None]
+    if policy.sessions.cost_cap_usd is not None:
+        fields.append("sessions.cost_cap_usd")
+    return fields
 
 
 def run(settings: Settings) -> None:

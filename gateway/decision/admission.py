@@ -8,14 +8,16 @@ hard limits atomically, so a stale snapshot can only cost a 429 at reserve time,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from gateway.errors import BadRequest
-from gateway.features import Features, prompt_tokens_with_template
+from gateway.errors import BadRequest, ContextTooLong
+from gateway.features import Features, prompt_floor, prompt_tokens_with_template
 from gateway.policy.model import Deployment, Policy
 from gateway.policy.tenancy import SessionPolicy, TenantPolicy, Window, find_tenant
 
@@ -251,20 +253,123 @@ def needs_admission(policy: Policy, headers: Mapping[str, str]) -> bool:
     return policy.accounted or MAX_COST_HEADER in headers
 
 
-def completion_cap(deployment: Deployment, prompt_tokens: int, max_tokens: int | None) -> int:
-    """The tokens one choice may generate: max_tokens, else the deployment's default_max_tokens (which the
-    gateway then sends as the cap), within the deployment's context window."""
+# A context window that leaves fewer tokens than this (and fewer than the request asks for) cannot answer
+# it usefully: the deployment is refused for it, rather than sent a cap that cuts the answer off.
+MIN_USEFUL_COMPLETION_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    """A prompt's size in tokens as the gateway knows it before the call: a bound each way.
+
+    Billing holds the ceiling; the room left in a context window is sized by the floor, never by the
+    ceiling (a byte count is ~4x the tokens of English text: room sized by it cuts answers short).
+    """
+
+    ceiling: int  # at most this: the count plus chat-template wrapping, else the body's bytes
+    floor: int  # at least this: the count, else what was counted of it (0 when nothing was)
+    counted: bool = True  # the whole prompt was counted (floor is its count); else the ceiling is its bytes
+
+
+def prompt_size(features: Features, body_bytes: int, counted: tuple[int, bool] | None = None) -> PromptSize:
+    """The prompt's bounds from its features, or from `counted` (features.prompt_floor's answer) when given."""
+    wrapping = prompt_tokens_with_template(features) - features.prompt_tokens
+    if features.prompt_tokens_exact:
+        return PromptSize(features.prompt_tokens + wrapping, features.prompt_tokens)
+    if counted is not None and counted[1]:
+        return PromptSize(counted[0] + wrapping, counted[0])
+    # no tokenizer makes more tokens than bytes
+    return PromptSize(body_bytes, counted[0] if counted is not None else 0, counted=False)
+
+
+def completion_cap(deployment: Deployment, prompt: PromptSize, max_tokens: int | None) -> int:
+    """The tokens one choice may generate, which the hold assumes and the gateway sends: max_tokens, else the
+    deployment's default_max_tokens, within what its context window leaves after the prompt's floor (the
+    deployment stops there itself, so this clamp never cuts an answer the deployment would have given)."""
     completion = max_tokens if max_tokens is not None else deployment.default_max_tokens
     if deployment.max_model_len is not None:
-        # the deployment cannot generate past its context window, whatever max_tokens says
-        completion = max(0, min(completion, deployment.max_model_len - prompt_tokens))
+        completion = max(0, min(completion, deployment.max_model_len - prompt.floor))
     return completion
 
 
-def worst_case(deployment: Deployment, prompt_tokens: int, max_tokens: int | None, choices: int = 1) -> Cost:
-    """Prompt tokens at the input price plus each choice's completion cap at the output price."""
-    completion = completion_cap(deployment, prompt_tokens, max_tokens) * choices
-    return Cost(deployment.price.cost_usd(prompt_tokens, completion), prompt_tokens + completion)
+def room_depends_on_count(policy: Policy, features: Features, prompt: PromptSize) -> bool:
+    """Whether an exact count could change a cap or the ceiling enough to matter: a context window the
+    prompt's ceiling plus its cap would overflow (so the room, not the cap, may bind)."""
+    return not prompt.counted and any(
+        dep.max_model_len is not None and completion_cap(dep, prompt, features.max_tokens) + prompt.ceiling
+        > dep.max_model_len
+        for dep in policy.deployments.values()
+    )
+
+
+# A prompt whose room depends on its count is counted over at most this many characters (about 90 ms);
+# past them, the floor is what was counted.
+ROOM_COUNT_MAX_CHARS = 1_000_000
+
+
+def measure_prompt(policy: Policy, features: Features, body: Mapping[str, Any], body_bytes: int) -> PromptSize:
+    """The prompt's bounds, counted exactly (bounded) when a context window's room depends on the count:
+    the bytes that bound its billing would size that room ~4x too small. Costs up to ~0.3 µs a token when
+    it counts: the live gateway runs it in a worker thread then (accounting.ledger); offline tools inline."""
+    size = prompt_size(features, body_bytes)
+    if not room_depends_on_count(policy, features, size):
+        return size
+    widest = max(dep.max_model_len or 0 for dep in policy.deployments.values())
+    return prompt_size(features, body_bytes, prompt_floor(body, features.endpoint, ROOM_COUNT_MAX_CHARS, widest))
+
+
+def worst_case(deployment: Deployment, prompt: PromptSize | int, max_tokens: int | None, choices: int = 1) -> Cost:
+    """The prompt's ceiling at the input price plus each choice's completion cap at the output price (an int
+    prompt is an exact count: its own floor and ceiling)."""
+    size = prompt if isinstance(prompt, PromptSize) else PromptSize(prompt, prompt)
+    out = completion_cap(deployment, size, max_tokens) * choices
+    return Cost(deployment.price.cost_usd(size.ceiling, out), size.ceiling + out)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """Each deployment's output cap for one request: the tokens per choice its hold assumes and the gateway
+    sends (a generating request always goes with a finite cap when budgets apply)."""
+
+    caps: Mapping[str, int]
+    roomless: Mapping[str, str]  # deployments whose context window leaves no useful room, and why
+
+
+def output_plan(policy: Policy, features: Features, prompt: PromptSize) -> OutputPlan:
+    """The cap each deployment gets; those whose window leaves less than is useful are named, not capped."""
+    if features.endpoint == "embeddings":
+        return OutputPlan({}, {})
+    caps: dict[str, int] = {}
+    roomless: dict[str, str] = {}
+    for name, dep in policy.deployments.items():
+        wanted = features.max_tokens if features.max_tokens is not None else dep.default_max_tokens
+        cap = completion_cap(dep, prompt, features.max_tokens)
+        if cap < min(wanted, MIN_USEFUL_COMPLETION_TOKENS):
+            roomless[name] = (f"{name}: a prompt of at least {prompt.floor} tokens leaves {cap} of its "
+                              f"max_model_len {dep.max_model_len} for the answer ({wanted} wanted)")
+        caps[name] = cap
+    return OutputPlan(caps, roomless)
+
+
+def fit_room(verdict: Admission, plan: OutputPlan, policy: Policy, features: Features) -> Admission:
+    """The verdict without the deployments whose window leaves no useful room; 400 context_length_exceeded
+    when none of the deployments serving the endpoint has room, or none the budget admits has."""
+    if not plan.roomless or verdict.refused:
+        return verdict
+    roomless = plan.roomless.keys()
+    kept = verdict.allowed - roomless
+    serving = {n for n, dep in policy.deployments.items() if features.endpoint in dep.endpoints}
+    if not kept or (serving and serving <= roomless):
+        why = "; ".join(plan.roomless[n] for n in sorted(roomless & serving or roomless))
+        others = "" if serving <= roomless else "; the deployments with room are not admitted by the budget"
+        raise ContextTooLong(f"The request does not fit a context window: {why}{others}. Shorten the prompt "
+                             "or lower max_tokens", param="messages" if features.endpoint == "chat" else "prompt")
+    dropped = tuple(f"{plan.roomless[n]}: skipped" for n in sorted(verdict.allowed & roomless))
+    keeps_preference = verdict.prefer in kept
+    return dataclasses.replace(
+        verdict, allowed=kept, reasons=(*verdict.reasons, *dropped), prefer=verdict.prefer if keeps_preference
+        else None, session_prefers=verdict.session_prefers and keeps_preference,
+    )
 
 
 def judge(
@@ -290,27 +395,14 @@ def has_soft_limits(limits: TenantPolicy | None) -> bool:
     return any(b.soft_usd is not None or b.soft_tokens is not None for b in limits.budgets)
 
 
-def costs_of(policy: Policy, features: Features, body_bytes: int, choices: int = 1) -> dict[str, Cost]:
-    """Each deployment's worst case for this request: an upper bound on its prompt, every choice's cap out."""
-    prompt = _prompt_bound(features, body_bytes)
-    return {
-        name: worst_case(dep, prompt, features.max_tokens, choices) for name, dep in policy.deployments.items()
-    }
-
-
-def caps_of(policy: Policy, features: Features, body_bytes: int) -> dict[str, int]:
-    """The completion cap to send each deployment when the request sets none: the one its worst case assumed,
-    so the hold stays an upper bound (empty when the request caps itself, or generates nothing)."""
-    if features.max_tokens is not None or features.endpoint == "embeddings":
-        return {}
-    prompt = _prompt_bound(features, body_bytes)
-    caps = {name: completion_cap(dep, prompt, None) for name, dep in policy.deployments.items()}
-    return {name: cap for name, cap in caps.items() if cap >= 1}
-
-
-def _prompt_bound(features: Features, body_bytes: int) -> int:
-    # an estimate is not a bound; no tokenizer makes more tokens than bytes
-    return prompt_tokens_with_template(features) if features.prompt_tokens_exact else body_bytes
+def costs_of(
+    policy: Policy, features: Features, body_bytes: int, choices: int = 1, *, prompt: PromptSize | None = None
+) -> dict[str, Cost]:
+    """Each deployment's worst case for this request: the prompt's ceiling, every choice's cap out (the caps
+    output_plan sends)."""
+    size = prompt if prompt is not None else prompt_size(features, body_bytes)
+    cap = features.max_tokens if features.endpoint != "embeddings" else 0
+    return {name: worst_case(dep, size, cap, choices) for name, dep in policy.deployments.items()}
 
 
 def _max_cost(headers: Mapping[str, str]) -> float | None:

@@ -24,7 +24,7 @@ from gateway import openai
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.experiments.shadows import Pair
 from gateway.features import Features
-from gateway.policy.model import Policy, Timeouts
+from gateway.policy.model import Policy
 from gateway.rollout import labels as lb
 from gateway.rollout.comparison import assemble
 from gateway.store.contract import StoreError
@@ -36,6 +36,8 @@ from gateway.upstream.client import Pool
 log = logging.getLogger(__name__)
 
 JUDGE_HEADER = "x-gateway-judge"
+# The judge answers A, B or TIE within its max_tokens; an answer past this many bytes is cut off, unread.
+JUDGE_MAX_BODY_BYTES = 1024 * 1024
 MINUTE_S = 60.0
 
 
@@ -194,18 +196,15 @@ class Labeller:
             return None, "error"
         payload = {"model": dep.served_model, "messages": messages, "max_tokens": spec.max_tokens,
                    "temperature": 0, "stream": False}
-        bounded = dep.model_copy(update={"timeouts": Timeouts(connect_s=min(dep.timeouts.connect_s, spec.timeout_s),
-                                                              read_s=spec.timeout_s, total_s=spec.timeout_s)})
         try:
-            async with asyncio.timeout(spec.timeout_s):
-                reply = await upstream.send(self._client, spec.deployment, bounded, openai.PATHS["chat"],
-                                            json.dumps(payload).encode(), {JUDGE_HEADER: "1"})
-                raw = await reply.read()
-        except (TimeoutError, UpstreamTimeout):
+            got = await upstream.fetch(self._client, spec.deployment, dep, openai.PATHS["chat"],
+                                       json.dumps(payload).encode(), {JUDGE_HEADER: "1"}, timeout_s=spec.timeout_s,
+                                       limit_bytes=JUDGE_MAX_BODY_BYTES)
+        except UpstreamTimeout:
             return None, "timeout"
         except GatewayError:
             return None, "error"
-        text = _reply_text(raw) if reply.status == 200 else None
+        text = _reply_text(got.body) if got.status == 200 else None
         return text, "ok" if text is not None else "error"
 
     async def close(self) -> None:

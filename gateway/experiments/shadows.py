@@ -20,7 +20,7 @@ from typing import Any
 from gateway import openai
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.features import Features
-from gateway.policy.model import Deployment, Timeouts
+from gateway.policy.model import Deployment
 from gateway.rollout.comparison import Capture, compare
 from gateway.rollout.samples import PairOutcome
 from gateway.store.contract import StoreError
@@ -46,6 +46,9 @@ PAIRS_MAXLEN = 10_000  # per target, in the Redis stream (approximate) or the in
 BREAKER_FAILURES = 5  # consecutive shadow failures that open a target's circuit
 BREAKER_OPEN_S = 30.0
 PRIMARY_WAIT_S = 600.0  # a pair whose primary never finishes (client gone) is not compared
+# A shadow's answer is read whole to be compared, but never past this: its max_tokens cap keeps a sound
+# answer far below (512 tokens streamed are ~150 KB); a deployment that sends more is cut off there.
+SHADOW_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,7 @@ class ShadowLimits:
     max_in_flight: int = 8
     timeout_s: float = 30.0
     max_tokens: int = 512
+    max_body_bytes: int = SHADOW_MAX_BODY_BYTES
 
 
 @dataclass(slots=True)
@@ -195,30 +199,16 @@ class Shadows:
     ) -> Capture:
         payload, _ = openai.upstream_body(shadow_body(body, limits.max_tokens), dep.served_model)
         headers = {TAG_HEADER: "1", "x-request-id": f"{request_id}-shadow"}
-        # No failover and no retries: one deployment, one attempt, bounded by the shadow's own timeout.
-        bounded = dep.model_copy(
-            update={
-                "timeouts": Timeouts(
-                    connect_s=min(dep.timeouts.connect_s, limits.timeout_s),
-                    read_s=limits.timeout_s,
-                    total_s=limits.timeout_s,
-                )
-            }
-        )
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(limits.timeout_s):
-                reply = await upstream.send(self._client, name, bounded, path, payload, headers)
-                if body.get("stream") and reply.status == 200:
-                    return await _read_stream(reply, started)
-                raw = await reply.read()
-                return Capture(reply.status, _ms_since(started), None, _json(raw))
-        except TimeoutError:
-            return Capture(0, _ms_since(started), error="timeout")
+            got = await upstream.fetch(self._client, name, dep, path, payload, headers,
+                                       timeout_s=limits.timeout_s, limit_bytes=limits.max_body_bytes)
         except UpstreamTimeout:
             return Capture(0, _ms_since(started), error="timeout")
         except GatewayError as exc:
             return Capture(exc.status, _ms_since(started), error=exc.message)
+        streamed = bool(body.get("stream")) and got.status == 200
+        return parse_capture(got.status, got.total_ms, got.first_byte_ms if streamed else None, got.body, streamed)
 
     async def _record(
         self,
@@ -248,23 +238,6 @@ class Shadows:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _read_stream(reply: upstream.Reply, started: float) -> Capture:
-    """The streamed answer as parsed SSE data objects, with the time to the first chunk."""
-    ttft_ms: float | None = None
-    pending, chunks = b"", []
-    finished = False
-    try:
-        async for chunk in reply.chunks():
-            if ttft_ms is None:
-                ttft_ms = _ms_since(started)
-            events, pending = openai.split_events(pending + chunk)
-            chunks += [data for data in map(_event_json, events) if isinstance(data, dict)]
-        finished = True
-    finally:
-        reply.release() if finished else reply.close()
-    return Capture(reply.status, _ms_since(started), ttft_ms, None, chunks)
 
 
 def parse_capture(

@@ -130,9 +130,19 @@ def _limits_of(tenant: TenantPolicy) -> Limits:
 NO_LIMITS = Limits()
 
 
+def new_reservation_id() -> str:
+    return secrets.token_hex(8)
+
+
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """What reserve is asked to hold for one request."""
+    """What reserve is asked to hold for one request.
+
+    Its id is chosen before the shared store sees it: a reserve interrupted after Redis ran it (the caller
+    cancelled, the deadline fired while the reply was on its way) can then still be undone, by releasing
+    `interrupted(hold)`; a reserve of an id already held holds nothing more. (The in-memory store names
+    its own: a reserve there runs without a pause, so nothing can interrupt it.)
+    """
 
     tenant: str
     deployment: str
@@ -141,6 +151,7 @@ class Hold:
     session_id: str | None = None  # the session whose step this is (its settle pins it, see Reservation)
     ttl_s: float = 900.0
     session_ttl_s: int = 3600
+    id: str = field(default_factory=new_reservation_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +164,12 @@ class Reservation:
     expires_at_s: float
     session_id: str | None = None  # settle pins it to the deployment that answered, if it has no pin yet
     origin: Literal["shared", "local"] = "shared"
+
+
+def interrupted(hold: Hold) -> Reservation:
+    """The shared reservation an interrupted reserve of `hold` may have made: releasing it undoes that reserve
+    if it ran, and is a no-op if it did not."""
+    return Reservation(hold.id, hold.tenant, hold.deployment, hold.cost.usd, hold.cost.tokens, 0.0, hold.session_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,10 +355,6 @@ def usage_rows(tenant: str, window: Window, bucket_id: str, fields: Mapping[str,
             )
         )
     return rows
-
-
-def new_reservation_id() -> str:
-    return secrets.token_hex(8)
 
 
 class Store(Protocol):

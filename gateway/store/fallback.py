@@ -33,6 +33,7 @@ from gateway.store.contract import (
     StoreBusy,
     StoreError,
     UsageRow,
+    interrupted,
 )
 
 log = logging.getLogger(__name__)
@@ -89,16 +90,27 @@ class FallbackStore:
             if self._pending and self._replay is None:
                 self._replay = asyncio.get_running_loop().create_task(self._replay_pending())
 
-    async def _run(self, call: Callable[[Store], Awaitable[T]], *, local_ok: bool = True) -> T:
+    async def _run(
+        self, call: Callable[[Store], Awaitable[T]], *, local_ok: bool = True, undo: Callable[[], None] | None = None
+    ) -> T:
+        """`call` on the shared store, else (allowed, `local_ok`) on the local one. `undo` runs when the shared
+        call was cut off (failed or cancelled) after it may have reached Redis."""
         exc: StoreError | None = None
         if self._try_shared():
             try:
                 result = await call(self._shared)
             except StoreBusy as err:  # Redis answers, slowly: local accounting would split the ledger
+                # (busy means no connection was free: the command was never sent, there is nothing to undo)
                 raise StoreUnavailable("The shared store is busy; retry shortly", code="store_busy") from err
             except StoreError as err:
                 exc = err
                 self._mark_down(err)
+                if undo is not None:
+                    undo()
+            except asyncio.CancelledError:
+                if undo is not None:
+                    undo()
+                raise
             else:
                 self._mark_up()
                 return result
@@ -109,7 +121,11 @@ class FallbackStore:
         raise StoreUnavailable("The shared store is unreachable; retry shortly") from exc
 
     async def reserve(self, hold: Hold) -> Reservation | Refusal:
-        return await self._run(lambda s: s.reserve(hold))
+        """Hold in Redis, else locally. A shared reserve cut off by its deadline or a cancel may have run in
+        Redis all the same: its id is released there (queued like a settle, so in the background and
+        replayed once Redis answers), so the hold never counts twice (Redis and local) or leaks until its TTL.
+        """
+        return await self._run(lambda s: s.reserve(hold), undo=lambda: self._queue(interrupted(hold), None))
 
     async def settle(self, reservation: Reservation, spend: Spend) -> bool:
         if reservation.origin == "local":

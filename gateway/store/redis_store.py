@@ -35,7 +35,6 @@ from gateway.store.contract import (
     StoreError,
     StoreFault,
     UsageRow,
-    new_reservation_id,
     plan,
     refusal,
     to_nusd,
@@ -132,7 +131,7 @@ class RedisStore:
     async def reserve(self, hold: Hold) -> Reservation | Refusal:
         now_s, lay = self._clock(), self._layout
         plans = plan(lay, hold.tenant, hold.limits, now_s)
-        rid, cost_nusd = new_reservation_id(), to_nusd(hold.cost.usd)
+        rid, cost_nusd = hold.id, to_nusd(hold.cost.usd)
         expires_ms = int((now_s + hold.ttl_s) * 1000)
         session_key = lay.session(hold.tenant, hold.session_id or "")
         keys = [lay.reservations(hold.tenant), lay.records(hold.tenant), lay.tenants(), session_key]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway import openai
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.policy.model import Deployment
+from gateway.policy.model import Deployment, Timeouts
 from gateway.upstream.client import ClientError, ConnectError, Disconnected, Pool, Response, release_heap
 
 RELEASE_AFTER_BYTES = 4 * 1024 * 1024  # a refused body this large gives the freed heap back to the OS
@@ -88,6 +91,27 @@ class Reply:
             raise self._not_an_object()
         return raw, found
 
+    async def read_bounded(self, limit: int) -> tuple[bytes, float | None]:
+        """The whole body, of any kind (JSON, an event stream), but never past `limit` bytes (UpstreamError
+        upstream_body_too_large, the connection dropped); with the perf_counter time its first byte came."""
+        parts: list[bytes] = []
+        size, first_at = 0, None
+        try:
+            async for chunk in self._response.iter_chunks():
+                first_at = first_at or time.perf_counter()
+                size += len(chunk)
+                if size > limit:
+                    raise self._too_large(limit)
+                parts.append(chunk)
+        except (TimeoutError, ClientError) as exc:
+            self._drop(parts, size)
+            raise _translate(exc, self.deployment) from exc
+        except (UpstreamError, asyncio.CancelledError):  # cancelled: its deadline passed mid-body
+            self._drop(parts, size)
+            raise
+        self.release()
+        return b"".join(parts), first_at
+
     def _drop(self, parts: list[bytes], size: int) -> None:
         """Forget a refused body: the error's traceback keeps this frame a while, but not the bytes read."""
         parts.clear()
@@ -127,13 +151,14 @@ async def send(
     body: bytes,
     headers: Mapping[str, str],
     sent: Callable[[], None] | None = None,
+    timeouts: Timeouts | None = None,
 ) -> Reply:
-    """POST to a deployment and wait for the response headers.
+    """POST to a deployment and wait for the response headers (`timeouts`, else the deployment's own).
 
     A connection error, a timeout or a 5xx raises (the caller may fail over); any other status is the
     deployment's answer and is returned for the client to see.
     """
-    t = deployment.timeouts
+    t = timeouts or deployment.timeouts
     request_headers = {**headers, "content-type": "application/json"}
     try:
         response = await client.request("POST", deployment.url + path, body, request_headers,
@@ -147,6 +172,51 @@ async def send(
                     headers.get("x-request-id", "?"), text[:200])
         raise UpstreamError(f"Deployment {name!r} answered {response.status}", code="upstream_5xx")
     return Reply(response, name)
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A side call's answer, read whole: status, body (at most the call's limit), and times from its start."""
+
+    status: int
+    body: bytes
+    total_ms: float
+    first_byte_ms: float | None  # None when the body was empty
+
+
+async def fetch(
+    client: Pool,
+    name: str,
+    deployment: Deployment,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    timeout_s: float,
+    limit_bytes: int,
+) -> Fetched:
+    """One bounded call beside the request path (a shadow, the judge): one attempt, no failover, the
+    deployment's timeouts capped by `timeout_s` and the whole call within it, its answer (JSON or a stream)
+    read whole but never past `limit_bytes`, the same bound as the primary path's read.
+
+    Raises UpstreamTimeout past `timeout_s`, UpstreamError upstream_body_too_large past the limit, and
+    what send() raises (a 5xx, a connection error).
+    """
+    t = deployment.timeouts
+    bounded = Timeouts(connect_s=min(t.connect_s, timeout_s), read_s=min(t.read_s, timeout_s), total_s=timeout_s)
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            reply = await send(client, name, deployment, path, body, headers, timeouts=bounded)
+            raw, first_at = await reply.read_bounded(limit_bytes)
+    except TimeoutError as exc:
+        raise UpstreamTimeout(f"Deployment {name!r} did not answer within {timeout_s:g} s") from exc
+    first_ms = None if first_at is None else _ms(first_at - started)
+    return Fetched(reply.status, raw, _ms(time.perf_counter() - started), first_ms)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
 
 
 async def answer(reply: Reply, stream: bool, limit: int) -> tuple[bytes, dict[str, Any]] | None:

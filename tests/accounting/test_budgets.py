@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
+from gateway import openai
 from gateway.accounting.budgets import Budgets, usage_report
 from gateway.decision.admission import (
     Cost,
@@ -132,9 +135,28 @@ def test_worst_case_uses_max_tokens_or_the_deployment_cap() -> None:
     assert worst_case(dep, 1000, 200, choices=3) == Cost(pytest.approx(0.012), 1600)
 
 
+CAPS_POLICY = """
+version: 1
+deployments:
+  hq: {url: "http://127.0.0.1:1", served_model: a, max_model_len: 600, default_max_tokens: 1000,
+       price: {input_per_mtok_usd: 1, output_per_mtok_usd: 10}}
+  fast: {url: "http://127.0.0.1:2", served_model: b, default_max_tokens: 256}
+models: {auto: {route: rules}}
+default: fast
+"""
+
+
+def _plan(body: dict[str, Any], endpoint: str = "chat", policy_text: str = CAPS_POLICY) -> Any:
+    from gateway.decision.admission import output_plan, prompt_size
+    from gateway.features import extract
+    from gateway.policy.model import parse
+
+    features = extract(body, endpoint)
+    return output_plan(parse(policy_text, "p.yaml"), features, prompt_size(features, len(openai.encode(body))))
+
+
 def test_the_worst_case_counts_every_choice_and_the_cap_it_assumes_is_sent() -> None:
-    from gateway import openai
-    from gateway.decision.admission import caps_of, costs_of
+    from gateway.decision.admission import costs_of
     from gateway.features import extract
     from gateway.policy.model import parse
 
@@ -143,28 +165,94 @@ def test_the_worst_case_counts_every_choice_and_the_cap_it_assumes_is_sent() -> 
     assert openai.choices_of({"prompt": ["a", "b"], "n": 2}, "completions") == 4
     assert openai.choices_of({"prompt": [1, 2, 3]}, "completions") == 1  # one tokenized prompt
     assert openai.choices_of({"n": True, "best_of": "9"}, "chat") == 1
-    policy = parse(
-        """
-version: 1
-deployments:
-  hq: {url: "http://127.0.0.1:1", served_model: a, max_model_len: 600, default_max_tokens: 1000,
-       price: {input_per_mtok_usd: 1, output_per_mtok_usd: 10}}
-  fast: {url: "http://127.0.0.1:2", served_model: b, default_max_tokens: 256}
-models: {auto: {route: rules}}
-default: fast
-""",
-        "p.yaml",
-    )
+    policy = parse(CAPS_POLICY, "p.yaml")
     body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
     features = extract(body, "chat")
-    prompt = features.prompt_tokens + 16
-    assert caps_of(policy, features, 100) == {"hq": 600 - prompt, "fast": 256}  # within hq's context window
-    assert costs_of(policy, features, 100, 3)["hq"].usd == pytest.approx((prompt + 3 * (600 - prompt) * 10) / 1e6)
-    assert caps_of(policy, extract({**body, "max_tokens": 5}, "chat"), 100) == {}  # the request caps itself
+    assert _plan(body).caps == {"hq": 600 - features.prompt_tokens, "fast": 256}  # within hq's context window
+    prompt = features.prompt_tokens + 16  # billed with the chat template's wrapping
+    hq_usd = (prompt + 3 * (600 - features.prompt_tokens) * 10) / 1e6
+    assert costs_of(policy, features, 100, 3)["hq"].usd == pytest.approx(hq_usd)
+    # the request's own cap is the cap, and it is sent too, so the hold never rests on the client's field
+    assert _plan({**body, "max_tokens": 5}).caps == {"hq": 5, "fast": 5}
     capped = {**body, "model": "a", "max_completion_tokens": 256}
     assert openai.upstream_body(body, "a", 256)[0] == openai.encode(capped)
     completion = {"model": "auto", "prompt": "hi"}
     assert b'"max_tokens":7' in openai.upstream_body(completion, "a", 7)[0]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "obeyed"),
+    [
+        # vLLM's chat reads max_completion_tokens, else the deprecated max_tokens
+        ("chat", {"max_completion_tokens": 1, "max_tokens": 300}, 1),
+        ("chat", {"max_tokens": 300}, 300),
+        # vLLM's completions reads max_tokens only: a max_completion_tokens there is ignored
+        ("completions", {"max_completion_tokens": 1, "max_tokens": 300}, 300),
+        ("completions", {"max_completion_tokens": 1}, None),
+        ("embeddings", {"max_tokens": 3}, None),
+    ],
+)
+def test_the_output_cap_is_the_one_the_deployment_obeys(
+    endpoint: str, body: dict[str, Any], obeyed: int | None
+) -> None:
+    from gateway.features import extract
+
+    shape = {"messages": [{"role": "user", "content": "hi"}]} if endpoint == "chat" else {"prompt": "hi"}
+    full = {"model": "auto", **shape, **body}
+    assert openai.output_cap(full, endpoint) == obeyed
+    assert extract(full, endpoint).max_tokens == obeyed
+    if endpoint == "embeddings":
+        return
+    caps = _plan(full, endpoint).caps
+    assert caps["fast"] == (obeyed if obeyed is not None else 256)  # held for what it will generate…
+    sent = openai.decode(openai.upstream_body(full, "b", caps["fast"], endpoint=endpoint)[0])
+    assert openai.output_cap(sent, endpoint) == caps["fast"]  # …and sent so that the deployment obeys it
+
+
+def test_a_long_prompt_is_held_with_a_cap_sized_by_its_count_not_its_bytes() -> None:
+    """A prompt past the exact-count budget is billed by its bytes, but its room in a context window is
+    sized by a count (the bytes are ~4x its tokens): the cap is sent and held, neither zero nor tiny."""
+    from gateway.decision.admission import costs_of, measure_prompt, output_plan, prompt_size
+    from gateway.features import extract
+    from gateway.policy.model import parse
+
+    policy = parse(CAPS_POLICY.replace("max_model_len: 600", "max_model_len: 32768"), "p.yaml")
+    body = {"model": "auto", "messages": [{"role": "user", "content": "the quick brown fox jumps. " * 1500}]}
+    features, body_bytes = extract(body, "chat"), len(openai.encode(body))
+    assert not features.prompt_tokens_exact and body_bytes > 40_000
+    measured = measure_prompt(policy, features, body, body_bytes)
+    assert measured.counted and measured.floor < 10_000 < body_bytes
+    assert output_plan(policy, features, measured).caps["hq"] == 1000  # the default cap, not max(0, 32768 - bytes)
+    big = {**body, "max_tokens": 30_000}
+    features = extract(big, "chat")
+    measured = measure_prompt(policy, features, big, body_bytes)
+    cap = output_plan(policy, features, measured).caps["hq"]
+    assert cap == 32768 - measured.floor and cap > 20_000  # the room the window really leaves
+    assert costs_of(policy, features, body_bytes, prompt=measured)["hq"].tokens == measured.ceiling + cap
+    # without a count, the floor is 0: the cap is the request's own (finite, never 0); the hold covers it
+    unknown = prompt_size(features, body_bytes)
+    assert output_plan(policy, features, unknown).caps["hq"] == 30_000
+
+
+def test_a_window_without_useful_room_is_a_clear_refusal_not_a_truncation() -> None:
+    from gateway.decision.admission import Admission, fit_room, output_plan, prompt_size
+    from gateway.errors import ContextTooLong
+    from gateway.features import extract
+    from gateway.policy.model import parse
+
+    policy = parse(CAPS_POLICY.replace("max_model_len: 600", "max_model_len: 64"), "p.yaml")
+    body = {"model": "auto", "messages": [{"role": "user", "content": "word " * 60}]}
+    features = extract(body, "chat")
+    plan = output_plan(policy, features, prompt_size(features, 400))
+    assert "hq" in plan.roomless and "max_model_len 64" in plan.roomless["hq"]
+    verdict = fit_room(Admission(frozenset({"hq", "fast"}), prefer="hq"), plan, policy, features)
+    assert verdict.allowed == {"fast"} and verdict.prefer is None
+    assert any("hq: a prompt of at least" in why for why in verdict.reasons)
+    with pytest.raises(ContextTooLong, match="max_model_len 64"):
+        fit_room(Admission(frozenset({"hq"})), plan, policy, features)
+    # a request that asks for only a few tokens is served where they fit
+    small = extract({**body, "max_tokens": 2}, "chat")
+    assert output_plan(policy, small, prompt_size(small, 400)).roomless == {}
 
 
 async def test_budgets_raise_429_with_limit_and_retry_after() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -331,6 +332,70 @@ async def test_a_call_without_max_tokens_goes_upstream_with_the_cap_its_hold_ass
     assert stack.fast.received[-1]["max_tokens"] == 1024
     spend, reserved = await _day(stack)
     assert reserved == 0 and spend > 0
+
+
+async def test_a_completions_call_is_held_for_the_max_tokens_vllm_obeys(make_stack: Any) -> None:
+    """vLLM's completions endpoint reads max_tokens alone: a max_completion_tokens of 1 beside a max_tokens of
+    300 generates 300, so the hold is for 300 (fast at 1.5 USD/Mtok: ~460 µUSD, over this 100 µUSD limit)."""
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 0.0001}]}]
+    """)
+    body = {"model": "fast", "prompt": "hello there", "max_completion_tokens": 1}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/completions", json={**body, "max_tokens": 300}) as resp:
+            assert resp.status == 429, await resp.text()
+            assert "usd_per_day" in (await resp.json())["error"]["message"]
+        async with http.post(stack.base_url + "/completions", json={**body, "max_tokens": 2}) as resp:
+            assert resp.status == 200
+    assert stack.fast.received[-1]["max_tokens"] == 2
+
+
+async def _long_context(stack: Stack, max_model_len: int, names: tuple[str, ...] = ("fast",)) -> None:
+    """Give deployments a context window (the policy reloads live)."""
+    from gateway.server.resources import POLICY
+
+    text = re.sub(r"\n    max_model_len: \d+", "", stack.policy_path.read_text())
+    for name in names:
+        text = text.replace(f"served_model: fake-{name}",
+                            f"served_model: fake-{name}\n    max_model_len: {max_model_len}")
+    stack.policy_path.write_text(text)
+    app = stack.gateway.app
+    deployments = lambda: app[POLICY].current.deployments  # noqa: E731
+    await until(lambda: all(deployments()[n].max_model_len == max_model_len for n in names), what="reload")
+
+
+async def test_a_long_prompt_goes_upstream_with_the_finite_cap_its_hold_assumed(make_stack: Any) -> None:
+    """A prompt over the exact-count budget (40.6 KB, ~7.5k tokens): its room in a context window is sized by a
+    count, not by its bytes, which leave a 32k window no room (no cap sent, a hold with no output in it) and
+    a 41k one a few hundred tokens (a cap that cuts the answer off)."""
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 0.025}]}]
+    """)
+    long = [{"role": "user", "content": "the quick brown fox jumps. " * 1500}]
+    for window in (32768, 41_000):
+        await _long_context(stack, window)
+        status, _, _ = await _chat(stack, model="fast", messages=long)
+        assert status == 200 and stack.fast.received[-1]["max_completion_tokens"] == 1024
+    # 20k tokens out at 1.5 USD/Mtok is 0.03 USD: that worst case does not fit the limit (its prompt alone does)
+    status, body, _ = await _chat(stack, model="fast", messages=long, max_tokens=20_000)
+    assert status == 429 and "usd_per_day" in body["error"]["message"]
+    spend, reserved = await _day(stack)
+    assert reserved == 0 and 0 < spend < 0.025
+
+
+async def test_a_prompt_that_leaves_no_room_in_the_window_is_a_clear_400(make_stack: Any) -> None:
+    """33k CJK characters: a bytes/4 guess says ~25k tokens, which fits a 30k window; counted, they are ~77k.
+    The gateway refuses the call itself, naming the window, rather than sending it with no cap to a
+    deployment that cannot take it."""
+    stack: Stack = await make_stack("""
+        tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+    """)
+    await _long_context(stack, 30_000, ("hq", "fast"))
+    text = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(33_000))
+    status, body, _ = await _chat(stack, model="fast", messages=[{"role": "user", "content": text}])
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert "max_model_len 30000" in body["error"]["message"]
+    assert not stack.fast.received and not stack.hq.received
 
 
 async def test_without_budgets_the_body_goes_upstream_without_a_cap(stack: Stack) -> None:

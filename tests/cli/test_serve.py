@@ -155,3 +155,49 @@ async def _same_probe_from_each_worker(http: aiohttp.ClientSession, base: str, d
                                           "prober": view["worker"]["prober"]}
         if len(latest) == 2 and len({json.dumps(v) for v in latest.values()}) == 1 and not hq["healthy"]:
             return
+
+
+def _policy_with(tmp_path: Path, extra: str) -> Path:
+    policy = tmp_path / "workers.yaml"
+    default = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+    policy.write_text(default.read_text() + extra)
+    return policy
+
+
+def test_workers_without_redis_refuse_a_policy_with_hard_limits(tmp_path: Path) -> None:
+    """N workers without Redis each keep their own budgets: a hard limit would hold N times over."""
+    tenants = "\ntenants:\n  - name: acme\n    budgets: [{window: day, soft_usd: 1, hard_usd: 5}]\n"
+    policy = _policy_with(tmp_path, tenants)
+    env = {k: v for k, v in os.environ.items() if k != "AGENT_GATEWAY_REDIS_URL"}
+    argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--workers", "3", "--port",
+            str(free_port())]
+    # its own process group: should it start its workers after all, none outlives the test
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 2 and "Traceback" not in stderr
+    assert str(policy) in stderr and "tenants[0].budgets[0].hard_usd" in stderr
+    assert "up to 3 times" in stderr and "store.redis_url" in stderr
+
+
+def test_workers_without_redis_warn_of_what_each_keeps_to_itself(tmp_path: Path) -> None:
+    policy = _policy_with(tmp_path, "\ntenants:\n  - name: acme\n    budgets: [{window: day, soft_usd: 1}]\n")
+    env = {k: v for k, v in os.environ.items() if k != "AGENT_GATEWAY_REDIS_URL"}
+    log = tmp_path / "serve.log"
+    with log.open("wb") as sink:
+        proc = spawn_gateway(policy, free_port(), env, "--workers", "2", log=sink)
+        try:
+            deadline = time.monotonic() + 60
+            while log.read_text().count("listening on") < 2:  # both workers started: it was only a warning
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)
+    text = log.read_text()
+    assert "warning: 2 workers without a shared store" in text and str(policy) in text

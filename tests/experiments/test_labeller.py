@@ -162,3 +162,30 @@ async def test_without_a_judge_the_agreement_labels(make_labelled: Callable[...,
     (label,) = await until(lambda: _at_least(setup, 1))
     assert (label["verdict"], label["source"], label["agreement"]["numeric"]) == ("weak_worse", "agreement", False)
     assert (label["q_strong"], label["q_weak"]) == (1.0, 0.0)
+
+
+HUGE = Fault(body=b'{"choices": [' + b" " * (64 * 1024), repeat=1024)  # 64 MiB that never end the object
+
+
+async def test_a_judge_that_answers_without_end_is_cut_off_at_the_bound(make_labelled: Callable[..., Any]) -> None:
+    """The judge's answer is read through the one bounded call path: cut off at JUDGE_MAX_BODY_BYTES, never
+    read whole (reply.read() took all 64 MiB before)."""
+    from gateway.experiments.labeller import JUDGE_MAX_BODY_BYTES
+
+    setup = await make_labelled(labels_section())
+    setup.judge.faults = [HUGE]
+    await setup.ask(1)
+    await until(lambda: setup.metric("gateway_judge_calls_total", result="error"))
+    assert await setup.labels() == []
+    assert setup.judge.body_bytes_sent < JUDGE_MAX_BODY_BYTES + 8 * 1024 * 1024  # the bound, plus socket buffers
+
+
+async def test_a_shadow_that_answers_without_end_is_cut_off_at_the_bound(make_labelled: Callable[..., Any]) -> None:
+    from gateway.experiments.shadows import SHADOW_MAX_BODY_BYTES
+
+    setup = await make_labelled(labels_section())
+    setup.hq.faults = [HUGE]  # hq is the shadow target; the client's call goes to fast
+    await setup.ask(1)
+    await until(lambda: setup.metric("gateway_shadow_requests_total", target="deployment:hq", result="error"))
+    assert len(setup.fast.received) == 1
+    assert setup.hq.body_bytes_sent < SHADOW_MAX_BODY_BYTES + 8 * 1024 * 1024

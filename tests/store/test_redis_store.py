@@ -185,7 +185,8 @@ async def test_allow_keeps_serving_locally_and_replays_spend_after_restart(
     await budgets.settle(before, _price(), 1000, 0)  # shared hold, settled while Redis is down: queued
     for r in during:
         await budgets.settle(r, _price(), 1000, 0)
-    assert store.pending_settles == 6
+    # the 6 settles, and the 5 reserves the outage cut off: their ids are released too, in case they ran
+    assert store.pending_settles == 6 + 5
     private_redis.restart()
     await until(lambda: _reconnected(store), what="the store probed Redis again")
     after = await budgets.reserve("acme", limits, "hq", Cost(0.1, 10))
@@ -339,5 +340,76 @@ async def test_a_pool_busy_past_its_deadline_is_503_busy_not_an_outage(
         assert info.value.code == "store_busy" and not store.degraded
         await slow
         assert (await store.reserve(Hold("acme", "hq", Cost(0.01, 10)))).origin == "shared"  # type: ignore[union-attr]
+    finally:
+        await store.close()
+
+
+async def _paused_reserve(
+    server: RedisServer, reserve: Any, prefix: str
+) -> tuple[asyncio.Task[Any], Any]:
+    """Start `reserve()` while Redis holds writes (CLIENT PAUSE WRITE) and return once Redis has its script
+    waiting; with the sync client for unpausing (it blocks this loop: the script runs, its reply waits unread)."""
+    import redis as sync_redis
+
+    admin = sync_redis.Redis(port=server.port)
+    admin.execute_command("CLIENT", "PAUSE", "30000", "WRITE")
+    task = asyncio.ensure_future(reserve())
+    await until(lambda: admin.info("clients")["blocked_clients"] == 1, what="the reserve waits in Redis")
+    return task, admin
+
+
+def _open_holds(server: RedisServer, prefix: str) -> int:
+    import redis as sync_redis
+
+    from gateway.store.contract import Layout
+
+    return int(sync_redis.Redis(port=server.port).zcard(Layout(prefix).reservations("acme")))
+
+
+async def test_a_reserve_cancelled_after_its_script_ran_leaves_no_hold(
+    private_redis: RedisServer, key_prefix: str
+) -> None:
+    """The client leaves while its reserve's reply is on the way: the script ran, the caller never learns
+    its reservation. Its id is released in the background, so no concurrency slot or budget leaks."""
+    store = FallbackStore(RedisStore(private_redis.url, timeout_s=2.0, prefix=key_prefix), MemoryStore())
+    budgets = Budgets(store)
+    one_at_a_time = TenantPolicy(name="acme", max_concurrent=1)
+    try:
+        await budgets.release(await budgets.reserve("acme", one_at_a_time, "hq", WORST))  # scripts loaded
+        task, admin = await _paused_reserve(
+            private_redis, lambda: budgets.reserve("acme", one_at_a_time, "hq", WORST), key_prefix)
+        admin.execute_command("CLIENT", "UNPAUSE")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await until(lambda: _open_holds(private_redis, key_prefix) == 0, timeout_s=5, what="the hold released")
+        held = await budgets.reserve("acme", one_at_a_time, "hq", WORST)  # the only slot is free
+        assert held.origin == "shared" and not store.degraded
+    finally:
+        await store.close()
+
+
+async def test_a_reserve_past_its_deadline_is_not_held_twice(private_redis: RedisServer, key_prefix: str) -> None:
+    """The deadline fires while the reply of a reserve that ran is on its way: the request is held locally
+    (on_unavailable allow), and the shared hold is released once Redis answers, not left to count twice."""
+    now = [1000.0]
+    shared = RedisStore(private_redis.url, timeout_s=0.1, prefix=key_prefix)
+    store = FallbackStore(shared, MemoryStore(), retry_s=1.0, clock=lambda: now[0])
+    hold = Hold("acme", "hq", WORST, ttl_s=600)
+    try:
+        await store.release(await store.reserve(Hold("acme", "hq", WORST)))  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        task, admin = await _paused_reserve(private_redis, lambda: store.reserve(hold), key_prefix)
+        admin.execute_command("CLIENT", "UNPAUSE")
+        deadline_s = 3 * 0.1 + 0.05  # RedisStore's command deadline: 3 timeouts and a margin
+        while loop.time() < started + deadline_s:  # the deadline passes while the reply is unread
+            pass
+        held = await task
+        assert isinstance(held, Reservation) and held.origin == "local" and store.degraded
+        now[0] += 2  # the next call probes Redis again; it answers, and the queue replays
+        await store.snapshot("acme")
+        await until(lambda: _open_holds(private_redis, key_prefix) == 0, timeout_s=5, what="the shared hold released")
+        assert (await store._local.snapshot("acme")).concurrent == 1  # the local hold is the one that counts
     finally:
         await store.close()
