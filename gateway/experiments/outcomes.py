@@ -4,8 +4,9 @@ in that cohort's counters the task_success_rate and cost_per_success guards judg
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -23,16 +24,34 @@ class CohortCounts(Protocol):
 
 
 class Outcomes:
-    """Writes reports and counts them; `rollouts` is wired once the experiments exist (None: no rollouts)."""
+    """Writes reports and counts them; `rollouts` is wired once the experiments exist (None: no rollouts).
 
-    def __init__(self, store: TrajectoryStore, metrics: t.Metrics, clock: Callable[[], float] = time.time) -> None:
-        self.store, self.series, self.clock = store, metrics.agents, clock
+    An agent reports right after its last step, before the recorder has written that step (it flushes every
+    FLUSH_S): a report for a session not found yet waits for this process's queued steps (`settle`) and
+    for one more flush interval (another replica's queue), then looks again before it answers "unknown".
+    """
+
+    def __init__(self, store: TrajectoryStore, metrics: t.Metrics, clock: Callable[[], float] = time.time,
+                 settle: Callable[[], Awaitable[None]] | None = None, flush_s: float = 0.1) -> None:
+        self.store, self.series, self.clock, self.settle, self.flush_s = store, metrics.agents, clock, settle, flush_s
         self.rollouts: CohortCounts | None = None
 
-    async def report(self, tenant: str, session_ids: list[str], outcome: Outcome) -> Summary | None:
+    async def report(self, tenant: str, session_ids: list[str], outcome: Outcome, *,
+                     wait: bool = True) -> Summary | None:
         """The first of `session_ids` the tenant has a recorded session of gets the outcome; None when it has
         none of them (nothing is written). Raises StoreError when the store does not answer."""
         outcome = replace(outcome, at=self.clock())
+        found = await self._write(tenant, session_ids, outcome)
+        if found is None and wait:
+            if self.settle is not None:
+                await self.settle()
+            found = await self._write(tenant, session_ids, outcome)
+            if found is None:
+                await asyncio.sleep(self.flush_s * 2)  # the step may sit in another replica's queue
+                found = await self._write(tenant, session_ids, outcome)
+        return found
+
+    async def _write(self, tenant: str, session_ids: list[str], outcome: Outcome) -> Summary | None:
         for session_id in session_ids:
             written = await self.store.set_outcome((tenant, session_id), outcome)
             if written is not None:

@@ -60,7 +60,10 @@ class Trajectories:
                  keep_text: bool = False, clock: Callable[[], float] = time.time) -> None:
         self.store, self._current, self.keep_text, self.clock = store, current, keep_text, clock
         self.report = StepReport(metrics, record_process)
-        self.outcomes = Outcomes(store, metrics, clock)  # reports from the outcome API and from step headers
+        # one batch at a time: two in flight would both read a session before either wrote its new steps
+        self._flushing = asyncio.Lock()
+        # reports from the outcome API and from step headers
+        self.outcomes = Outcomes(store, metrics, clock, settle=self.flush, flush_s=FLUSH_S)
         self._queue: list[PendingStep] = []
         self._task: asyncio.Task[None] | None = None
         self._window_spend: dict[str, tuple[int, dict[str, float]]] = {}  # tenant -> (window, session -> USD)
@@ -131,6 +134,11 @@ class Trajectories:
                 log.exception("trajectory flush failed")
 
     async def flush(self) -> None:
+        """Digest, judge and write the queued steps (after any batch in flight: the outcome API calls it too)."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         pending, self._queue = self._queue, []
         if not pending:
             return
@@ -168,7 +176,7 @@ class Trajectories:
             if p.outcome is None:
                 continue
             try:
-                await self.outcomes.report(p.tenant, [p.session_id], Outcome(p.outcome, source="header"))
+                await self.outcomes.report(p.tenant, [p.session_id], Outcome(p.outcome, source="header"), wait=False)
             except StoreError as exc:
                 log.warning("outcome of session %r not recorded: %s", p.session_id, exc)
 

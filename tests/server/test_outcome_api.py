@@ -111,3 +111,10 @@ async def test_any_replica_takes_the_report_of_a_session_another_recorded(
     assert status == 200 and body["outcome"]["steps"] == 2
     _, shown = await admin(_base(first), "/admin/sessions/h:run-4")
     assert shown["outcome"]["reason"] == "merged"
+
+
+async def test_a_report_right_after_the_last_step_finds_the_step_not_yet_flushed(stack: Stack) -> None:
+    async with stack.client() as client:
+        await Agent(client, "run-5").run(2)
+    status, body = await report(stack, "run-5", {"success": True})  # no wait for the recorder's flush
+    assert status == 200 and body["outcome"]["steps"] == 2
