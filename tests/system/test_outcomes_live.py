@@ -106,7 +106,7 @@ async def test_a_candidate_whose_agents_succeed_less_often_is_aborted(make_live:
 async def test_a_candidate_cheaper_per_solved_task_is_promoted(make_live: Callable[[str], Any]) -> None:
     guards = ("      task_success_rate: {margin: 0.2, min_sessions: 12}\n"
               "      cost_per_success: {max_ratio: 1.1, min_sessions: 12}")
-    live: Live = await make_live(rollout("fast", guards))  # fast: a tenth of hq's price, the same answers
+    live: Live = await make_live(rollout("fast", guards))  # fast: a ninth of hq's price, the same answers
     await until(lambda: _at(live, "Progressing", 50.0), what="the rollout at 50%")
     live.hq.tool_args = live.fast.tool_args = lambda n: RIGHT
     runs: list[tuple[str, bool]] = []
