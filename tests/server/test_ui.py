@@ -203,6 +203,6 @@ async def test_the_sessions_list_opens_a_timeline(ops_stack: OpsStack, browser: 
     # the outcome figures by route, deployment mix and arm
     mix = "+".join(sorted(recorded_run["deployments"]))
     figures = await wait_for(browser, text_of(f'#outcomes tr[data-route="auto"][data-mix="{mix}"][data-arm="none"]'))
-    assert figures.split()[3:5] == ["1", "0.0%"] and figures.endswith("–")  # no success: no cost per one
+    assert figures.split()[3:5] == ["1", "0.0%"] and figures.endswith("\u2013")  # no success: no cost per one
     if os.environ.get(SCREENSHOT_ENV):
         await asyncio.to_thread(browser.save_screenshot, os.environ[SCREENSHOT_ENV].replace(".png", "-sessions.png"))
