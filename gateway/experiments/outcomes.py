@@ -27,8 +27,9 @@ class Outcomes:
     """Writes reports and counts them; `rollouts` is wired once the experiments exist (None: no rollouts).
 
     An agent reports right after its last step, before the recorder has written that step (it flushes every
-    FLUSH_S): a report for a session not found yet waits for this process's queued steps (`settle`) and
-    for one more flush interval (another replica's queue), then looks again before it answers "unknown".
+    FLUSH_S): a report first waits for this process's queued steps (`settle`), so the outcome is given the
+    spend and steps of the run's last step too; a session still not found waits one more flush interval
+    (its steps may sit in another replica's queue) and is looked up again before it is "unknown".
     """
 
     def __init__(self, store: TrajectoryStore, metrics: t.Metrics, clock: Callable[[], float] = time.time,
@@ -41,14 +42,12 @@ class Outcomes:
         """The first of `session_ids` the tenant has a recorded session of gets the outcome; None when it has
         none of them (nothing is written). Raises StoreError when the store does not answer."""
         outcome = replace(outcome, at=self.clock())
+        if wait and self.settle is not None:
+            await self.settle()
         found = await self._write(tenant, session_ids, outcome)
         if found is None and wait:
-            if self.settle is not None:
-                await self.settle()
+            await asyncio.sleep(self.flush_s * 2)  # the steps may sit in another replica's queue
             found = await self._write(tenant, session_ids, outcome)
-            if found is None:
-                await asyncio.sleep(self.flush_s * 2)  # the step may sit in another replica's queue
-                found = await self._write(tenant, session_ids, outcome)
         return found
 
     async def _write(self, tenant: str, session_ids: list[str], outcome: Outcome) -> Summary | None:

@@ -118,3 +118,19 @@ async def test_a_report_right_after_the_last_step_finds_the_step_not_yet_flushed
         await Agent(client, "run-5").run(2)
     status, body = await report(stack, "run-5", {"success": True})  # no wait for the recorder's flush
     assert status == 200 and body["outcome"]["steps"] == 2
+
+
+async def test_the_report_counts_the_last_step_even_before_the_recorder_wrote_it(stack: Stack) -> None:
+    from gateway.server.resources import TRAJECTORIES
+
+    trajectories = stack.gateway.app[TRAJECTORIES]
+    async with stack.client() as client:
+        agent = await Agent(client, "run-6").run(1)
+        await recorded(_base(stack), "h:run-6", 1)  # the session exists, with its first step
+        assert trajectories._task is not None
+        trajectories._task.cancel()  # the background flusher stops: the next step stays queued
+        await agent.step()
+    assert len(trajectories._queue) == 1
+    status, body = await report(stack, "run-6", {"success": True})
+    assert status == 200 and body["outcome"]["steps"] == 2  # the queued step counted too
+    assert body["outcome"]["cost_usd"] == pytest.approx(2 * (11 * 3 + 8 * 15) / 1e6)
