@@ -28,12 +28,14 @@ Register = Callable[[Any], None]
 def _registrations() -> list[Register]:
     """Sub-commands owned by other modules; each exposes register(subparsers)."""
     from gateway.cli import classifier as classifier_cli
+    from gateway.cli import eval as eval_cli
     from gateway.cli import rollout as rollout_cli
     from gateway.cli import sessions as sessions_cli
     from gateway.cli import store as store_cli
     from serving import up
 
-    return [up.register, classifier_cli.register, store_cli.register, rollout_cli.register, sessions_cli.register]
+    return [up.register, classifier_cli.register, store_cli.register, rollout_cli.register, sessions_cli.register,
+            eval_cli.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""The `sessions list|show` sub-commands: recorded agent trajectories, as clients of the admin API."""
+"""The `sessions list|show|export` sub-commands: recorded agent trajectories and their outcomes, as clients of
+the admin API."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import time
 import urllib.parse
 from typing import Any
 
-from gateway.cli.admin_client import client_options, guarded, request
+from gateway.cli.admin_client import CliError, client_options, guarded, request
+from gateway.cli.session_labels import label
 
 SORTS = ("recent", "cost", "steps", "rate")
 
@@ -24,14 +26,41 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no recorded sessions" + (f" of tenant {args.tenant!r}" if args.tenant else ""))
         return 0
     print(f"{'SESSION':32} {'TENANT':14} {'STEPS':>5} {'COST_USD':>10} {'TOKENS IN/OUT':>15} {'STEPS/MIN':>9} "
-          f"{'LAST':>8}  {'DEPLOYMENTS':18} FLAGS")
+          f"{'LAST':>8}  {'OUTCOME':8} {'DEPLOYMENTS':18} FLAGS")
     for s in rows:
         tokens = f"{s['tokens_in']}/{s['tokens_out']}"
         deployments = " ".join(f"{name} {n}" for name, n in sorted(s["deployments"].items()))
         print(f"{_clip(s['session_id'], 32):32} {_clip(s['tenant'], 14):14} {s['steps']:>5} {s['cost_usd']:>10.6f} "
-              f"{tokens:>15} {s['steps_per_min']:>9.1f} {_clock(s['last_at']):>8}  {deployments:18} "
-              f"{', '.join(s['flags']) or '-'}")
+              f"{tokens:>15} {s['steps_per_min']:>9.1f} {_clock(s['last_at']):>8}  {_outcome_word(s):8} "
+              f"{deployments:18} {', '.join(s['flags']) or '-'}")
     return 0
+
+
+def _outcome_word(session: dict[str, Any]) -> str:
+    outcome = session.get("outcome")
+    return "-" if outcome is None else ("success" if outcome["success"] else "failure")
+
+
+def outcome_line(session: dict[str, Any]) -> str:
+    """The session's reported outcome, what it replaced, or that none was reported."""
+    outcome = session.get("outcome")
+    if outcome is None:
+        return "  outcome: not reported"
+    parts = [_outcome_word(session)]
+    if outcome.get("score") is not None:
+        parts.append(f"score {outcome['score']:g}")
+    parts.append(f"via {outcome['source']} at {_when(outcome['at'])}, after {outcome['steps']} steps and "
+                 f"{outcome['cost_usd']:.6f} USD")
+    line = "  outcome: " + ", ".join(parts)
+    if outcome.get("reason"):
+        line += f": {outcome['reason']}"
+    if outcome.get("labels"):
+        line += " [" + ", ".join(f"{k}={v}" for k, v in sorted(outcome["labels"].items())) + "]"
+    earlier = session.get("outcome_history") or []
+    if earlier:
+        line += f"; replaces {len(earlier)} earlier report(s): " + ", ".join(
+            f"{'success' if o['success'] else 'failure'} at {_clock(o['at'])}" for o in earlier)
+    return line
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -49,6 +78,7 @@ def timeline(session: dict[str, Any]) -> str:
         f"{session['steps_per_min']:.1f} steps/min; started {_when(session['started_at'])}, "
         f"last {_when(session['last_at'])}",
         f"  flags: {', '.join(session['flags']) or 'none'}",
+        outcome_line(session),
         f"{'STEP':>5} {'TIME':>8}  {'DEPLOYMENT':12} {'RULE':22} {'ARM':9} {'IN/OUT':>11} {'COST_USD':>10} "
         f"{'LATENCY':>9} {'STATUS':>6}  TOOLS / FLAGS",
     ]
@@ -82,14 +112,41 @@ def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
+EXPORT_LIMIT = 1000  # the admin API's most per listing
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Every listed session with its steps, as JSONL; with --with-outcomes, as classifier label rows."""
+    query = {"sort": "recent", "limit": str(EXPORT_LIMIT), **({"tenant": args.tenant} if args.tenant else {})}
+    listed = request(args, "GET", "/admin/sessions?" + urllib.parse.urlencode(query)).get("data", [])
+    sessions = []
+    for s in listed:
+        path = "/admin/sessions/" + urllib.parse.quote(s["session_id"], safe="")
+        sessions.append(request(args, "GET", f"{path}?tenant={urllib.parse.quote(s['tenant'])}"))
+    rows = sessions
+    if args.with_outcomes:
+        labelled = label(sessions, args.strong, args.weak)
+        rows = labelled.rows
+        print(f"{len(sessions)} sessions: {labelled.summary()} -> {args.out}")
+    else:
+        print(f"{len(sessions)} sessions -> {args.out}")
+    try:
+        with open(args.out, "w", encoding="utf-8") as out:
+            for row in rows:
+                out.write(json.dumps(row, separators=(",", ":")) + "\n")
+    except OSError as exc:
+        raise CliError(f"{args.out}: {exc.strerror}") from None
+    return 0
+
+
 def _session_options(parser: argparse.ArgumentParser) -> None:
     client_options(parser)
     parser.add_argument("--tenant", help="only this tenant's sessions")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add `sessions list|show` to the agent-gateway parser."""
-    sessions = subparsers.add_parser("sessions", help="recorded agent trajectories: list them, show one")
+    """Add `sessions list|show|export` to the agent-gateway parser."""
+    sessions = subparsers.add_parser("sessions", help="recorded agent trajectories: list them, show one, export")
     sub = sessions.add_subparsers(dest="sessions_command", required=True)
     listing = sub.add_parser("list", help="sessions with steps, cost, rate, deployments and flags")
     listing.add_argument("--sort", choices=SORTS, default="recent", help="largest first (default: most recent)")
@@ -100,3 +157,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     show.add_argument("session_id", help="as `sessions list` shows it, e.g. h:run-42")
     _session_options(show)
     show.set_defaults(func=guarded(cmd_show))
+    export = sub.add_parser("export", help="sessions with their steps as JSONL; --with-outcomes: as classifier labels")
+    export.add_argument("--out", required=True, help="the JSONL file to write")
+    export.add_argument("--with-outcomes", action="store_true",
+                        help="label rows `classifier train --labels` reads, from the sessions' reported outcomes")
+    export.add_argument("--strong", default="hq", help="the deployment a failed task's rerun succeeded on")
+    export.add_argument("--weak", default="fast", help="the deployment whose steps are labelled")
+    _session_options(export)
+    export.set_defaults(func=guarded(cmd_export))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import openai
+from gateway.decision.outcomes import Membership, Outcome
 from gateway.decision.sessions import HEADER, text_of
 from gateway.features import Features
 from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS
@@ -158,14 +159,26 @@ class Summary:
     steps_per_min: float = 0.0
     deployments: dict[str, int] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)  # every flag the session ever raised, in order
+    route: str = ""  # the client model name of its latest step
+    rollout: str = ""  # Membership.encode() of the rollout cohort its latest measured step was in ("": none)
+    outcome: Outcome | None = None  # the latest report of how the run ended
+    replaced: list[Outcome] = field(default_factory=list)  # the reports it replaced, oldest first (bounded)
+
+    @property
+    def membership(self) -> Membership | None:
+        return Membership.decode(self.rollout) if self.rollout else None
 
     def to_dict(self) -> dict[str, Any]:
+        membership = self.membership
         return {
             "session_id": self.session_id, "tenant": self.tenant, "steps": self.steps,
             "cost_usd": round(self.cost_usd, 9), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
             "started_at": round(self.started_at, 3), "last_at": round(self.last_at, 3),
             "steps_per_min": round(self.steps_per_min, 3), "deployments": dict(self.deployments),
-            "flags": list(self.flags),
+            "flags": list(self.flags), "route": self.route,
+            "arm": membership.cohort if membership is not None else None,
+            "outcome": self.outcome.to_dict() if self.outcome is not None else None,
+            "outcome_history": [o.to_dict() for o in self.replaced],
         }  # fmt: skip
 
 

@@ -39,8 +39,8 @@ class Cohorted:
 class PendingStep:
     """A step in the making: what the request path knows, the response's tool-call bytes, the outcome."""
 
-    __slots__ = ("at", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "messages", "policy", "queue", "raw",
-                 "session_id", "spans", "status", "tenant", "ttft_s")
+    __slots__ = ("at", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "messages", "outcome", "policy", "queue",
+                 "raw", "session_id", "spans", "status", "tenant", "ttft_s")
 
     def __init__(self, queue: Callable[[PendingStep], None], at: float, policy: Policy, tenant: str,
                  session_id: str, messages: Any, tools: bool, cohorted: Cohorted | None) -> None:
@@ -52,6 +52,7 @@ class PendingStep:
         self.status, self.elapsed_s, self.end_ns = 0, 0.0, 0
         self.ttft_s: float | None = None
         self.spans: Spans | None = None  # the exporter the exchange would have recorded its span with
+        self.outcome: bool | None = None  # the run's outcome its `x-session-outcome` header reports (last step)
 
     def finished(self, ex: Exchange, status: int, elapsed_s: float, ttft_s: float | None,
                  spans: Spans | None) -> None:

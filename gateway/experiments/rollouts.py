@@ -159,6 +159,11 @@ class Rollouts:
         pending.update(fields)
         self._specs[key] = (route, spec)
 
+    def count_outcome(self, rollout_id: str, run: int, window: int, fields: dict[str, int]) -> None:
+        """Add (or take back) one agent session's outcome counters in the window its steps were measured in."""
+        pending = self._pending.setdefault(self.keys.samples(rollout_id, run, window), Counter())
+        pending.update(fields)
+
     def record_outcome(self, samples_key: str, outcome: PairOutcome) -> None:
         self._pending.setdefault(samples_key, Counter())[pair_field(outcome)] += 1
 

@@ -24,8 +24,10 @@ from gateway.decision import spikes
 from gateway.decision import trajectory as tr
 from gateway.decision.call import Call
 from gateway.decision.loops import AgentVerdict, Finding
+from gateway.decision.outcomes import Membership, Outcome, read_header
 from gateway.decision.trajectory import Step
 from gateway.experiments.agent_steps import Cohorted, PendingStep, StepReport
+from gateway.experiments.outcomes import Outcomes
 from gateway.policy.agents import SpikePolicy
 from gateway.policy.model import Policy
 from gateway.store.contract import StoreError
@@ -58,6 +60,10 @@ class Trajectories:
                  keep_text: bool = False, clock: Callable[[], float] = time.time) -> None:
         self.store, self._current, self.keep_text, self.clock = store, current, keep_text, clock
         self.report = StepReport(metrics, record_process)
+        # one batch at a time: two in flight would both read a session before either wrote its new steps
+        self._flushing = asyncio.Lock()
+        # reports from the outcome API and from step headers
+        self.outcomes = Outcomes(store, metrics, clock, settle=self.flush, flush_s=FLUSH_S)
         self._queue: list[PendingStep] = []
         self._task: asyncio.Task[None] | None = None
         self._window_spend: dict[str, tuple[int, dict[str, float]]] = {}  # tenant -> (window, session -> USD)
@@ -88,12 +94,16 @@ class Trajectories:
         return verdict
 
     def begin(self, ex: Exchange, call: Call, cohorted: Cohorted | None) -> None:
-        """Hang the step of an admitted call on the exchange; it queues itself when the exchange ends."""
+        """Hang the step of an admitted call on the exchange; it queues itself when the exchange ends. Its
+        `x-session-outcome` header (success|failure; any other value is a 400) sets the session's outcome
+        once the step is recorded."""
         session_id = call.session_id
         assert session_id is not None
+        outcome = read_header(call.headers)
         ex.attributes[t.GEN_AI_CONVERSATION_ID] = session_id
-        ex.step = PendingStep(self.queue, self.clock(), call.policy, call.tenant_or_anonymous, session_id,
-                              call.view.get("messages"), call.features.tools_count > 0, cohorted)
+        ex.step = step = PendingStep(self.queue, self.clock(), call.policy, call.tenant_or_anonymous, session_id,
+                                     call.view.get("messages"), call.features.tools_count > 0, cohorted)
+        step.outcome = outcome
 
     def queue(self, step: PendingStep) -> None:
         if len(self._queue) >= QUEUE_MAX:
@@ -124,6 +134,11 @@ class Trajectories:
                 log.exception("trajectory flush failed")
 
     async def flush(self) -> None:
+        """Digest, judge and write the queued steps (after any batch in flight: the outcome API calls it too)."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         pending, self._queue = self._queue, []
         if not pending:
             return
@@ -148,10 +163,22 @@ class Trajectories:
                 await asyncio.sleep(0)
         self.report.apply()
         policy = self._current()
-        with contextlib.suppress(StoreError):
+        try:
             await self.store.append(batch.appends, _old_tenant_buckets(batch, policy), policy.agents.record)
+        except StoreError:
+            self.report.child("dropped", "store_unavailable").inc(len(pending))
             return
-        self.report.child("dropped", "store_unavailable").inc(len(pending))
+        await self._report_outcomes(pending)
+
+    async def _report_outcomes(self, pending: Sequence[PendingStep]) -> None:
+        """The outcomes steps' headers report, once their steps are in the record (their spend counted)."""
+        for p in pending:
+            if p.outcome is None:
+                continue
+            try:
+                await self.outcomes.report(p.tenant, [p.session_id], Outcome(p.outcome, source="header"), wait=False)
+            except StoreError as exc:
+                log.warning("outcome of session %r not recorded: %s", p.session_id, exc)
 
     def _digest(self, p: PendingStep) -> Step:
         """The step as data: parse the response's tool calls and the tool outputs the request sent back."""
@@ -188,7 +215,8 @@ class Trajectories:
         active, cleared, raised = _flags(rec.active, findings, step.at, spike_rules, p.policy)
         rate = tr.steps_per_min(rec.steps, step.at)
         old = _old_buckets(rec.spend.buckets, step.at, spike_rules)
-        batch.appends.append(Append(p.tenant, p.session_id, step, rate, active, cleared, raised, old))
+        batch.appends.append(Append(p.tenant, p.session_id, step, rate, active, cleared, raised, old,
+                                    _route(p), _membership(p)))
         previous_at = rec.last_at if rec.steps_total else step.at
         _advance(rec, p, step, active, cleared)
         self.report.count(p, step, first, max(0.0, step.at - previous_at))
@@ -268,6 +296,20 @@ def _advance(rec: SessionRecord, p: PendingStep, step: Step, active: Active, cle
     for flag in cleared:
         rec.active.pop(flag, None)
     rec.active.update(active)
+
+
+def _route(p: PendingStep) -> str:
+    if p.cohorted is not None:
+        return p.cohorted.route
+    model = p.ex.attributes.get(t.GEN_AI_REQUEST_MODEL) if p.ex is not None else None
+    return model[:128] if isinstance(model, str) else ""
+
+
+def _membership(p: PendingStep) -> str:
+    c = p.cohorted
+    if c is None:
+        return ""
+    return Membership(c.state.rollout_id, c.state.run, c.state.window, c.cohort.value).encode()
 
 
 def _old_buckets(buckets: dict[int, float], now: float, rules: SpikePolicy) -> tuple[int, ...]:

@@ -5,20 +5,23 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from gateway.rollout.samples import CohortCounts, Observations, PairOutcome, bin_upper_ms
-from gateway.rollout.spec import Guards, LatencyGuard, RolloutSpec
+from gateway.rollout.samples import MICRO_USD, NANO_USD, CohortCounts, Observations, PairOutcome, bin_upper_ms
+from gateway.rollout.spec import CostPerSuccessGuard, Guards, LatencyGuard, RolloutSpec, TaskSuccessGuard
 from gateway.rollout.stats import (
+    Spend,
     Status,
     Verdict,
     binomial_lower,
     binomial_upper,
     breaches_slo,
+    cost_ratio,
     non_inferiority,
     spent,
     win_share,
 )
 
-GUARD_NAMES = ("error_rate", "ttft_p95", "tpot_p95", "shadow_quality", "tool_error_rate", "rework_rate")
+GUARD_NAMES = ("error_rate", "ttft_p95", "tpot_p95", "shadow_quality", "tool_error_rate", "rework_rate",
+               "task_success_rate", "cost_per_success")
 
 
 def hard_breach(guards: Guards, candidate: CohortCounts, alpha: float) -> Verdict | None:
@@ -87,6 +90,46 @@ def _latency(
     )
 
 
+def _too_few(metric: str, cand: CohortCounts, ctrl: CohortCounts, min_sessions: int) -> Verdict | None:
+    """Inconclusive below min_sessions sessions with an outcome in either cohort (never a pass or a fail)."""
+    if cand.outcomes >= min_sessions and ctrl.outcomes >= min_sessions:
+        return None
+    return Verdict(metric, Status.INCONCLUSIVE, cand.outcomes, None, None, None,
+                   f"{cand.outcomes} candidate and {ctrl.outcomes} control sessions with an outcome, "
+                   f"{min_sessions} needed in each")
+
+
+def _task_success(guard: TaskSuccessGuard, cand: CohortCounts, ctrl: CohortCounts, level: float,
+                  final: bool) -> Verdict:
+    """Failures per session (higher is worse) by the error-rate guard's test, shown as the success rates'
+    difference (candidate minus control): Fail when the candidate's is shown more than `margin` below."""
+    few = _too_few("task_success_rate", cand, ctrl, guard.min_sessions)
+    if few is not None:
+        return few
+    at = level if final else spent(level, cand.outcomes + ctrl.outcomes)
+    failures = non_inferiority("task_success_rate", cand.outcomes - cand.successes, cand.outcomes,
+                               ctrl.outcomes - ctrl.successes, ctrl.outcomes, guard.margin, at, allow_pass=final)
+    assert failures.estimate is not None and failures.lower is not None and failures.upper is not None
+    detail = (f"candidate {cand.successes}/{cand.outcomes} succeeded vs control {ctrl.successes}/{ctrl.outcomes}, "
+              f"margin {guard.margin:g}, alpha {at:g}")
+    return Verdict("task_success_rate", failures.status, failures.n, -failures.estimate, -failures.upper,
+                   -failures.lower, detail)
+
+
+def _spend(counts: CohortCounts) -> Spend:
+    return Spend(counts.outcomes, counts.successes, counts.cost_nusd / NANO_USD,
+                 counts.cost_sq_uusd2 / MICRO_USD**2, counts.success_cost_nusd / NANO_USD)
+
+
+def _cost_per_success(guard: CostPerSuccessGuard, cand: CohortCounts, ctrl: CohortCounts, level: float,
+                      final: bool) -> Verdict:
+    few = _too_few("cost_per_success", cand, ctrl, guard.min_sessions)
+    if few is not None:
+        return few
+    at = level if final else spent(level, cand.outcomes + ctrl.outcomes)
+    return cost_ratio("cost_per_success", _spend(cand), _spend(ctrl), guard.max_ratio, at, allow_pass=final)
+
+
 def evaluate(
     spec: RolloutSpec,
     obs: Observations,
@@ -123,6 +166,10 @@ def evaluate(
     if guards.rework_rate is not None and "rework_rate" in wanted:
         counts = (cand.rework, cand.tool_steps, ctrl.rework, ctrl.tool_steps)
         verdicts.append(non_inferiority("rework_rate", *counts, guards.rework_rate.margin, level, allow_pass=final))
+    if guards.task_success_rate is not None and "task_success_rate" in wanted:
+        verdicts.append(_task_success(guards.task_success_rate, cand, ctrl, level, final))
+    if guards.cost_per_success is not None and "cost_per_success" in wanted:
+        verdicts.append(_cost_per_success(guards.cost_per_success, cand, ctrl, level, final))
     if guards.shadow_quality is not None and "shadow_quality" in wanted and shadow_active:
         wins, losses = obs.pairs[PairOutcome.WIN], obs.pairs[PairOutcome.LOSS]
         at = level if final else spent(level, wins + losses)

@@ -92,6 +92,30 @@ def process_fields(cohort: Cohort, sample: ProcessSample) -> dict[str, int]:
     return {name: n for name, n in counts.items() if n}
 
 
+@dataclass(frozen=True, slots=True)
+class OutcomeSample:
+    """One agent session's reported outcome and its spend when reported: counted once per session (a report
+    that replaces an earlier one takes the earlier one's counts back)."""
+
+    success: bool
+    cost_usd: float
+
+
+OUTCOME_FIELDS = ("outcomes", "successes", "cost_nusd", "cost_sq_uusd2", "success_cost_nusd")
+NANO_USD = 1e9  # cost sums are kept in integer nano-USD (the store's counters are integers)
+MICRO_USD = 1e6  # squared costs in (micro-USD)^2: nano-USD squared overflows 64 bits at a few USD a session
+
+
+def outcome_fields(cohort: Cohort, sample: OutcomeSample, sign: int = 1) -> dict[str, int]:
+    """The counters one session's outcome adds (sign 1) or takes back (sign -1): sessions, successes, and the
+    spend sums the cost-per-success test reads (sum of cost, of cost squared, of cost over successes)."""
+    c, cost = cohort.value, sample.cost_usd
+    counts = {f"{c}.outcomes": 1, f"{c}.successes": int(sample.success), f"{c}.cost_nusd": round(cost * NANO_USD),
+              f"{c}.cost_sq_uusd2": round((cost * MICRO_USD) ** 2),
+              f"{c}.success_cost_nusd": round(cost * NANO_USD) if sample.success else 0}
+    return {name: sign * n for name, n in counts.items() if n}
+
+
 def pair_field(outcome: PairOutcome) -> str:
     return f"shadow.{outcome.value}"
 
@@ -106,6 +130,11 @@ class CohortCounts:
     tool_errors: int = 0
     tool_steps: int = 0
     rework: int = 0
+    outcomes: int = 0  # sessions with a reported outcome
+    successes: int = 0
+    cost_nusd: int = 0  # their spend
+    cost_sq_uusd2: int = 0
+    success_cost_nusd: int = 0
 
 
 @dataclass(slots=True)
@@ -132,7 +161,7 @@ class Observations:
             counts.requests += count
         elif parts[1:] == ["errors"]:
             counts.errors += count
-        elif len(parts) == 2 and parts[1] in PROCESS_FIELDS:
+        elif len(parts) == 2 and (parts[1] in PROCESS_FIELDS or parts[1] in OUTCOME_FIELDS):
             setattr(counts, parts[1], getattr(counts, parts[1]) + count)
         elif parts[1] == "ttft" and len(parts) == 4:
             counts.ttft.setdefault(int(parts[2]), Counter())[int(parts[3])] += count

@@ -51,7 +51,7 @@ class Analysis(_Model):
     """An explicit end-of-step check: hold until every listed guard passes (or one fails)."""
 
     guards: tuple[Literal["error_rate", "ttft_p95", "tpot_p95", "shadow_quality", "tool_error_rate",
-                          "rework_rate"], ...] | None = None
+                          "rework_rate", "task_success_rate", "cost_per_success"], ...] | None = None
     min_samples: int = Field(default=0, ge=0, description="candidate requests needed before the check")
     alpha: float | None = Field(default=None, gt=0, lt=0.5)
 
@@ -120,6 +120,20 @@ class ProcessGuard(_Model):
     margin: float = Field(default=0.05, ge=0, lt=1, description="allowed excess over control's rate")
 
 
+class TaskSuccessGuard(_Model):
+    """The success rate of the candidate's agent sessions (as their callers report it) against control's."""
+
+    margin: float = Field(default=0.05, ge=0, lt=1, description="allowed drop below control's success rate")
+    min_sessions: int = Field(default=20, ge=1, description="sessions with an outcome per cohort before a verdict")
+
+
+class CostPerSuccessGuard(_Model):
+    """The candidate's spend per solved task (all its sessions' cost / its successes) against control's."""
+
+    max_ratio: float = Field(default=1.1, gt=0, description="candidate's cost per success over control's, at most")
+    min_sessions: int = Field(default=20, ge=1, description="sessions with an outcome per cohort before a verdict")
+
+
 class Guards(_Model):
     error_rate: ErrorRateGuard | None = ErrorRateGuard()
     ttft_p95: LatencyGuard | None = None
@@ -127,6 +141,8 @@ class Guards(_Model):
     shadow_quality: ShadowQualityGuard | None = None
     tool_error_rate: ProcessGuard | None = None  # tool outputs sent back as errors / all tool outputs
     rework_rate: ProcessGuard | None = None  # steps repeating a tool call of their session / tool-call steps
+    task_success_rate: TaskSuccessGuard | None = None  # sessions reported a success / sessions with an outcome
+    cost_per_success: CostPerSuccessGuard | None = None  # spend of sessions with an outcome / their successes
 
 
 class RolloutSpec(_Model):

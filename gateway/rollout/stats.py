@@ -244,3 +244,59 @@ def median_interval(values: Sequence[float], alpha: float = 0.025) -> tuple[floa
     if j == 0:
         return median, xs[0], xs[-1]
     return median, xs[j - 1], xs[n - j]
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """A cohort's sessions with an outcome: how many, their successes, and sums of their cost (USD), of its
+    square (USD^2) and of the successes' cost: the moments the cost-per-success test needs."""
+
+    sessions: int
+    successes: int
+    cost: float
+    cost_sq: float
+    success_cost: float
+
+    @property
+    def per_success(self) -> float | None:
+        return self.cost / self.successes if self.successes else None
+
+    def log_variance(self) -> float:
+        """The delta-method variance of log(mean cost / mean success) over the cohort's sessions."""
+        n = self.sessions
+        mc, ms = self.cost / n, self.successes / n
+        var_c = max(0.0, self.cost_sq / n - mc * mc)
+        var_s = ms * (1.0 - ms)
+        cov = self.success_cost / n - mc * ms
+        return max(0.0, var_c / (mc * mc) + var_s / (ms * ms) - 2.0 * cov / (mc * ms)) / n
+
+
+def cost_ratio(
+    metric: str, candidate: Spend, control: Spend, max_ratio: float, alpha: float, *, allow_pass: bool = True
+) -> Verdict:
+    """The candidate's cost per success over control's (higher is worse) against max_ratio.
+
+    The log of the ratio of two ratio estimators (cost / successes per cohort), its interval by the delta
+    method: Pass when the upper bound is below log(max_ratio), Fail when the lower bound is above it,
+    otherwise Inconclusive; so is a cohort without a success or without spend.
+    """
+    n1, n0 = candidate.sessions, control.sessions
+    r1, r0 = candidate.per_success, control.per_success
+    detail = (f"candidate {_usd(r1)} per success ({candidate.successes}/{n1}) vs control {_usd(r0)} "
+              f"({control.successes}/{n0}), max ratio {max_ratio:g}, alpha {alpha:g}")
+    if not r1 or not r0:
+        return Verdict(metric, Status.INCONCLUSIVE, n1, None, None, None, detail + ": no success or no spend yet")
+    d = math.log(r1 / r0)
+    half = _z(alpha) * math.sqrt(candidate.log_variance() + control.log_variance())
+    limit = math.log(max_ratio)
+    if d - half > limit:
+        status = Status.FAIL
+    elif d + half < limit and allow_pass:
+        status = Status.PASS
+    else:
+        status = Status.INCONCLUSIVE
+    return Verdict(metric, status, n1, math.exp(d), math.exp(d - half), math.exp(d + half), detail)
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:.6g}"

@@ -25,7 +25,16 @@ from gateway.experiments.shares import keep_in_step
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin, conversations, deployment_admin, pipeline, rollout_admin, session_admin, ui
+from gateway.server import (
+    admin,
+    conversations,
+    deployment_admin,
+    outcome_api,
+    pipeline,
+    rollout_admin,
+    session_admin,
+    ui,
+)
 from gateway.server.middleware import exchange_middleware
 from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import (
@@ -80,6 +89,7 @@ def create_app(settings: Settings) -> web.Application:
     conversations.add_routes(app.router)
     deployment_admin.add_routes(app.router)
     ui.add_routes(app.router)
+    outcome_api.install(app)
     return app
 
 

@@ -11,12 +11,16 @@ Contract (`RedisTrajectoryStore` here, `trajectory_memory.MemoryTrajectoryStore`
     active(ref) -> {flag: (until, detail)}              what the request path reads before deciding
     sessions(tenant | None, limit) -> [Summary]          most recently active first
     session(session_id, tenant | None) -> (Summary, [Step]) | None
+    set_outcome(ref, outcome) -> (Summary, replaced Outcome | None) | None
+                                                        a known session's outcome (None: unknown, nothing
+                                                        written); keeps the last HISTORY_KEPT reports
     close()
 
 Redis keys (d = digest of "tenant<TAB>session id"): `{p}:tr:s:{d}` the summary hash (id, tenant, steps,
 cost, tin, tout, started, last, rate, d:<deployment> step counts, f:<flag> first raised at, a:<flag>
-"until detail" while active, b:<bucket> spend), `{p}:tr:l:{d}` the steps list (JSON, oldest first; a
-step's number is the summary's count minus its distance from the end), `{p}:tr:idx` and
+"until detail" while active, b:<bucket> spend, route, ro the rollout membership, on the count of outcome
+reports and o:<n> the n-th report's JSON, the last HISTORY_KEPT kept), `{p}:tr:l:{d}` the steps list
+(JSON, oldest first; a step's number is the summary's count minus its distance from the end), `{p}:tr:idx` and
 `{p}:tr:idx:{tenant}` sorted sets of "tenant<TAB>session id" by last activity, `{p}:tr:spend:{tenant}`
 the tenant's spend buckets (and `since`).
 """
@@ -26,9 +30,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from gateway.decision.outcomes import HISTORY_KEPT, Outcome
 from gateway.decision.spikes import bucket
 from gateway.decision.trajectory import Step, Summary
 from gateway.policy.agents import Recording
@@ -71,6 +76,8 @@ class Append:
     cleared: tuple[str, ...] = ()  # no longer active
     raised: tuple[str, ...] = ()  # added to the session's flags
     forget: tuple[int, ...] = ()  # spend buckets too old to matter
+    route: str = ""  # the client model name the step asked for
+    rollout: str = ""  # Membership.encode() of the rollout cohort it was measured in ("": none)
 
 
 class TrajectoryStore(Protocol):
@@ -82,6 +89,7 @@ class TrajectoryStore(Protocol):
     async def active(self, ref: Ref) -> Active: ...
     async def sessions(self, tenant: str | None, limit: int) -> list[Summary]: ...
     async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None: ...
+    async def set_outcome(self, ref: Ref, outcome: Outcome) -> tuple[Summary, Outcome | None] | None: ...
     async def close(self) -> None: ...
 
 
@@ -106,11 +114,14 @@ def parse_active(fields: Mapping[str, str]) -> Active:
 def summary_of(fields: Mapping[str, str]) -> Summary:
     """A summary hash (as Redis returns it) as a Summary."""
     flags = sorted((float(v), k[2:]) for k, v in fields.items() if k.startswith("f:"))
+    reports = [Outcome.from_dict(json.loads(v)) for _, v in
+               sorted((int(k[2:]), v) for k, v in fields.items() if k.startswith("o:"))]
     return Summary(
         fields.get("id", ""), fields.get("tenant", ""), int(fields.get("steps", 0)),
         float(fields.get("cost", 0.0)), int(fields.get("tin", 0)), int(fields.get("tout", 0)),
         float(fields.get("started", 0.0)), float(fields.get("last", 0.0)), float(fields.get("rate", 0.0)),
         {k[2:]: int(v) for k, v in fields.items() if k.startswith("d:")}, [flag for _, flag in flags],
+        fields.get("route", ""), fields.get("ro", ""), reports[-1] if reports else None, reports[:-1],
     )  # fmt: skip
 
 
@@ -155,12 +166,26 @@ class TrajectoryKeys:
         return f"{self.prefix}:tr:spend:{tenant}"
 
 
+# KEYS[1] a session's summary hash; ARGV[1] the outcome's JSON, ARGV[2] reports kept. Writes nothing for an
+# unknown (or expired) session and returns nil; else the report as o:<n> (dropping o:<n-kept>) and the
+# report it replaces ('' for the first).
+SET_OUTCOME = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local n = redis.call('HINCRBY', KEYS[1], 'on', 1)
+redis.call('HSET', KEYS[1], 'o:' .. n, ARGV[1])
+local kept = tonumber(ARGV[2])
+if n > kept then redis.call('HDEL', KEYS[1], 'o:' .. (n - kept)) end
+return redis.call('HGET', KEYS[1], 'o:' .. (n - 1)) or ''
+"""
+
+
 class RedisTrajectoryStore(RedisStore):
     """TrajectoryStore on Redis: pipelined reads, one MULTI/EXEC per appended batch, bounded by the store's timeout."""
 
     def __init__(self, url: str, *, timeout_s: float = 0.25, prefix: str = "ag") -> None:
         super().__init__(url, timeout_s=timeout_s, prefix=prefix)
         self.keys = TrajectoryKeys(prefix)
+        self._set_outcome = self._redis.register_script(SET_OUTCOME)
 
     async def read(self, refs: Sequence[Ref], count: int) -> dict[Ref, SessionRecord]:
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -213,7 +238,7 @@ class RedisTrajectoryStore(RedisStore):
         pipe.hsetnx(summary, "started", repr(step.at))
         active = {f"a:{flag}": f"{until!r} {detail}" for flag, (until, detail) in a.active.items()}
         pipe.hset(summary, mapping={"id": a.session_id, "tenant": a.tenant, "last": repr(step.at),
-                                    "rate": repr(a.steps_per_min), **active})
+                                    "rate": repr(a.steps_per_min), **active, **_placed(a)})
         pipe.hincrby(summary, "steps", 1)
         pipe.hincrbyfloat(summary, "cost", step.cost_usd)
         pipe.hincrby(summary, "tin", step.tokens_in)
@@ -271,6 +296,24 @@ class RedisTrajectoryStore(RedisStore):
         summary = summary_of(_strs(fields))
         return summary, numbered([str(s) for s in raw], summary.steps)
 
+    async def set_outcome(self, ref: Ref, outcome: Outcome) -> tuple[Summary, Outcome | None] | None:
+        """The summary is read first for the spend and steps the report is given; the write itself checks
+        the session still exists (one script), so an expired or unknown session is never written."""
+        fields = _strs(await self._run(self._redis.hgetall(self.keys.summary(ref))))
+        if not fields:
+            return None
+        summary = summary_of(fields)
+        outcome = replace(outcome, cost_usd=summary.cost_usd, steps=summary.steps, rollout=summary.rollout)
+        previous = await self._run(self._set_outcome(keys=[self.keys.summary(ref)],
+                                                     args=[outcome.encode(), HISTORY_KEPT]))
+        if previous is None:
+            return None
+        replaced = Outcome.from_dict(json.loads(previous)) if previous else None
+        if summary.outcome is not None:
+            summary.replaced = [*summary.replaced, summary.outcome][-(HISTORY_KEPT - 1):]
+        summary.outcome = outcome
+        return summary, replaced
+
     async def _find(self, session_id: str) -> Ref | None:
         """The most recent tenant that has a session of this id."""
         pattern = "*" + SEP + _glob_escape(session_id)
@@ -290,6 +333,16 @@ async def _zscan(store: RedisTrajectoryStore, pattern: str) -> Any:
             yield str(name), float(score)
         if int(cursor) == 0:
             return
+
+
+def _placed(a: Append) -> dict[str, str]:
+    """The route and rollout membership of the step, when it has them (a step without keeps the last)."""
+    out = {}
+    if a.route:
+        out["route"] = a.route
+    if a.rollout:
+        out["ro"] = a.rollout
+    return out
 
 
 def _glob_escape(text: str) -> str:

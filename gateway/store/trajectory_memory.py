@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from gateway.decision.outcomes import HISTORY_KEPT, Outcome
 from gateway.decision.spikes import bucket
 from gateway.decision.trajectory import Step, Summary
 from gateway.policy.agents import Recording
@@ -82,6 +83,8 @@ class MemoryTrajectoryStore:
         s.tokens_out += step.tokens_out
         s.last_at, s.steps_per_min = step.at, a.steps_per_min
         s.deployments[step.deployment] = s.deployments.get(step.deployment, 0) + 1
+        s.route = a.route or s.route
+        s.rollout = a.rollout or s.rollout
         for flag in a.raised:
             if flag not in s.flags:
                 s.flags.append(flag)
@@ -112,6 +115,17 @@ class MemoryTrajectoryStore:
                 return _copy(found.summary), list(found.steps)
         return None
 
+    async def set_outcome(self, ref: Ref, outcome: Outcome) -> tuple[Summary, Outcome | None] | None:
+        found = self._get(ref)
+        if found is None:
+            return None
+        s = found.summary
+        replaced = s.outcome
+        if replaced is not None:
+            s.replaced = [*s.replaced, replaced][-(HISTORY_KEPT - 1):]
+        s.outcome = replace(outcome, cost_usd=s.cost_usd, steps=s.steps, rollout=s.rollout)
+        return _copy(s), replaced
+
     async def close(self) -> None:
         return None
 
@@ -134,7 +148,8 @@ class MemoryTrajectoryStore:
 def _copy(summary: Summary) -> Summary:
     return Summary(summary.session_id, summary.tenant, summary.steps, summary.cost_usd, summary.tokens_in,
                    summary.tokens_out, summary.started_at, summary.last_at, summary.steps_per_min,
-                   dict(summary.deployments), list(summary.flags))
+                   dict(summary.deployments), list(summary.flags), summary.route, summary.rollout,
+                   summary.outcome, list(summary.replaced))
 
 
 def _copy_spend(series: SpendSeries) -> SpendSeries:

@@ -110,6 +110,10 @@ class AgentSeries:
     flags: Counter
     actions: Counter
     dropped: Counter
+    outcomes: Counter
+    outcome_cost: Counter
+    outcome_steps: Counter
+    outcomes_replaced: Counter
 
 
 def _agent_series(r: CollectorRegistry) -> AgentSeries:
@@ -133,7 +137,31 @@ def _agent_series(r: CollectorRegistry) -> AgentSeries:
                         ["tenant", "flag", "action"], registry=r),
         dropped=Counter("gateway_agent_steps_dropped", "Steps not recorded (queue full, store unreachable)",
                         ["reason"], registry=r),
+        **_outcome_series(r),
     )
+
+
+OUTCOME_LABELS = ["route", "mix", "arm", "outcome"]
+
+
+def _outcome_series(r: CollectorRegistry) -> dict[str, Counter]:
+    """Task outcomes per route, deployment mix (the deployments a session's steps went to, e.g. "fast+hq") and
+    rollout arm (candidate, control, none), by outcome (success, failure), counted at a session's first
+    report. Ratios in PromQL: outcomes{outcome="success"} / outcomes (success rate), outcome_cost /
+    outcomes (cost per session), sum(outcome_cost) / outcomes{outcome="success"} (cost per solved task:
+    the failures' spend charged to the successes), outcome_steps{outcome="success"} /
+    outcomes{outcome="success"} (steps per successful session)."""
+    return {
+        "outcomes": Counter("gateway_agent_session_outcomes", "Agent sessions with a reported outcome, at their "
+                            "first report", OUTCOME_LABELS, registry=r),
+        "outcome_cost": Counter("gateway_agent_session_outcome_cost_usd", "Spend of the sessions with a reported "
+                                "outcome, as of their first report", OUTCOME_LABELS, registry=r),
+        "outcome_steps": Counter("gateway_agent_session_outcome_steps", "Steps of the sessions with a reported "
+                                 "outcome, as of their first report", OUTCOME_LABELS, registry=r),
+        "outcomes_replaced": Counter("gateway_agent_session_outcomes_replaced", "Outcome reports that replaced an "
+                                     "earlier one, by the earlier and the new outcome",
+                                     ["route", "previous", "outcome"], registry=r),
+    }
 
 
 @dataclass(frozen=True)

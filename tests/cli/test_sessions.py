@@ -48,7 +48,7 @@ async def test_sessions_list_and_show_print_the_recorded_runs(
     assert await _cli(base, "sessions", "show", "h:long") == 0
     out = capsys.readouterr().out
     assert out.startswith("session h:long (tenant anonymous): 7 steps")
-    steps = [line for line in out.splitlines()[3:] if not line.lstrip().startswith("!")]
+    steps = [line for line in out.splitlines()[4:] if not line.lstrip().startswith("!")]
     assert [int(line.split()[0]) for line in steps] == [1, 2, 3, 4, 5, 6, 7]
     assert "-> search(args " in steps[0] and "<- call_3 ERROR (12 chars)" in steps[3]
     assert "! loop:repeated_tool_call" in out
@@ -67,3 +67,61 @@ async def test_an_unknown_session_is_one_clear_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: GET ") and "HTTP 404" in err and "[session_not_found]" in err
     assert len(err.splitlines()) == 1
+
+
+async def _run(client: Any, session: str, task: str, model: str, steps: int = 2) -> None:
+    agent = Agent(client, session, model=model)
+    agent.messages[1]["content"] = f"{task}: find the launch code hidden in the notes"
+    await agent.run(steps)
+
+
+async def _report(base: str, session: str, success: bool, task: str) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{base}/v1/sessions/{session}/outcome", json={"success": success, "labels": {"task": task}}
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def test_outcomes_are_listed_shown_and_exported_as_labels_classifier_train_takes(
+    make_stack: Callable[..., Any], capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    stack = await make_stack(settings={"request_log_prompts": 1})
+    base = str(stack.gateway.make_url("")).rstrip("/")
+    runs = [("t1-fast", "t1", "fast", False), ("t1-hq", "t1", "hq", True),  # failed on fast, rerun solved on hq
+            ("t2-fast", "t2", "fast", True),  # fast was enough
+            ("t3-fast", "t3", "fast", False)]  # failed, never rerun on hq: no label
+    async with stack.client() as client:
+        for session, task, model, _ in runs:
+            await _run(client, session, task, model)
+        await _run(client, "no-outcome", "t4", "fast")
+    for session, task, _, success in runs:
+        await _report(base, session, success, task)
+    await recorded(base, "h:no-outcome", 2)
+    capsys.readouterr()
+
+    assert await _cli(base, "sessions", "list") == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert " failure " in lines["h:t1-fast"] and " success " in lines["h:t1-hq"] and " - " in lines["h:no-outcome"]
+    assert await _cli(base, "sessions", "show", "h:t1-fast") == 0
+    out = capsys.readouterr().out
+    assert "  outcome: failure, via api at " in out and "after 2 steps" in out and "[task=t1]" in out
+
+    labels = tmp_path / "labels.jsonl"
+    assert await _cli(base, "sessions", "export", "--with-outcomes", "--out", str(labels)) == 0
+    summary = capsys.readouterr().out
+    assert summary.startswith("5 sessions: 4 label rows from sessions labelled tie 1, weak_worse 1")
+    rows = [json.loads(line) for line in labels.read_text().splitlines()]
+    by_session = {(r["session_id"], r["verdict"], r["q_strong"], r["q_weak"]) for r in rows}
+    assert by_session == {("h:t1-fast", "weak_worse", 1.0, 0.0), ("h:t2-fast", "tie", 1.0, 1.0)}
+    assert all(r["body"]["messages"][0]["content"].startswith(r["task"][5:]) for r in rows)
+    assert "1 failed, and no run of the task succeeded on the strong deployment" in summary
+    model = tmp_path / "learned.json"
+    code = await asyncio.to_thread(main, ["classifier", "train", "--labels", str(labels), "--out", str(model)])
+    assert code == 0 and json.loads(model.read_text())["meta"]["label_rows"] == 4
+
+    plain = tmp_path / "sessions.jsonl"
+    assert await _cli(base, "sessions", "export", "--out", str(plain)) == 0
+    exported = [json.loads(line) for line in plain.read_text().splitlines()]
+    assert len(exported) == 5 and all("steps" in s and "outcome" in s for s in exported)

@@ -185,15 +185,24 @@ async def test_the_sessions_list_opens_a_timeline(ops_stack: OpsStack, browser: 
         await Agent(client, "run-42", output=lambda _: error).run(STEPS)
     recorded_run = await recorded(ops_stack.url("").rstrip("/"), "h:run-42", STEPS)
     assert "loop:repeated_tool_error" in recorded_run["flags"]
+    async with aiohttp.ClientSession() as http, http.post(ops_stack.url("/v1/sessions/run-42/outcome"), json={
+            "success": False, "reason": "the notes index never came back", "labels": {"task": "notes"}}) as resp:
+        assert resp.status == 200
 
     await sign_in(browser, ops_stack.url("/ui"))
     row = await wait_for(browser, text_of('#sessions tr[data-session="h:run-42"]'))
-    assert f"anonymous {STEPS} " in row and "loop:repeated_tool_error" in row
+    assert f"anonymous {STEPS} " in row and "loop:repeated_tool_error" in row and "failure" in row
     served = ", ".join(f"{d} {n}" for d, n in recorded_run["deployments"].items())
     assert served in row
     await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="h:run-42"]').click)
     timeline = await wait_for(browser, text_of("#timeline"))
     assert f"Session h:run-42 · {STEPS} steps" in timeline
     assert timeline.count("→ search") == STEPS and timeline.count(f"← error {len(error)} B") == STEPS - 1
+    assert f"Outcome: failure via api after {STEPS} steps" in timeline
+    assert "the notes index never came back [task=notes]" in timeline
+    # the outcome figures by route, deployment mix and arm
+    mix = "+".join(sorted(recorded_run["deployments"]))
+    figures = await wait_for(browser, text_of(f'#outcomes tr[data-route="auto"][data-mix="{mix}"][data-arm="none"]'))
+    assert figures.split()[3:5] == ["1", "0.0%"] and figures.endswith("\u2013")  # no success: no cost per one
     if os.environ.get(SCREENSHOT_ENV):
         await asyncio.to_thread(browser.save_screenshot, os.environ[SCREENSHOT_ENV].replace(".png", "-sessions.png"))

@@ -105,3 +105,63 @@ async def test_tenant_spend_is_bucketed_and_old_buckets_forgotten(store: Traject
     assert series.since == T0 and series.buckets == {bucket(T0): 0.001, bucket(T0 + 30): 0.001}
     await store.append([_append("s", T0 + 31)], {"acme": [bucket(T0)]}, LIMITS)
     assert (await store.tenant_spend(["acme"]))["acme"].buckets == {bucket(T0 + 30): pytest.approx(0.002)}
+
+
+# --- outcomes ---
+
+async def test_an_outcome_is_kept_with_its_session_and_replacements_are_audited(store: TrajectoryStore) -> None:
+    from gateway.decision.outcomes import HISTORY_KEPT, Outcome
+
+    member = "hq-v2\t0\t1\tcandidate"
+    await store.append([_append("s1", T0, route="auto", rollout=member), _append("s1", T0 + 1)], {}, LIMITS)
+    first = await store.set_outcome(("acme", "s1"), Outcome(True, 0.9, "tests pass", {"task": "t1"}, at=T0 + 2))
+    assert first is not None
+    summary, replaced = first
+    assert replaced is None and summary.outcome is not None and summary.replaced == []
+    assert (summary.outcome.cost_usd, summary.outcome.steps) == (pytest.approx(0.002), 2)  # as of the report
+    assert summary.outcome.rollout == member and summary.route == "auto" and summary.membership is not None
+    for i in range(HISTORY_KEPT + 1):
+        written = await store.set_outcome(("acme", "s1"), Outcome(i % 2 == 0, reason=f"r{i}", at=T0 + 3 + i))
+        assert written is not None and written[1] is not None
+    found = await store.session("s1", "acme")
+    assert found is not None
+    kept = found[0]
+    assert kept.outcome is not None and kept.outcome.reason == f"r{HISTORY_KEPT}"
+    assert [o.reason for o in kept.replaced] == [f"r{i}" for i in range(1, HISTORY_KEPT)]  # bounded, oldest first
+    shown = kept.to_dict()
+    assert shown["outcome"]["reason"] == f"r{HISTORY_KEPT}" and shown["arm"] == "candidate"
+    listed = await store.sessions("acme", 10)
+    assert listed[0].outcome is not None and listed[0].outcome.reason == f"r{HISTORY_KEPT}"
+
+
+async def test_an_unknown_or_other_tenants_session_gets_no_outcome(store: TrajectoryStore) -> None:
+    from gateway.decision.outcomes import Outcome
+
+    await store.append([_append("s1", T0)], {}, LIMITS)
+    assert await store.set_outcome(("other", "s1"), Outcome(True)) is None
+    assert await store.set_outcome(("acme", "nope"), Outcome(True)) is None
+    assert await store.sessions("other", 10) == []  # nothing was created for the other tenant
+    found = await store.session("s1", "acme")
+    assert found is not None and found[0].outcome is None
+
+
+async def test_a_session_past_its_ttl_takes_no_outcome(clock: ManualClock) -> None:
+    from gateway.decision.outcomes import Outcome
+
+    store = MemoryTrajectoryStore(clock=clock)
+    await store.append([_append("s1", T0)], {}, LIMITS)
+    clock.now = T0 + LIMITS.ttl_s + 1
+    assert await store.set_outcome(("acme", "s1"), Outcome(True)) is None
+
+
+@pytest.mark.redis
+async def test_redis_writes_no_outcome_once_the_session_expired(redis_server: RedisServer, key_prefix: str) -> None:
+    from gateway.decision.outcomes import Outcome
+
+    store = RedisTrajectoryStore(redis_server.url, timeout_s=1.0, prefix=key_prefix)
+    await store.append([_append("s1", T0)], {}, LIMITS)
+    ref = ("acme", "s1")
+    await store._redis.delete(store.keys.summary(ref))  # as its TTL would: the script's EXISTS check sees it gone
+    assert await store.set_outcome(ref, Outcome(True)) is None
+    assert await store._redis.exists(store.keys.summary(ref)) == 0  # not re-created by the write
+    await store.close()

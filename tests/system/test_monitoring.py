@@ -124,7 +124,9 @@ def test_dashboard_covers_what_operators_watch() -> None:
     for wanted in ("gateway_requests_total", "gateway_request_duration_seconds_bucket",
                    "gateway_time_to_first_token_seconds_bucket", "gateway_tenant_tokens_total",
                    "gateway_spend_usd_total", "gateway_rollout_weight_pct", "gateway_rollout_verdict",
-                   "gateway_rollout_phase", "gateway_shadow_pairs_total", "gateway_agent_flags_total"):
+                   "gateway_rollout_phase", "gateway_shadow_pairs_total", "gateway_agent_flags_total",
+                   "gateway_agent_session_outcomes_total", "gateway_agent_session_outcome_cost_usd_total",
+                   "gateway_agent_session_outcome_steps_total"):
         assert wanted in queried
 
 
@@ -216,6 +218,11 @@ async def _traffic(base_url: str, stack: OpsStack) -> None:
         await client.chat.completions.create(model="fast", messages=hello)  # fails over to hq
         # An agent fed the same tool error step after step: its loop flag is what the alerts count.
         await Agent(client, "looping", output=lambda _: "Error: index offline").run(4)
+    # Its caller reports the run failed, then corrects itself: the outcome series and the replacement.
+    async with aiohttp.ClientSession() as http:
+        for success in (True, False):
+            async with http.post(base_url + "/sessions/looping/outcome", json={"success": success}) as resp:
+                assert resp.status == 200, await resp.text()
 
 
 def _queries() -> Iterator[tuple[str, str]]:

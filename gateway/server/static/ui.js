@@ -310,12 +310,44 @@ async function loadSessions() {
   }, cells([
     el("span", { class: "mono" }, s.session_id), s.tenant, s.steps, usd(s.cost_usd), `${s.tokens_in} / ${s.tokens_out}`,
     num(s.steps_per_min, 1), Object.entries(s.deployments || {}).map(([d, n]) => `${d} ${n}`).join(", "),
-    (s.flags || []).map((f) => pill(flagText(f), "bad")), ago(s.last_at),
+    (s.flags || []).map((f) => pill(flagText(f), "bad")), outcomePill(s.outcome), ago(s.last_at),
   ], [2, 3, 5])));
   fill("sessions", rows.length
-    ? table(["session", "tenant", "steps", "cost", "tokens in / out", "steps/min", "deployments", "flags", "last step"], rows, [2, 3, 5])
+    ? table(["session", "tenant", "steps", "cost", "tokens in / out", "steps/min", "deployments", "flags", "outcome", "last step"], rows, [2, 3, 5])
     : el("p", { class: "empty" }, "No agent session recorded yet."));
   if (selectedSession) await loadTimeline(selectedSession);
+}
+
+function outcomePill(outcome) {
+  if (!outcome) return "–";
+  const word = outcome.success ? "success" : "failure";
+  const node = pill(outcome.score === null || outcome.score === undefined ? word : `${word} ${num(outcome.score, 2)}`,
+    outcome.success ? "ok" : "bad");
+  if (outcome.reason) node.title = outcome.reason;
+  return node;
+}
+
+function outcomeText(s) {
+  const o = s.outcome;
+  if (!o) return "Outcome not reported.";
+  const labels = Object.entries(o.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+  const earlier = (s.outcome_history || []).length;
+  return [`Outcome: ${o.success ? "success" : "failure"}`, o.score === null ? "" : ` (score ${num(o.score, 2)})`,
+    ` via ${o.source} after ${o.steps} steps and ${usd(o.cost_usd)}`, o.reason ? `: ${o.reason}` : "",
+    labels ? ` [${labels}]` : "", earlier ? ` · replaces ${earlier} earlier report${earlier > 1 ? "s" : ""}` : ""].join("");
+}
+
+async function loadOutcomes() {
+  const tenant = $("sessions-tenant").value.trim();
+  const found = await api(`/admin/outcomes${tenant ? `?tenant=${encodeURIComponent(tenant)}` : ""}`);
+  const rows = found.data.map((r) => el("tr", { data: { route: r.route, mix: r.mix, arm: r.arm } }, cells([
+    r.route, r.mix, r.arm, r.sessions, pct(r.success_rate, 1), usd(r.cost_per_session_usd),
+    usd(r.cost_per_success_usd), num(r.steps_per_success, 1),
+  ], [3, 4, 5, 6, 7])));
+  fill("outcomes", rows.length
+    ? table(["route", "deployments", "arm", "sessions", "success rate", "cost / session", "cost per solved task",
+      "steps per success"], rows, [3, 4, 5, 6, 7])
+    : el("p", { class: "empty" }, "No session has reported its outcome yet (POST /v1/sessions/{id}/outcome)."));
 }
 
 function flagText(flag) {
@@ -336,6 +368,7 @@ async function loadTimeline(id) {
   ], [0, 1, 6, 7, 8])));
   fill("timeline",
     el("h3", {}, "Session ", el("span", { class: "mono" }, id), ` · ${s.steps.length} steps · ${usd(s.cost_usd)}`),
+    el("p", { class: "outcome", id: "timeline-outcome" }, outcomeText(s)),
     table(["step", "at", "deployment", "rule", "arm", "tokens in / out", "cost", "latency ms", "TTFT ms", "status", "tools", "flags"], rows, [0, 1, 6, 7, 8]));
 }
 
@@ -346,7 +379,7 @@ function setStatus(text) { $("status").textContent = text; }
 async function refresh() {
   clearTimeout(timer);
   const panels = [["deployments", loadDeployments], ["rollouts", loadRollouts], ["shadows", loadShadows],
-    ["budgets", loadBudgets], ["sessions", loadSessions]];
+    ["budgets", loadBudgets], ["sessions", loadSessions], ["outcomes", loadOutcomes]];
   const results = await Promise.allSettled(panels.map(([, load]) => load()));
   const denied = results.find((r) => r.status === "rejected" && r.reason instanceof AuthError);
   if (denied) return signedOut(denied.reason.message);
@@ -393,6 +426,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("sessions-form").addEventListener("submit", (event) => event.preventDefault());
   $("sessions-sort").addEventListener("change", () => loadSessions().catch((e) => panelError("sessions", e)));
   $("sessions-tenant").addEventListener("change", () => loadSessions().catch((e) => panelError("sessions", e)));
+  $("sessions-tenant").addEventListener("change", () => loadOutcomes().catch((e) => panelError("outcomes", e)));
   document.addEventListener("visibilitychange", () => { if (!document.hidden && !$("dashboard").hidden) refresh(); });
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) signIn(token); else signedOut("");
