@@ -37,6 +37,7 @@ from gateway.store.redis_store import RedisStore
 Ref = tuple[str, str]  # (tenant, session id)
 Active = dict[str, tuple[float, str]]  # flag -> (active until, what showed it)
 SEP = "\t"  # between tenant and session id in index members: tenant names cannot hold it
+MAX_STEP_CHARS = 64 * 1024  # a stored step's JSON (ASCII: json escapes the rest)
 
 
 @dataclass(slots=True)
@@ -130,9 +131,24 @@ def numbered(raw: Sequence[str], total: int) -> list[Step]:
 
 
 def encode(step: Step) -> str:
+    """A step as stored: its JSON, at most MAX_STEP_CHARS (the flusher reads a session's recent steps back
+    at every step). The step's own bounds keep it well under that unless prompts are kept: then the kept
+    texts go first, then tool calls and results from the end, so the digests of the rest stay."""
     out = step.to_dict()
     del out["step"]
-    return json.dumps(out, separators=(",", ":"))
+    text = json.dumps(out, separators=(",", ":"))
+    if len(text) <= MAX_STEP_CHARS:
+        return text
+    out.pop("prompt", None)
+    for kept, key in (("tool_calls", "arguments"), ("tool_results", "content")):
+        for item in out[kept]:
+            item.pop(key, None)
+    text = json.dumps(out, separators=(",", ":"))
+    while len(text) > MAX_STEP_CHARS and (out["tool_calls"] or out["tool_results"]):
+        longer = max(("tool_calls", "tool_results"), key=lambda k: len(out[k]))
+        del out[longer][len(out[longer]) // 2:]
+        text = json.dumps(out, separators=(",", ":"))
+    return text
 
 
 class TrajectoryKeys:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from gateway.decision.spikes import bucket
-from gateway.decision.trajectory import Step, ToolCall
+from gateway.decision.trajectory import Step, ToolCall, ToolResult
 from gateway.policy.agents import Recording
-from gateway.store.trajectories import Append, RedisTrajectoryStore, TrajectoryStore
+from gateway.store.trajectories import MAX_STEP_CHARS, Append, RedisTrajectoryStore, TrajectoryStore, encode
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
 from tests.fixtures.clock import ManualClock
 from tests.fixtures.redis_server import RedisServer
@@ -105,3 +106,17 @@ async def test_tenant_spend_is_bucketed_and_old_buckets_forgotten(store: Traject
     assert series.since == T0 and series.buckets == {bucket(T0): 0.001, bucket(T0 + 30): 0.001}
     await store.append([_append("s", T0 + 31)], {"acme": [bucket(T0)]}, LIMITS)
     assert (await store.tenant_spend(["acme"]))["acme"].buckets == {bucket(T0 + 30): pytest.approx(0.002)}
+
+
+def test_a_stored_step_encodes_to_a_bounded_size_keeping_its_digests_first() -> None:
+    calls = tuple(ToolCall("é" * 128, "d" * 16, "i" * 128, "a" * 4096) for _ in range(64))
+    results = tuple(ToolResult("r" * 128, False, 10**6, "e" * 16, "c" * 4096) for _ in range(64))
+    step = Step(T0, "hq", "rule", None, 1, 1, 0.0, 1.0, None, 200, calls, results, prompt="p" * 4096)
+    text = encode(step)
+    assert len(text) <= MAX_STEP_CHARS
+    back = Step.from_dict(json.loads(text))
+    assert back.prompt is None and back.tool_calls and back.tool_results
+    assert all(c.arguments is None and c.args_digest == "d" * 16 for c in back.tool_calls)
+    assert all(r.content is None and not r.ok for r in back.tool_results)
+    small = Step(T0, "hq", "rule", None, 1, 1, 0.0, 1.0, None, 200, calls[:2], results[:2], prompt="p")
+    assert Step.from_dict(json.loads(encode(small))).to_dict() == {**small.to_dict(), "step": 0}
