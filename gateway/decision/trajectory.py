@@ -15,6 +15,7 @@ the size of the request, and reading it costs the same bounded time.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,9 +195,12 @@ SORTS = {
 }
 
 
+RANKED_SCAN = 5000  # sessions ranked by cost, steps or rate: the most recently active ones
+
+
 def ranked(summaries: Iterable[Summary], sort: str, limit: int) -> list[Summary]:
-    """The top `limit` sessions by `sort` (cost, steps, rate or recent), largest first."""
-    return sorted(summaries, key=SORTS[sort], reverse=True)[:limit]
+    """The top `limit` sessions by `sort` (cost, steps, rate or recent), largest first (ties: first given)."""
+    return heapq.nlargest(limit, summaries, key=SORTS[sort])
 
 
 def steps_per_min(earlier: Sequence[Step], now: float) -> float:
