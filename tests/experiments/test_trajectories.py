@@ -335,3 +335,17 @@ async def test_one_malformed_step_never_costs_the_other_sessions_theirs(
         await agent.step()
     await stack.gateway.app[TRAJECTORIES].flush()
     await recorded(_base(stack), "h:deep-args", 2)
+
+
+async def test_admin_query_numbers_are_whole_numbers_in_range_or_a_400(stack: Stack) -> None:
+    for query in ("limit=²", "limit=0", "limit=-1", "limit=1001", "limit=1e3", "limit=", "limit=%201"):
+        status, body = await admin(_base(stack), f"/admin/sessions?{query}")
+        assert status == 400 and body["error"]["param"] == "limit", (query, body)
+    for path in ("/admin/shadow/pairs", "/admin/shadow/labels"):
+        for query in ("limit=0", "limit=-5", "limit=²", "limit=x"):
+            status, body = await admin(_base(stack), f"{path}?{query}")
+            assert status == 400 and body["error"]["param"] == "limit", (path, query, body)
+        status, body = await admin(_base(stack), f"{path}?limit=10")
+        assert status == 200 and body == []
+    status, body = await admin(_base(stack), "/admin/sessions?limit=7&sort=cost")
+    assert status == 200 and body["data"] == []
