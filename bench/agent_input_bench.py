@@ -4,8 +4,9 @@
 
 1. One chat body with `--tool-messages` tool outputs after its last assistant turn, recorded as one agent step
    by the process's recorder (the in-memory store; with --redis also a private redis-server): the time to
-   queue it (on the request path), the time of the flush that records it, the longest the event loop waited
-   during that flush, the tool results recorded, and the bytes of the stored step.
+   queue it (on the request path; it includes freeing the request's messages when the step held the last
+   reference), the time of the flush that records it, the longest the event loop waited during that flush,
+   the tool results recorded, and the bytes of the stored step.
 2. `/admin/sessions` on the in-memory store holding `--sessions` sessions: the handler's time per sort,
    through a real gateway app (no deployment needed).
 
@@ -89,9 +90,10 @@ async def record_flood(n: int, store: Any) -> dict[str, float]:
     assert ex.step is not None
     ex.step.raw = json.dumps({"choices": [{"message": {"tool_calls": [
         {"id": "c2", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}}]}).encode()
-    del body, call
+    metrics = make_metrics()
+    del body, call  # the step holds the request's messages now, as when the handler has returned
     started = time.perf_counter()
-    ex.finish(200, make_metrics(), None)  # queues the step, as the middleware does when the exchange ends
+    ex.finish(200, metrics, None)  # queues the step, as the middleware does when the exchange ends
     queued_s = time.perf_counter() - started
     await asyncio.sleep(0.01)
     async with _Ticker() as ticker:
