@@ -1,8 +1,10 @@
 """Where a request stands in its agent loop, read from the conversation it carries: the step number, a new
 user turn or a tool-result continuation, a tool result that reports an error, a tool call repeated.
 
-Pure and bounded (the last MAX_MESSAGES messages, MAX_ERROR_SCAN_CHARS of each tool result); the
-policy's trajectory conditions (`turn`, `step`, `tool_error`, `repeated_calls`) read it.
+Pure and bounded (the last MAX_MESSAGES messages, MAX_ERROR_SCAN_CHARS of each tool result, arguments
+compared as JSON up to MAX_CANONICAL_CHARS); any JSON shape is read without raising: what is not the shape
+the OpenAI API gives a field is ignored. The policy's trajectory conditions (`turn`, `step`, `tool_error`,
+`repeated_calls`) read it, and so does the trajectory record (decision/trajectory.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 MAX_MESSAGES = 200
 MAX_ERROR_SCAN_CHARS = 2_000
+# Longer arguments are compared as written: re-encoding megabytes per call would cost more than it tells.
+MAX_CANONICAL_CHARS = 65_536
 # A tool result that says it failed: words tools and their wrappers use, or a JSON object with an error.
 ERROR_MARKERS = re.compile(
     r"\b(error|exception|traceback|failed|failure|not found|denied|forbidden|timed out|invalid)\b|\"error\"\s*:",
@@ -73,23 +77,32 @@ def _repeats(messages: Sequence[Mapping[str, Any]]) -> int:
 
 
 def _calls(message: Mapping[str, Any]) -> list[tuple[str, str]]:
+    calls = message.get("tool_calls")
     found = []
-    for call in message.get("tool_calls") or ():
+    for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, Mapping) else None
         if isinstance(function, Mapping):
-            found.append((str(function.get("name")), _canonical(function.get("arguments"))))
+            found.append((str(function.get("name")), canonical(function.get("arguments"))))
     return found
 
 
-def _canonical(arguments: Any) -> str:
-    """Arguments as a comparable string: the same JSON with other spacing or key order is the same call."""
-    parsed: Any = arguments
+def canonical(arguments: Any) -> str:
+    """Tool-call arguments as a comparable string: the same JSON with other spacing or key order is the same
+    call. Arguments that do not parse, nest too deeply for the parser, or are too long to re-encode are
+    compared as written (stripped)."""
     if isinstance(arguments, str):
+        if len(arguments) > MAX_CANONICAL_CHARS:
+            return arguments.strip()
         try:
             parsed = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # the C parser raises RecursionError past ~1,000 levels
             return arguments.strip()
-    return json.dumps(parsed, sort_keys=True, separators=(",", ":"), default=str)
+    else:
+        parsed = arguments
+    try:
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":"), default=str)
+    except (ValueError, TypeError, RecursionError):  # keys of mixed types, nesting too deep to re-encode
+        return json.dumps(str(type(arguments).__name__))
 
 
 def _text(content: Any) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.steps import AgentStep, read_step
+from gateway.steps import AgentStep, canonical, read_step
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 ASK = {"role": "user", "content": "Book me a table for two."}
@@ -53,5 +53,30 @@ def test_the_same_call_in_a_row_counts_however_its_json_is_spelled() -> None:
 
 @given(st.lists(st.one_of(st.none(), st.integers(), st.text(), st.dictionaries(st.text(), st.text())), max_size=5))
 def test_odd_messages_never_raise(messages: list[Any]) -> None:
+    found = read_step({"messages": messages})
+    assert found is None or found.step >= 1
+
+
+DEEP_ARGS = '{"a":' * 5000 + "1" + "}" * 5000  # valid JSON text, too deep for Python's parser
+
+
+def test_malformed_tool_calls_are_ignored_and_deep_arguments_compared_as_written() -> None:
+    for calls in (5, "search", [5, None, "x"], [{"function": "search"}], {"function": {"name": "f"}}):
+        messages = [ASK, {"role": "assistant", "tool_calls": calls}, _result("fine")]
+        assert read_step({"messages": messages}) == AgentStep(2, "tool_result", False, 0)
+    deep = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": DEEP_ARGS}}]}
+    messages = [ASK, deep, _result("fine"), deep, _result("fine")]
+    assert read_step({"messages": messages}) == AgentStep(3, "tool_result", False, 2)
+    assert canonical(DEEP_ARGS) == DEEP_ARGS and canonical(' {"b": 1, "a": 2} ') == '{"a":2,"b":1}'
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                    max_leaves=12)
+
+
+@given(st.lists(st.dictionaries(st.sampled_from(["role", "content", "tool_calls", "function", "name"]),
+                                st.sampled_from(["assistant", "tool", "user"]) | JSON, max_size=4), max_size=5))
+def test_any_json_shape_of_messages_never_raises(messages: list[Any]) -> None:
     found = read_step({"messages": messages})
     assert found is None or found.step >= 1

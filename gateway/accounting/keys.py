@@ -19,7 +19,9 @@ import os
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
 
 from gateway.errors import Forbidden, StoreUnavailable, Unauthorized
 from gateway.policy.tenancy import AuthPolicy
@@ -30,6 +32,7 @@ ADMIN_TOKEN_ENV = "AGENT_GATEWAY_ADMIN_TOKEN"
 # tenant names end up inside store keys ({tenant} hash tags): no braces, spaces or wildcards
 TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 KEY_PREFIX = "agk"
+KEY_FORMAT = re.compile(rf"{KEY_PREFIX}-[0-9a-f]{{8}}-[0-9a-f]{{40}}")  # what `create` makes; nothing else is a key
 
 
 def digest(raw_key: str, pepper: str | None = None) -> str:
@@ -70,38 +73,56 @@ class KeyRing:
 
     A revoked key stops working on every replica within `fresh_s`. While the store is down a cached key
     keeps working (its tenant is known); an uncached one gets StoreUnavailable (503), never a 401.
+
+    A token that is not shaped like a key is refused without a lookup. Keys the store does not have are
+    remembered apart (`max_unknown`, least recent dropped first), so a flood of made-up keys can never push
+    out the known ones; known keys are dropped one at a time, least recently used first, beyond `max_entries`.
     """
 
-    def __init__(self, store: Store, *, fresh_s: float = 5.0, max_entries: int = 100_000) -> None:
+    def __init__(self, store: Store, *, fresh_s: float = 5.0, max_entries: int = 100_000,
+                 max_unknown: int = 10_000) -> None:
         self._store = store
         self._fresh_s = fresh_s
-        self._max_entries = max_entries
-        self._cache: dict[str, tuple[float, str | None]] = {}  # digest -> (looked up at, tenant or None)
+        self._max_entries, self._max_unknown = max_entries, max_unknown
+        self._known: OrderedDict[str, tuple[float, str]] = OrderedDict()  # digest -> (looked up at, tenant)
+        self._unknown: OrderedDict[str, float] = OrderedDict()  # digest -> looked up at (no such key then)
 
     async def tenant(self, authorization: str | None) -> str:
         raw = bearer(authorization)
         if raw is None:
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
-        d = digest(raw)
-        cached = self._cache.get(d)
-        now = time.monotonic()
-        if cached is None or now - cached[0] > self._fresh_s:
-            try:
-                record = await self._store.find_key(d)
-            except StoreUnavailable:
-                if cached is None or cached[1] is None:
-                    raise
-            else:
-                cached = (now, record.tenant if record is not None else None)
-                self._remember(d, cached)
-        if cached is None or cached[1] is None:
+        if not KEY_FORMAT.fullmatch(raw):
             raise Unauthorized("Invalid API key")
-        return cached[1]
+        d = digest(raw)
+        now = time.monotonic()
+        known = self._known.get(d)
+        if known is not None:
+            self._known.move_to_end(d)
+            if now - known[0] <= self._fresh_s:
+                return known[1]
+        elif now - self._unknown.get(d, -float("inf")) <= self._fresh_s:
+            raise Unauthorized("Invalid API key")
+        try:
+            record = await self._store.find_key(d)
+        except StoreUnavailable:
+            if known is None:
+                raise
+            return known[1]  # the store is down: a key it knew keeps its tenant
+        if record is None:
+            self._known.pop(d, None)
+            _remember(self._unknown, d, now, self._max_unknown)
+            raise Unauthorized("Invalid API key")
+        self._unknown.pop(d, None)
+        _remember(self._known, d, (now, record.tenant), self._max_entries)
+        return record.tenant
 
-    def _remember(self, d: str, entry: tuple[float, str | None]) -> None:
-        if len(self._cache) >= self._max_entries:
-            self._cache.clear()  # crude but bounded; a full cache means a flood of distinct keys
-        self._cache[d] = entry
+
+def _remember(cache: OrderedDict[str, Any], d: str, entry: Any, max_entries: int) -> None:
+    """Put an entry at the recent end; beyond `max_entries` the least recently used one goes (only it)."""
+    cache[d] = entry
+    cache.move_to_end(d)
+    while len(cache) > max_entries:
+        cache.popitem(last=False)
 
 
 def check_admin(

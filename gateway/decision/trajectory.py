@@ -5,11 +5,17 @@ Tool calls come from the response (a non-streamed body's `message.tool_calls`, o
 a stream, accumulated); tool results from the request (the `tool` messages after its last assistant
 message: what the agent sends back this step). Arguments and outputs are kept as digests only, unless the
 operator opts in to prompts (then `arguments`, `content` and `prompt` are kept too, truncated).
+
+Bounded whatever the client sends: the messages read are the last MAX_MESSAGES (as for routing, steps.py),
+of which at most MAX_TOOL_RESULTS tool outputs (the latest); at most MAX_TOOL_CALLS tool calls a response;
+each text is digested by its first KEPT_CHARS and its size. So a step's record has a size bound whatever
+the size of the request, and reading it costs the same bounded time.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,24 +25,27 @@ from gateway import openai
 from gateway.decision.outcomes import Membership, Outcome
 from gateway.decision.sessions import HEADER, text_of
 from gateway.features import Features
-from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS
+from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS, MAX_MESSAGES, canonical
 
-KEPT_CHARS = 4096  # an opted-in prompt, argument or tool output is truncated to this
+KEPT_CHARS = 4096  # an opted-in prompt, argument or tool output is truncated to this; longer texts are digested
+#                    by this much and their size
+MAX_TOOL_RESULTS = 64  # tool outputs recorded per step (the latest ones); agents send back a few at a time
+MAX_TOOL_CALLS = 64  # tool calls recorded per response (the first ones)
+NAME_CHARS = 128  # a tool's name, a call's id
 
 
 def digest(text: str) -> str:
-    """A short stable digest (16 hex characters) that tells equal things apart without keeping them."""
+    """A short stable digest (16 hex characters) that tells equal things apart without keeping them; a text
+    longer than KEPT_CHARS is digested by its start and its length (bounded cost, whatever its size)."""
+    if len(text) > KEPT_CHARS:
+        text = f"{text[:KEPT_CHARS]}\0{len(text)}"
     return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
 
 
 def args_digest(arguments: Any) -> str:
-    """The digest of a tool call's arguments, the same whatever their key order or spacing."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return digest(arguments.strip())
-    return digest(json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str))
+    """The digest of a tool call's arguments, the same whatever their key order or spacing (steps.canonical:
+    the routing rules' `repeated_calls` compares calls the same way)."""
+    return digest(canonical(arguments))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +208,12 @@ SORTS = {
 }
 
 
+RANKED_SCAN = 5000  # sessions ranked by cost, steps or rate: the most recently active ones
+
+
 def ranked(summaries: Iterable[Summary], sort: str, limit: int) -> list[Summary]:
-    """The top `limit` sessions by `sort` (cost, steps, rate or recent), largest first."""
-    return sorted(summaries, key=SORTS[sort], reverse=True)[:limit]
+    """The top `limit` sessions by `sort` (cost, steps, rate or recent), largest first (ties: first given)."""
+    return heapq.nlargest(limit, summaries, key=SORTS[sort])
 
 
 def steps_per_min(earlier: Sequence[Step], now: float) -> float:
@@ -223,14 +235,15 @@ def tool_calls_in_body(raw: bytes, keep: bool = False) -> tuple[ToolCall, ...]:
         return ()
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ()
     calls: list[ToolCall | None] = []
     for choice in _list(body.get("choices") if isinstance(body, dict) else None):
         message = choice.get("message") if isinstance(choice, dict) else None
         if isinstance(message, dict):
-            calls += (_call(c.get("id"), c.get("function"), keep) for c in _list(message.get("tool_calls")))
-    return tuple(c for c in calls if c is not None)
+            calls += (_call(c.get("id"), c.get("function"), keep) for c in _list(message.get("tool_calls"))
+                      if isinstance(c, dict))
+    return tuple(c for c in calls if c is not None)[:MAX_TOOL_CALLS]
 
 
 def tool_calls_in_stream(chunks: Sequence[bytes], keep: bool = False) -> tuple[ToolCall, ...]:
@@ -246,7 +259,7 @@ def tool_calls_in_stream(chunks: Sequence[bytes], keep: bool = False) -> tuple[T
                 _accumulate(parts, choice.get("index", 0), _list(delta.get("tool_calls")))
     calls = (_call(p.get("id"), {"name": p.get("name"), "arguments": p.get("arguments", "")}, keep)
              for _, p in sorted(parts.items()))
-    return tuple(c for c in calls if c is not None)
+    return tuple(c for c in calls if c is not None)[:MAX_TOOL_CALLS]
 
 
 def _accumulate(parts: dict[tuple[int, int], dict[str, str]], choice: Any, deltas: list[Any]) -> None:
@@ -255,6 +268,8 @@ def _accumulate(parts: dict[tuple[int, int], dict[str, str]], choice: Any, delta
             continue
         index = piece.get("index", position)
         key = (choice if isinstance(choice, int) else 0, index if isinstance(index, int) else position)
+        if key not in parts and len(parts) >= MAX_TOOL_CALLS:
+            continue  # a stream naming ever new indices: keep the first calls, as for a whole body
         part = parts.setdefault(key, {})
         if isinstance(piece.get("id"), str):
             part["id"] = piece["id"]
@@ -272,22 +287,40 @@ def _call(call_id: Any, function: Any, keep: bool) -> ToolCall | None:
     arguments = function.get("arguments", "")
     kept = None
     if keep:
-        kept = (arguments if isinstance(arguments, str) else json.dumps(arguments))[:KEPT_CHARS]
-    return ToolCall(function["name"][:128], args_digest(arguments), str(call_id or "")[:128], kept)
+        kept = (arguments if isinstance(arguments, str) else canonical(arguments))[:KEPT_CHARS]
+    return ToolCall(function["name"][:NAME_CHARS], args_digest(arguments), str(call_id or "")[:NAME_CHARS], kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What a step's record takes from the request's messages (read once, when the step is queued, so the
+    request itself need not be kept): the tool outputs it sends back, its echo, the opted-in prompt."""
+
+    tool_results: tuple[ToolResult, ...] = ()
+    echo: str = ""
+    prompt: str | None = None
+
+
+def sent(messages: Any, keep: bool = False) -> Sent:
+    recent = _recent(messages)
+    return Sent(tool_results(recent, keep), echo(recent), last_prompt(recent) if keep else None)
 
 
 def tool_results(messages: Any, keep: bool = False) -> tuple[ToolResult, ...]:
-    """The tool outputs this request sends back: its `tool` messages after the last assistant message."""
+    """The tool outputs this request sends back: its `tool` messages after the last assistant message (the
+    latest MAX_TOOL_RESULTS of them, within the last MAX_MESSAGES messages)."""
     found: list[ToolResult] = []
-    for message in reversed(_list(messages)):
+    for message in reversed(_recent(messages)):
         if not isinstance(message, dict):
             continue
         role = message.get("role")
         if role in ("tool", "function"):
             text = text_of(message.get("content"))
             call_id = message.get("tool_call_id") or message.get("name") or ""
-            found.append(ToolResult(str(call_id)[:128], tool_ok(text), len(text),
+            found.append(ToolResult(str(call_id)[:NAME_CHARS], tool_ok(text), len(text),
                                     digest(text), text[:KEPT_CHARS] if keep else None))
+            if len(found) == MAX_TOOL_RESULTS:
+                break
         elif role == "assistant":
             break
     return tuple(reversed(found))
@@ -302,7 +335,7 @@ def tool_ok(text: str) -> bool:
 def echo(messages: Any) -> str:
     """The digest of the last assistant message's text in the request ("" when it has none): what the
     model said last, as the agent sends it back."""
-    for message in reversed(_list(messages)):
+    for message in reversed(_recent(messages)):
         if isinstance(message, dict) and message.get("role") == "assistant":
             text = text_of(message.get("content")).strip()
             return digest(" ".join(text.split())) if text else ""
@@ -311,7 +344,7 @@ def echo(messages: Any) -> str:
 
 def last_prompt(messages: Any) -> str | None:
     """The last user message's text, truncated (kept only when the operator opts in to prompts)."""
-    for message in reversed(_list(messages)):
+    for message in reversed(_recent(messages)):
         if isinstance(message, dict) and message.get("role") == "user":
             return text_of(message.get("content"))[:KEPT_CHARS]
     return None
@@ -319,3 +352,9 @@ def last_prompt(messages: Any) -> str | None:
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def _recent(messages: Any) -> list[Any]:
+    """The messages a step is read from: the last MAX_MESSAGES (a slice of a slice is no copy of the rest)."""
+    found = _list(messages)
+    return found if len(found) <= MAX_MESSAGES else found[-MAX_MESSAGES:]

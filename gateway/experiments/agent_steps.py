@@ -11,6 +11,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
+from gateway.decision import trajectory as tr
 from gateway.decision.loops import Finding
 from gateway.decision.trajectory import Step
 from gateway.policy.agents import LoopPolicy, SpikePolicy
@@ -36,11 +37,18 @@ class Cohorted:
     cohort: Cohort
 
 
-class PendingStep:
-    """A step in the making: what the request path knows, the response's tool-call bytes, the outcome."""
+MAX_KEPT_BYTES = 256 * 1024  # a queued step's tool-call bytes kept for the flusher; a longer answer is read at once
 
-    __slots__ = ("at", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "messages", "outcome", "policy", "queue",
-                 "raw", "session_id", "spans", "status", "tenant", "ttft_s")
+
+class PendingStep:
+    """A step in the making: what the request path knows, the response's tool-call bytes, the outcome.
+
+    Until it is queued it holds the request's messages and the response's tool-call bytes; `distill` (when
+    it is queued) leaves only what the record needs, so a queued step costs a bounded amount of memory.
+    """
+
+    __slots__ = ("at", "calls", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "kept_bytes", "messages",
+                 "outcome", "policy", "queue", "raw", "sent", "session_id", "spans", "status", "tenant", "ttft_s")
 
     def __init__(self, queue: Callable[[PendingStep], None], at: float, policy: Policy, tenant: str,
                  session_id: str, messages: Any, tools: bool, cohorted: Cohorted | None) -> None:
@@ -53,6 +61,9 @@ class PendingStep:
         self.ttft_s: float | None = None
         self.spans: Spans | None = None  # the exporter the exchange would have recorded its span with
         self.outcome: bool | None = None  # the run's outcome its `x-session-outcome` header reports (last step)
+        self.sent = tr.Sent()  # the request's messages as the record takes them, once distilled
+        self.calls: tuple[tr.ToolCall, ...] | None = None  # the response's tool calls, once read
+        self.kept_bytes = 0  # tool-call bytes kept for the flusher after `distill`
 
     def finished(self, ex: Exchange, status: int, elapsed_s: float, ttft_s: float | None,
                  spans: Spans | None) -> None:
@@ -60,6 +71,27 @@ class PendingStep:
         self.spans = spans
         self.status = ex.error.status if ex.error is not None and status == 200 else status
         self.queue(self)
+
+    def distill(self, keep: bool, room_bytes: int) -> None:
+        """Drop the request and keep its digests; keep the response's tool-call bytes for the flusher when they
+        fit in MAX_KEPT_BYTES and the queue's `room_bytes`, else read the tool calls now and drop the bytes."""
+        self.sent = tr.sent(self.messages, keep)
+        self.messages = None
+        size = len(self.raw) if self.raw is not None else sum(len(c) for c in self.chunks or ())
+        if size <= min(MAX_KEPT_BYTES, room_bytes):
+            self.kept_bytes = size
+        else:
+            self.tool_calls(keep)
+
+    def tool_calls(self, keep: bool) -> tuple[tr.ToolCall, ...]:
+        """The response's tool calls (a non-streamed body's, or a stream's accumulated deltas), read once."""
+        if self.calls is None:
+            if self.raw is not None:
+                self.calls = tr.tool_calls_in_body(self.raw, keep)
+            else:
+                self.calls = tr.tool_calls_in_stream(self.chunks, keep) if self.chunks else ()
+            self.raw, self.chunks, self.kept_bytes = None, None, 0
+        return self.calls
 
 
 class StepReport:

@@ -8,6 +8,10 @@ the store in one round trip, raises loop and spike flags, writes the steps back 
 updates the process metrics and the rollout cohorts, and records each step's span (deferred until then,
 so it can carry the step's tool calls and flag events) with `execute_tool` children for the tool outputs
 the step sent back.
+
+Bounded: a queued step keeps digests and at most MAX_KEPT_BYTES of tool-call bytes (KEPT_BYTES_MAX for the
+whole queue), a flush takes at most BATCH_MAX steps and yields to the event loop every SLICE_S of work, and
+a step that cannot be read or judged is dropped alone (counted as `bad_step`), never its batch.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ log = logging.getLogger(__name__)
 
 FLUSH_S = 0.1
 QUEUE_MAX = 20_000  # steps waiting for the flusher; beyond this they are dropped (and counted)
+KEPT_BYTES_MAX = 32 * 1024 * 1024  # tool-call bytes the queue keeps for the flusher; beyond, read when queued
+BATCH_MAX = 2_000  # steps one flush takes; the rest wait for the next, which follows at once
 RECENT_STEPS = 50  # a session's steps the flusher reads to judge a new one (loop windows, rework)
-SLICE = 64  # steps digested or judged between two yields to the event loop
+SLICE_S = 0.005  # the flusher's work between two yields to the event loop
 
 
 @dataclass(slots=True)
@@ -65,6 +71,7 @@ class Trajectories:
         # reports from the outcome API and from step headers
         self.outcomes = Outcomes(store, metrics, clock, settle=self.flush, flush_s=FLUSH_S)
         self._queue: list[PendingStep] = []
+        self._kept_bytes = 0  # tool-call bytes the queued steps keep
         self._task: asyncio.Task[None] | None = None
         self._window_spend: dict[str, tuple[int, dict[str, float]]] = {}  # tenant -> (window, session -> USD)
         self._spikes_logged: dict[tuple[str, int], None] = {}
@@ -110,6 +117,8 @@ class Trajectories:
             self.report.child("dropped", "queue_full").inc()
             self.report.plain_span(step)
             return
+        step.distill(self.keep_text, KEPT_BYTES_MAX - self._kept_bytes)
+        self._kept_bytes += step.kept_bytes
         self._queue.append(step)
 
     # --- the flusher ---
@@ -123,30 +132,36 @@ class Trajectories:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(StoreError):
-            await self.flush()
+            while self._queue:
+                await self.flush()
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(FLUSH_S)
+            await asyncio.sleep(FLUSH_S if len(self._queue) <= BATCH_MAX else 0)
             try:
                 await self.flush()
-            except Exception:  # one bad batch must not end the recorder
+            except Exception:  # a fault of the store or of a report must not end the recorder
                 log.exception("trajectory flush failed")
 
     async def flush(self) -> None:
-        """Digest, judge and write the queued steps (after any batch in flight: the outcome API calls it too)."""
+        """Digest, judge and write up to BATCH_MAX queued steps, the oldest (after any batch in flight: the outcome
+        API calls it too)."""
         async with self._flushing:
             await self._flush()
 
     async def _flush(self) -> None:
-        pending, self._queue = self._queue, []
-        if not pending:
+        pending, self._queue = self._queue[:BATCH_MAX], self._queue[BATCH_MAX:]
+        self._kept_bytes -= sum(p.kept_bytes for p in pending)
+        slices = _Slices()
+        read: list[tuple[PendingStep, Step]] = []
+        for p in pending:
+            step = self._read(p)
+            if step is not None:
+                read.append((p, step))
+            await slices.next()
+        if not read:
             return
-        steps = []
-        for i, p in enumerate(pending):
-            steps.append(self._digest(p))
-            if i % SLICE == SLICE - 1:
-                await asyncio.sleep(0)  # a big batch is milliseconds of work: let requests run in between
+        pending = [p for p, _ in read]
         refs = list(dict.fromkeys((p.tenant, p.session_id) for p in pending))
         try:
             batch = _Batch(await self.store.read(refs, RECENT_STEPS),
@@ -157,10 +172,9 @@ class Trajectories:
             for p in pending:
                 self.report.plain_span(p)
             return
-        for i, (p, step) in enumerate(zip(pending, steps, strict=True)):
-            self._judge(batch, p, step)
-            if i % SLICE == SLICE - 1:
-                await asyncio.sleep(0)
+        for p, step in read:
+            self._judge_alone(batch, p, step)
+            await slices.next()
         self.report.apply()
         policy = self._current()
         try:
@@ -180,25 +194,43 @@ class Trajectories:
             except StoreError as exc:
                 log.warning("outcome of session %r not recorded: %s", p.session_id, exc)
 
+    def _read(self, p: PendingStep) -> Step | None:
+        """The step as data, or None (counted) when it cannot be read: one malformed step costs only itself."""
+        try:
+            return self._digest(p)
+        except Exception as exc:
+            self._drop_bad(p, "read", exc)
+            return None
+
+    def _judge_alone(self, batch: _Batch, p: PendingStep, step: Step) -> None:
+        appended = len(batch.appends)
+        try:
+            self._judge(batch, p, step)
+        except Exception as exc:
+            if len(batch.appends) == appended:  # judged too far to be appended: recorded, not dropped
+                self._drop_bad(p, "judge", exc)
+
+    def _drop_bad(self, p: PendingStep, stage: str, exc: Exception) -> None:
+        log.warning("agent step of session %r (tenant %r) not recorded: cannot %s it: %s: %.200s", p.session_id,
+                    p.tenant, stage, type(exc).__name__, exc)
+        self.report.child("dropped", "bad_step").inc()
+        with contextlib.suppress(Exception):
+            self.report.plain_span(p)
+
     def _digest(self, p: PendingStep) -> Step:
-        """The step as data: parse the response's tool calls and the tool outputs the request sent back."""
-        ex, keep = p.ex, self.keep_text
+        """The step as data: the response's tool calls, the digests of what the request sent back."""
+        ex = p.ex
         assert ex is not None
         usage = ex.usage
         tokens_in, tokens_out = (usage.prompt_tokens, usage.completion_tokens) if usage else (0, 0)
         deployment = ex.deployment or "none"
         dep = p.policy.deployments.get(deployment)
-        calls: tuple[tr.ToolCall, ...] = ()
-        if p.raw is not None:
-            calls = tr.tool_calls_in_body(p.raw, keep)
-        elif p.chunks:
-            calls = tr.tool_calls_in_stream(p.chunks, keep)
         arm = p.cohorted.cohort.value if p.cohorted is not None else None
+        sent = p.sent
         return Step(p.at, deployment, ex.rule or "", arm, tokens_in, tokens_out,
                     dep.price.cost_usd(tokens_in, tokens_out) if dep is not None else 0.0, p.elapsed_s * 1000,
-                    None if p.ttft_s is None else p.ttft_s * 1000, p.status, calls,
-                    tr.tool_results(p.messages, keep), tr.echo(p.messages),
-                    prompt=tr.last_prompt(p.messages) if keep else None)
+                    None if p.ttft_s is None else p.ttft_s * 1000, p.status, p.tool_calls(self.keep_text),
+                    sent.tool_results, sent.echo, prompt=sent.prompt)
 
     def _judge(self, batch: _Batch, p: PendingStep, step: Step) -> None:
         """Flag the step against its session's recent steps and spend; queue its append; count and trace it."""
@@ -269,6 +301,19 @@ class Trajectories:
                 self._window_spend[p.tenant] = seen
         seen[1][p.session_id] = seen[1].get(p.session_id, 0.0) + step.cost_usd
         return window
+
+
+class _Slices:
+    """Cuts the flusher's work into slices of SLICE_S with a yield to the event loop between: a batch of big
+    steps is milliseconds of work, and requests must run in between."""
+
+    def __init__(self) -> None:
+        self._since = time.perf_counter()
+
+    async def next(self) -> None:
+        if time.perf_counter() - self._since >= SLICE_S:
+            await asyncio.sleep(0)
+            self._since = time.perf_counter()
 
 
 def _flags(

@@ -41,12 +41,22 @@ async def readyz(request: web.Request) -> web.Response:
     if not healthy:
         problems.append("no deployment is healthy: " + ", ".join(
             f"{name} failing health checks or ejected" for name in policy_file.current.deployments))
+    described = policy_file.describe()
     if policy_file.last_error is not None:
-        problems.append("the last policy reload failed (serving the previous policy): "
-                        + "; ".join(policy_file.last_error.problems))
-    body = {"ready": bool(healthy), "healthy_deployments": healthy, "policy": policy_file.describe(),
-            "problems": problems}
+        where = [_where(problem) for problem in policy_file.last_error.problems]
+        problems.append("the last policy reload failed (serving the previous policy): " + "; ".join(where)
+                        + " (the details: GET /admin/policy)")
+        described["last_reload_error"] = where
+    body = {"ready": bool(healthy), "healthy_deployments": healthy, "policy": described, "problems": problems}
     return web.json_response(body, status=200 if healthy else 503)
+
+
+def _where(problem: str) -> str:
+    """A reload problem as /readyz (public) shows it: the file, line and field, never the message or the value
+    (`file:line: field: message (value: ...)`, policy/model.py); the admin API shows it whole."""
+    where, _, rest = problem.partition(": ")
+    field, sep, _ = rest.partition(": ")
+    return f"{where}: {field}" if sep and " " not in field.strip("<>") else where
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -21,9 +21,9 @@ from aiohttp import web
 from gateway import openai
 from gateway.decision import outcomes as oc
 from gateway.decision.admission import ANONYMOUS
+from gateway.decision.trajectory import RANKED_SCAN
 from gateway.errors import NotFound, PayloadTooLarge
 from gateway.server.resources import EXPERIMENTS, TENANT, TRAJECTORIES
-from gateway.server.session_admin import SCAN_MAX
 from gateway.store.contract import reported_as_unavailable
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ async def _body(request: web.Request) -> bytes:
 async def figures(request: web.Request) -> web.Response:
     """Outcome figures over the most recently active sessions (the store's, so every replica's)."""
     with reported_as_unavailable("The trajectory store"):
-        found = await request.app[TRAJECTORIES].store.sessions(request.query.get("tenant") or None, SCAN_MAX)
+        found = await request.app[TRAJECTORIES].store.sessions(request.query.get("tenant") or None, RANKED_SCAN)
     reported = [(s.route or "none", oc.mix(s.deployments), s.membership.cohort if s.membership else "none",
                  s.outcome) for s in found if s.outcome is not None]
     return web.json_response({"object": "list", "data": [r.to_dict() for r in oc.rows(reported)],

@@ -14,6 +14,7 @@ from gateway.experiments.hook import Experiments
 from gateway.rollout import step as rollout
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.state import RolloutState
+from gateway.server.queries import whole_number
 from gateway.server.resources import EXPERIMENTS, POLICY
 from gateway.store.contract import reported_as_unavailable
 
@@ -147,10 +148,7 @@ async def shadow_labels(request: web.Request) -> web.StreamResponse:
 
 
 def _limit(request: web.Request) -> int:
-    try:
-        return min(int(request.query.get("limit", PAIRS_LIMIT)), PAIRS_LIMIT)
-    except ValueError:
-        raise BadRequest("`limit` must be an integer", param="limit") from None
+    return whole_number(request.query, "limit", PAIRS_LIMIT, 1, PAIRS_LIMIT)
 
 
 def _records(request: web.Request, records: list[str]) -> web.Response:

@@ -7,10 +7,13 @@ Contract (`RedisTrajectoryStore` here, `trajectory_memory.MemoryTrajectoryStore`
     tenant_spend(tenants) -> {tenant: SpendSeries}
     append(appends, tenant_forget, limits)              the batch's steps, summaries, flags and spend, in one
                                                         MULTI/EXEC; bounded per session (max_steps_per_session)
-                                                        and in total (max_sessions, least recent evicted), TTL
+                                                        and in total (max_sessions: the largest tenant's least
+                                                        recent session evicted first, see fair_evictions), TTL
     active(ref) -> {flag: (until, detail)}              what the request path reads before deciding
-    sessions(tenant | None, limit) -> [Summary]          most recently active first
-    session(session_id, tenant | None) -> (Summary, [Step]) | None
+    sessions(tenant | None, limit, sort) -> [Summary]    most recently active first, or the top `limit` by
+                                                        `sort` among the RANKED_SCAN most recent
+    session(session_id, tenant | None) -> (Summary, [Step]) | None     a session is (tenant, id); without a
+                                                        tenant, the most recent of that id (a lookup per tenant)
     set_outcome(ref, outcome) -> (Summary, replaced Outcome | None) | None
                                                         a known session's outcome (None: unknown, nothing
                                                         written); keeps the last HISTORY_KEPT reports
@@ -21,13 +24,15 @@ cost, tin, tout, started, last, rate, d:<deployment> step counts, f:<flag> first
 "until detail" while active, b:<bucket> spend, route, ro the rollout membership, on the count of outcome
 reports and o:<n> the n-th report's JSON, the last HISTORY_KEPT kept), `{p}:tr:l:{d}` the steps list
 (JSON, oldest first; a step's number is the summary's count minus its distance from the end), `{p}:tr:idx` and
-`{p}:tr:idx:{tenant}` sorted sets of "tenant<TAB>session id" by last activity, `{p}:tr:spend:{tenant}`
+`{p}:tr:idx:{tenant}` sorted sets of "tenant<TAB>session id" by last activity, `{p}:tr:tenants` the sorted
+set of tenants by last activity (for fair eviction and lookups without a tenant), `{p}:tr:spend:{tenant}`
 the tenant's spend buckets (and `since`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,13 +40,14 @@ from typing import Any, Protocol
 
 from gateway.decision.outcomes import HISTORY_KEPT, Outcome
 from gateway.decision.spikes import bucket
-from gateway.decision.trajectory import Step, Summary
+from gateway.decision.trajectory import RANKED_SCAN, Step, Summary, ranked
 from gateway.policy.agents import Recording
 from gateway.store.redis_store import RedisStore
 
 Ref = tuple[str, str]  # (tenant, session id)
 Active = dict[str, tuple[float, str]]  # flag -> (active until, what showed it)
 SEP = "\t"  # between tenant and session id in index members: tenant names cannot hold it
+MAX_STEP_CHARS = 64 * 1024  # a stored step's JSON (ASCII: json escapes the rest)
 
 
 @dataclass(slots=True)
@@ -87,10 +93,27 @@ class TrajectoryStore(Protocol):
         self, appends: Sequence[Append], tenant_forget: Mapping[str, Sequence[int]], limits: Recording
     ) -> None: ...
     async def active(self, ref: Ref) -> Active: ...
-    async def sessions(self, tenant: str | None, limit: int) -> list[Summary]: ...
+    async def sessions(self, tenant: str | None, limit: int, sort: str = "recent") -> list[Summary]: ...
     async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None: ...
     async def set_outcome(self, ref: Ref, outcome: Outcome) -> tuple[Summary, Outcome | None] | None: ...
     async def close(self) -> None: ...
+
+
+def fair_evictions(sizes: Mapping[str, int], count: int) -> dict[str, int]:
+    """How many sessions each tenant gives up so that `count` go, largest tenant first (one at a time, so
+    tenants left level share the rest): a tenant that floods the record evicts its own sessions, and never
+    those of a tenant smaller than it (their stop and escalate flags with them)."""
+    heap = [(-size, tenant) for tenant, size in sizes.items() if size > 0]
+    heapq.heapify(heap)
+    out: dict[str, int] = {}
+    for _ in range(count):
+        if not heap:
+            break
+        size, tenant = heapq.heappop(heap)
+        out[tenant] = out.get(tenant, 0) + 1
+        if size + 1 < 0:
+            heapq.heappush(heap, (size + 1, tenant))
+    return out
 
 
 def member(ref: Ref) -> str:
@@ -141,9 +164,24 @@ def numbered(raw: Sequence[str], total: int) -> list[Step]:
 
 
 def encode(step: Step) -> str:
+    """A step as stored: its JSON, at most MAX_STEP_CHARS (the flusher reads a session's recent steps back
+    at every step). The step's own bounds keep it well under that unless prompts are kept: then the kept
+    texts go first, then tool calls and results from the end, so the digests of the rest stay."""
     out = step.to_dict()
     del out["step"]
-    return json.dumps(out, separators=(",", ":"))
+    text = json.dumps(out, separators=(",", ":"))
+    if len(text) <= MAX_STEP_CHARS:
+        return text
+    out.pop("prompt", None)
+    for kept, key in (("tool_calls", "arguments"), ("tool_results", "content")):
+        for item in out[kept]:
+            item.pop(key, None)
+    text = json.dumps(out, separators=(",", ":"))
+    while len(text) > MAX_STEP_CHARS and (out["tool_calls"] or out["tool_results"]):
+        longer = max(("tool_calls", "tool_results"), key=lambda k: len(out[k]))
+        del out[longer][len(out[longer]) // 2:]
+        text = json.dumps(out, separators=(",", ":"))
+    return text
 
 
 class TrajectoryKeys:
@@ -161,6 +199,9 @@ class TrajectoryKeys:
 
     def index(self, tenant: str | None = None) -> str:
         return f"{self.prefix}:tr:idx" if tenant is None else f"{self.prefix}:tr:idx:{tenant}"
+
+    def tenants(self) -> str:
+        return f"{self.prefix}:tr:tenants"
 
     def spend(self, tenant: str) -> str:
         return f"{self.prefix}:tr:spend:{tenant}"
@@ -221,13 +262,13 @@ class RedisTrajectoryStore(RedisStore):
             for tenant, old in tenant_forget.items():
                 if old:
                     pipe.hdel(self.keys.spend(tenant), *(f"b:{b}" for b in old))
-            for index in {self.keys.index(), *(self.keys.index(a.tenant) for a in appends)}:
+            for index in {self.keys.index(), self.keys.tenants(), *(self.keys.index(a.tenant) for a in appends)}:
                 pipe.zremrangebyscore(index, "-inf", newest - limits.ttl_s)
             pipe.zcard(self.keys.index())
             replies = await self._run(pipe.execute())
         over = int(replies[-1]) - limits.max_sessions
         if over > 0:
-            await self._evict(over)
+            await self._evict(over, newest - limits.ttl_s)
 
     def _queue_append(self, pipe: Any, a: Append, limits: Recording) -> None:
         ref, step = (a.tenant, a.session_id), a.step
@@ -259,28 +300,41 @@ class RedisTrajectoryStore(RedisStore):
         for index in (self.keys.index(), self.keys.index(a.tenant)):
             pipe.zadd(index, {member(ref): step.at})
             pipe.expire(index, ttl)
+        pipe.zadd(self.keys.tenants(), {a.tenant: step.at})
+        pipe.expire(self.keys.tenants(), ttl)
 
-    async def _evict(self, count: int) -> None:
-        """Drop the least recently active sessions beyond max_sessions."""
-        popped: Any = await self._run(self._redis.zpopmin(self.keys.index(), count))
+    async def _evict(self, count: int, expired_before: float) -> None:
+        """Drop `count` sessions beyond max_sessions: the least recently active of the largest tenants."""
+        tenants = [str(t) for t in await self._run(self._redis.zrange(self.keys.tenants(), 0, -1))]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for name, _score in popped:
+            for tenant in tenants:
+                pipe.zremrangebyscore(self.keys.index(tenant), "-inf", expired_before)
+                pipe.zcard(self.keys.index(tenant))
+            sizes = dict(zip(tenants, (await self._run(pipe.execute()))[1::2], strict=True))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for tenant, n in fair_evictions(sizes, count).items():
+                pipe.zpopmin(self.keys.index(tenant), n)
+            popped: Any = await self._run(pipe.execute())
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name, _score in (item for items in popped for item in items):
                 ref = split(str(name))
                 pipe.delete(self.keys.summary(ref), self.keys.steps(ref))
-                pipe.zrem(self.keys.index(ref[0]), member(ref))
+                pipe.zrem(self.keys.index(), member(ref))
             await self._run(pipe.execute())
 
     async def active(self, ref: Ref) -> Active:
         fields = _strs(await self._run(self._redis.hgetall(self.keys.summary(ref))))
         return parse_active(fields)
 
-    async def sessions(self, tenant: str | None, limit: int) -> list[Summary]:
-        members = await self._run(self._redis.zrevrange(self.keys.index(tenant), 0, limit - 1))
+    async def sessions(self, tenant: str | None, limit: int, sort: str = "recent") -> list[Summary]:
+        scan = limit if sort == "recent" else RANKED_SCAN
+        members = await self._run(self._redis.zrevrange(self.keys.index(tenant), 0, scan - 1))
         async with self._redis.pipeline(transaction=False) as pipe:
             for name in members:
                 pipe.hgetall(self.keys.summary(split(str(name))))
             replies = await self._run(pipe.execute())
-        return [summary_of(_strs(r)) for r in replies if r]
+        found = [summary_of(_strs(r)) for r in replies if r]
+        return found if sort == "recent" else ranked(found, sort, limit)
 
     async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None:
         ref = (tenant, session_id) if tenant is not None else await self._find(session_id)
@@ -315,24 +369,15 @@ class RedisTrajectoryStore(RedisStore):
         return summary, replaced
 
     async def _find(self, session_id: str) -> Ref | None:
-        """The most recent tenant that has a session of this id."""
-        pattern = "*" + SEP + _glob_escape(session_id)
-        best: tuple[float, Ref] | None = None
-        async for found, score in _zscan(self, pattern):
-            ref = split(found)
-            if ref[1] == session_id and (best is None or score > best[0]):
-                best = (score, ref)
-        return None if best is None else best[1]
-
-
-async def _zscan(store: RedisTrajectoryStore, pattern: str) -> Any:
-    cursor = 0
-    while True:
-        cursor, items = await store._run(store._redis.zscan(store.keys.index(), cursor, match=pattern, count=500))
-        for name, score in items:
-            yield str(name), float(score)
-        if int(cursor) == 0:
-            return
+        """The most recent tenant that has a session of this id: one score lookup per tenant, in one round
+        trip (never a scan of the sessions)."""
+        tenants = [str(t) for t in await self._run(self._redis.zrange(self.keys.tenants(), 0, -1))]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.zscore(self.keys.index(), member((tenant, session_id)))
+            scores = await self._run(pipe.execute())
+        found = [(float(score), tenant) for tenant, score in zip(tenants, scores, strict=True) if score is not None]
+        return (max(found)[1], session_id) if found else None
 
 
 def _placed(a: Append) -> dict[str, str]:
@@ -343,10 +388,6 @@ def _placed(a: Append) -> dict[str, str]:
     if a.rollout:
         out["ro"] = a.rollout
     return out
-
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _strs(fields: Mapping[Any, Any]) -> dict[str, str]:

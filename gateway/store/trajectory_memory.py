@@ -6,16 +6,17 @@ tests/store/test_trajectories.py runs one behavioural table against both.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gateway.decision.outcomes import HISTORY_KEPT, Outcome
 from gateway.decision.spikes import bucket
-from gateway.decision.trajectory import Step, Summary
+from gateway.decision.trajectory import RANKED_SCAN, Step, Summary, ranked
 from gateway.policy.agents import Recording
-from gateway.store.trajectories import Active, Append, Ref, SessionRecord, SpendSeries
+from gateway.store.trajectories import Active, Append, Ref, SessionRecord, SpendSeries, fair_evictions
 
 
 @dataclass(slots=True)
@@ -27,10 +28,12 @@ class _Session:
 
 
 class MemoryTrajectoryStore:
-    """Sessions in least-recently-active order, each with a bounded deque of steps; expired on access."""
+    """Sessions in least-recently-active order, all of them and per tenant, each with a bounded deque of
+    steps; expired on access; beyond max_sessions the largest tenant's least recent session goes first."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._sessions: OrderedDict[Ref, _Session] = OrderedDict()
+        self._tenants: dict[str, OrderedDict[str, _Session]] = {}  # tenant -> its sessions, least recent first
         self._spend: dict[str, SpendSeries] = {}
         self._ttl_s = float(Recording().ttl_s)
         self._clock = clock
@@ -62,8 +65,12 @@ class MemoryTrajectoryStore:
             for b in old:
                 buckets.pop(b, None)
         self._expire()
-        while len(self._sessions) > limits.max_sessions:
-            self._sessions.popitem(last=False)
+        over = len(self._sessions) - limits.max_sessions
+        if over > 0:
+            sizes = {tenant: len(sessions) for tenant, sessions in self._tenants.items()}
+            for tenant, count in fair_evictions(sizes, over).items():
+                for session_id in list(itertools.islice(self._tenants[tenant], count)):
+                    self._forget((tenant, session_id))
 
     def _append(self, a: Append, limits: Recording) -> None:
         ref, step = (a.tenant, a.session_id), a.step
@@ -72,8 +79,9 @@ class MemoryTrajectoryStore:
             steps = deque(found.steps if found else (), maxlen=limits.max_steps_per_session)
             found = found or _Session(Summary(a.session_id, a.tenant, started_at=step.at), steps)
             found.steps = steps
-            self._sessions[ref] = found
+            self._sessions[ref] = self._tenants.setdefault(a.tenant, OrderedDict())[a.session_id] = found
         self._sessions.move_to_end(ref)
+        self._tenants[a.tenant].move_to_end(a.session_id)
         s = found.summary
         s.steps += 1
         step.step = s.steps
@@ -103,17 +111,24 @@ class MemoryTrajectoryStore:
         found = self._sessions.get(ref)  # no expiry check here: the request path only reads
         return found.active if found is not None else {}
 
-    async def sessions(self, tenant: str | None, limit: int) -> list[Summary]:
+    async def sessions(self, tenant: str | None, limit: int, sort: str = "recent") -> list[Summary]:
+        """Copies only the sessions it returns: the most recent `limit`, or the top `limit` by `sort` among
+        the RANKED_SCAN most recent (a view ranked in place: O(limit) or O(RANKED_SCAN), never O(sessions))."""
         self._expire()
-        found = [_copy(s.summary) for ref, s in reversed(self._sessions.items()) if tenant in (None, ref[0])]
-        return found[:limit]
+        recent = (s.summary for s in self._recent(tenant))
+        if sort == "recent":
+            return [_copy(s) for s in itertools.islice(recent, limit)]
+        return [_copy(s) for s in ranked(itertools.islice(recent, RANKED_SCAN), sort, limit)]
 
     async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None:
+        """One session by (tenant, id); without a tenant, the most recent of any tenant's (one lookup each)."""
         self._expire()
-        for ref, found in reversed(self._sessions.items()):
-            if ref[1] == session_id and tenant in (None, ref[0]):
-                return _copy(found.summary), list(found.steps)
-        return None
+        tenants = [tenant] if tenant is not None else list(self._tenants)
+        found = [s for t in tenants if t in self._tenants and (s := self._tenants[t].get(session_id)) is not None]
+        if not found:
+            return None
+        latest = max(found, key=lambda s: s.summary.last_at)
+        return _copy(latest.summary), list(latest.steps)
 
     async def set_outcome(self, ref: Ref, outcome: Outcome) -> tuple[Summary, Outcome | None] | None:
         found = self._get(ref)
@@ -129,12 +144,25 @@ class MemoryTrajectoryStore:
     async def close(self) -> None:
         return None
 
+    def _recent(self, tenant: str | None) -> Iterator[_Session]:
+        """Sessions (all, or one tenant's), most recently active first, as a view: nothing is copied."""
+        if tenant is None:
+            return reversed(self._sessions.values())
+        return reversed(self._tenants[tenant].values()) if tenant in self._tenants else iter(())
+
     def _get(self, ref: Ref) -> _Session | None:
         found = self._sessions.get(ref)
         if found is not None and found.summary.last_at + self._ttl_s <= self._clock():
-            del self._sessions[ref]
+            self._forget(ref)
             return None
         return found
+
+    def _forget(self, ref: Ref) -> None:
+        del self._sessions[ref]
+        sessions = self._tenants[ref[0]]
+        del sessions[ref[1]]
+        if not sessions:
+            del self._tenants[ref[0]]
 
     def _expire(self) -> None:
         cutoff = self._clock() - self._ttl_s
@@ -142,7 +170,7 @@ class MemoryTrajectoryStore:
             ref, oldest = next(iter(self._sessions.items()))
             if oldest.summary.last_at > cutoff:
                 break
-            del self._sessions[ref]
+            self._forget(ref)
 
 
 def _copy(summary: Summary) -> Summary:

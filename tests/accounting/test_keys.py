@@ -143,3 +143,48 @@ def test_cli_without_store_or_with_dead_store(
     assert _cli("keys", "list", "--redis-url", "redis://:hunter2@127.0.0.1:1/0", "--timeout-s", "0.2") == 2
     err = capsys.readouterr().err
     assert "hunter2" not in err and err.count("\n") == 1
+
+
+class _CountedStore(MemoryStore):
+    """The in-memory store, counting the key lookups that reach it."""
+
+    lookups = 0
+
+    async def find_key(self, d: str) -> Any:
+        self.lookups += 1
+        return await super().find_key(d)
+
+
+async def test_a_token_not_shaped_like_a_key_costs_no_lookup_and_unknown_keys_are_remembered() -> None:
+    store = _CountedStore()
+    _, raw = await keys.create(store, "acme")
+    ring = keys.KeyRing(store)
+    for token in ("sk-client-secret", "agk-00000000-wrong", raw.upper(), raw + "0", "x" * 10_000, raw[:-1]):
+        with pytest.raises(Unauthorized):
+            await ring.tenant(f"Bearer {token}")
+    assert store.lookups == 0
+    unknown = f"agk-{'0' * 8}-{'1' * 40}"
+    for _ in range(5):
+        with pytest.raises(Unauthorized):
+            await ring.tenant(f"Bearer {unknown}")
+    assert store.lookups == 1  # then remembered as unknown for fresh_s
+    assert await ring.tenant(f"Bearer {raw}") == "acme" and store.lookups == 2
+
+
+@pytest.mark.redis
+async def test_a_flood_of_unknown_keys_never_drops_the_known_ones(private_redis: RedisServer) -> None:
+    store = FallbackStore(RedisStore(private_redis.url, timeout_s=0.2), MemoryStore(), retry_s=5)
+    known = [raw for _, raw in [await keys.create(store, t) for t in ("acme", "globex", "initech")]]
+    ring = keys.KeyRing(store, fresh_s=0.0, max_entries=3)
+    for raw in known:
+        await ring.tenant(f"Bearer {raw}")
+    for i in range(50):  # made-up keys, well formed: each one looked up, none of them a key
+        with pytest.raises(Unauthorized):
+            await ring.tenant(f"Bearer agk-{i:08x}-{'a' * 40}")
+    _, fourth = await keys.create(store, "umbrella")
+    assert await ring.tenant(f"Bearer {fourth}") == "umbrella"  # beyond max_entries: the least recent goes
+    private_redis.kill()
+    assert [await ring.tenant(f"Bearer {raw}") for raw in (*known[1:], fourth)] == ["globex", "initech", "umbrella"]
+    with pytest.raises(StoreUnavailable):
+        await ring.tenant(f"Bearer {known[0]}")  # dropped, alone, when the fourth came
+    await store.close()

@@ -11,6 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.decision.trajectory import (
+    MAX_TOOL_CALLS,
+    MAX_TOOL_RESULTS,
     Step,
     ToolCall,
     ToolResult,
@@ -148,3 +150,31 @@ def test_what_is_an_agent_step(body: dict[str, Any], headers: dict[str, str], re
     from gateway.features import extract
 
     assert is_step(extract({"model": "auto", **body}, "chat"), headers) is recorded
+
+
+DEEP_ARGS = '{"a":' * 5000 + "1" + "}" * 5000  # valid JSON text, too deep for Python's parser
+
+
+def test_deep_or_malformed_tool_calls_are_read_without_raising() -> None:
+    assert args_digest(DEEP_ARGS) == args_digest(DEEP_ARGS + " ") and len(args_digest(DEEP_ARGS)) == 16
+    (call,) = tool_calls_in_body(_body(_call("search", DEEP_ARGS)), keep=True)
+    assert call.name == "search" and call.arguments == DEEP_ARGS[:4096]
+    odd = json.dumps({"choices": [{"message": {"tool_calls": [5, None, _call("open", "{}")]}}]}).encode()
+    assert [c.name for c in tool_calls_in_body(odd)] == ["open"]
+    assert tool_calls_in_body(b'{"tool_calls": ' + b"[" * 5000 + b"]" * 5000 + b"}") == ()
+
+
+def test_a_step_reads_a_bounded_number_and_size_of_what_it_is_sent() -> None:
+    flood = [{"role": "user", "content": "go"}, {"role": "assistant", "tool_calls": [_call("f", "{}")]},
+             *({"role": "tool", "tool_call_id": f"t{i}", "content": "z" * 10} for i in range(10_000))]
+    found = tool_results(flood)
+    assert len(found) == MAX_TOOL_RESULTS and found[-1].tool_call_id == "t9999"
+    huge = "Error " + "y" * 1_000_000
+    (result,) = tool_results([{"role": "tool", "tool_call_id": "t", "content": huge}], keep=True)
+    assert (result.ok, result.size, result.content) == (False, len(huge), huge[:4096])
+    assert result.digest != tool_results([{"role": "tool", "content": huge + "y"}])[0].digest  # its size counts
+    many = json.dumps({"choices": [{"message": {"tool_calls": [_call("f", "{}", str(i)) for i in range(500)]}}]})
+    assert len(tool_calls_in_body(many.encode())) == MAX_TOOL_CALLS
+    deltas = [{"index": i, "id": str(i), "function": {"name": "f", "arguments": "{}"}} for i in range(500)]
+    event = json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": deltas}}]})
+    assert len(tool_calls_in_stream([f"data: {event}\n\n".encode()])) == MAX_TOOL_CALLS

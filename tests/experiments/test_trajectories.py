@@ -9,16 +9,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from gateway.decision import trajectory as tr
+from gateway.experiments import agent_steps, trajectories
 from gateway.server.resources import TELEMETRY, TRAJECTORIES
 from gateway.telemetry.spans import Spans
-from tests.fixtures.agent_runs import SECRET_TASK, Agent, admin, recorded
+from tests.fixtures.agent_runs import SECRET_TASK, TOOLS, Agent, admin, recorded
 from tests.fixtures.conditions import until
-from tests.fixtures.stack import Stack
+from tests.fixtures.fake_vllm import Fault
+from tests.fixtures.stack import Stack, metric
 
 STEP_FIELDS = {"step", "at", "deployment", "rule", "arm", "tokens_in", "tokens_out", "cost_usd", "latency_ms",
                "ttft_ms", "status", "tool_calls", "tool_results", "flags"}
@@ -218,8 +222,6 @@ async def test_an_unknown_session_is_404_in_the_openai_envelope(stack: Stack) ->
 
 
 async def _metrics(stack: Stack) -> str:
-    import aiohttp
-
     async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
         return await resp.text()
 
@@ -235,3 +237,115 @@ async def test_a_one_shot_call_is_no_session_but_a_conversation_is(stack: Stack)
     await stack.gateway.app[TRAJECTORIES].flush()
     status, listed = await admin(_base(stack), "/admin/sessions")
     assert status == 200 and sorted(s["session_id"][:2] for s in listed["data"]) == ["h:", "p:"]
+
+
+# --- hostile and malformed agent input (issue 22, items 1, 2 and 7) ---
+
+DEEP_ARGS = '{"a":' * 5000 + "1" + "}" * 5000  # valid JSON text, too deep for Python's parser
+
+
+@pytest.fixture
+def flushed_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flusher waits for the test: every step the test queues is judged in one batch, when it says."""
+    monkeypatch.setattr(trajectories, "FLUSH_S", 3600.0)
+
+
+async def _steps_dropped(stack: Stack, reason: str) -> float:
+    return await metric(stack.gateway, "gateway_agent_steps_dropped_total", reason=reason)
+
+
+async def test_a_step_that_sends_back_100k_tool_outputs_records_a_bounded_digest_of_them(
+    make_stack: Callable[..., Any], flushed_by_hand: None,
+) -> None:
+    stack = await make_stack()
+    n = 100_000
+    messages = [{"role": "user", "content": SECRET_TASK},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+                *({"role": "tool", "tool_call_id": f"t{i}", "content": "x" * 40} for i in range(n))]
+    body = json.dumps({"model": "auto", "messages": messages, "tools": TOOLS})
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{_base(stack)}/v1/chat/completions", data=body,
+            headers={"content-type": "application/json", "x-session-id": "flood"}) as resp:
+        assert resp.status == 200, await resp.text()
+    recorder = stack.gateway.app[TRAJECTORIES]
+    (queued,) = recorder._queue
+    # what the queued step keeps: digests, not the request (the 100k messages) nor the response's bytes
+    assert queued.messages is None and len(queued.sent.tool_results) == tr.MAX_TOOL_RESULTS
+    assert queued.kept_bytes == len(queued.raw or b"") <= agent_steps.MAX_KEPT_BYTES
+    started = time.perf_counter()
+    await recorder.flush()
+    flush_ms = (time.perf_counter() - started) * 1000
+    session = await recorded(_base(stack), "h:flood", 1)
+    results = session["steps"][0]["tool_results"]
+    assert len(results) == tr.MAX_TOOL_RESULTS  # the latest ones
+    assert results[-1]["tool_call_id"] == f"t{n - 1}" and results[0]["tool_call_id"] == f"t{n - tr.MAX_TOOL_RESULTS}"
+    assert flush_ms < 500, f"the flush of one bounded step took {flush_ms:.0f} ms"
+
+
+async def test_a_big_answer_is_read_when_queued_not_kept(
+    make_stack: Callable[..., Any], flushed_by_hand: None,
+) -> None:
+    stack = await make_stack()
+    big = {"id": "x", "object": "chat.completion", "created": 1, "model": "fake-hq",
+           "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+               "role": "assistant", "content": "y" * (agent_steps.MAX_KEPT_BYTES + 1),
+               "tool_calls": [{"id": "c9", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}}],
+           "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}}
+    stack.hq.faults.append(Fault(body=json.dumps(big).encode()))
+    async with stack.client() as client:
+        await Agent(client, "big").run(1)
+    (queued,) = stack.gateway.app[TRAJECTORIES]._queue
+    assert queued.raw is None and queued.kept_bytes == 0
+    assert [c.name for c in queued.calls or ()] == ["search"]
+    await stack.gateway.app[TRAJECTORIES].flush()
+    session = await recorded(_base(stack), "h:big", 1)
+    assert [c["name"] for c in session["steps"][0]["tool_calls"]] == ["search"]
+
+
+async def test_one_malformed_step_never_costs_the_other_sessions_theirs(
+    make_stack: Callable[..., Any], flushed_by_hand: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stack = await make_stack()
+    stack.hq.tool_args = lambda n: DEEP_ARGS if n == 1 else {"page": n}
+    reads = tr.tool_calls_in_body
+
+    def read(raw: bytes, keep: bool = False) -> tuple[tr.ToolCall, ...]:
+        if b'"call_3"' in raw:  # a fault not found yet, in one step of the batch (the third)
+            raise KeyError("not yet found")
+        return reads(raw, keep)
+
+    monkeypatch.setattr(tr, "tool_calls_in_body", read)
+    async with stack.client() as client:
+        await Agent(client, "deep-args").run(1)  # the model's arguments nest 5,000 deep
+        await Agent(client, "fine").run(1)
+        await Agent(client, "faulty").run(1)
+        await Agent(client, "also-fine").run(1)
+    await stack.gateway.app[TRAJECTORIES].flush()  # all four steps in one batch
+    for name in ("deep-args", "fine", "also-fine"):
+        session = await recorded(_base(stack), f"h:{name}", 1)
+        assert [c["name"] for c in session["steps"][0]["tool_calls"]] == ["search"]
+    status, _ = await admin(_base(stack), "/admin/sessions/h:faulty")
+    assert status == 404 and await _steps_dropped(stack, "bad_step") == 1
+    async with stack.client() as client:  # deep arguments sent back are read too (and are no 500)
+        agent = Agent(client, "deep-args")
+        agent.messages += [{"role": "assistant", "content": None, "tool_calls": [{
+            "id": "c", "type": "function", "function": {"name": "search", "arguments": DEEP_ARGS}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+        await agent.step()
+    await stack.gateway.app[TRAJECTORIES].flush()
+    await recorded(_base(stack), "h:deep-args", 2)
+
+
+async def test_admin_query_numbers_are_whole_numbers_in_range_or_a_400(stack: Stack) -> None:
+    for query in ("limit=²", "limit=0", "limit=-1", "limit=1001", "limit=1e3", "limit=", "limit=%201"):
+        status, body = await admin(_base(stack), f"/admin/sessions?{query}")
+        assert status == 400 and body["error"]["param"] == "limit", (query, body)
+    for path in ("/admin/shadow/pairs", "/admin/shadow/labels"):
+        for query in ("limit=0", "limit=-5", "limit=²", "limit=x"):
+            status, body = await admin(_base(stack), f"{path}?{query}")
+            assert status == 400 and body["error"]["param"] == "limit", (path, query, body)
+        status, body = await admin(_base(stack), f"{path}?limit=10")
+        assert status == 200 and body == []
+    status, body = await admin(_base(stack), "/admin/sessions?limit=7&sort=cost")
+    assert status == 200 and body["data"] == []

@@ -98,3 +98,30 @@ async def test_offline_explain_admin_explain_and_simulate_decide_what_the_live_g
     replayed = simulate.replay(str(log_path), policy, policy)
     assert replayed["requests"] == len(steps) and replayed["changed"] == 0
     assert replayed["tallies"]["live"]["shares"] == {"hq": 3, "fast": 1}
+
+
+DEEP_ARGS = '{"a":' * 5000 + "1" + "}" * 5000  # valid JSON text, too deep for Python's parser
+MALFORMED = {
+    "tool_calls is a number": {"role": "assistant", "content": None, "tool_calls": 5},
+    "tool_calls holds no objects": {"role": "assistant", "content": None, "tool_calls": [5, "x", None, []]},
+    "function is a string": {"role": "assistant", "content": None, "tool_calls": [{"function": "search"}]},
+    "arguments nest 5,000 deep": {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "search", "arguments": DEEP_ARGS}}]},
+    "arguments are an object": {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "search", "arguments": {"q": [1, {"r": None}]}}}]},
+}
+
+
+async def test_malformed_tool_calls_are_read_by_the_default_rules_and_explain_without_a_500(make_stack: Any) -> None:
+    stack: Stack = await make_stack(rules=RULES)
+    base = str(stack.gateway.make_url("")).rstrip("/")
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json", **SESSION}
+    async with aiohttp.ClientSession() as http:
+        for what, assistant in MALFORMED.items():
+            body = {"model": "auto", "tools": TOOLS, "messages": [{"role": "user", "content": "go"}, assistant,
+                                                  _result("Error: boom", "1")]}
+            for path in ("/v1/chat/completions", "/admin/explain"):
+                async with http.post(base + path, data=json.dumps(body), headers=headers) as resp:
+                    assert resp.status == 200, (what, path, await resp.text())
+                    if path == "/admin/explain":  # the tool error fed back is still read
+                        assert (await resp.json())["rule"] == "tool-error-to-hq", what

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -47,15 +48,19 @@ async def test_edit_swaps_policy_and_bad_edit_keeps_the_old(stack: Stack) -> Non
         return await _deployment(stack) == "hq"
     await _wait_for(on_hq)
 
-    stack.policy_path.write_text(original.replace("default: fast", "default: nowhere"))
+    stack.policy_path.write_text(original.replace("default: fast", "default: nowhere-s3cret"))
 
     async def reload_failed() -> bool:
         _, body = await _get(stack, "/readyz")
         return bool(body["problems"])
     await _wait_for(reload_failed)
-    status, body = await _get(stack, "/readyz")
-    assert "default: unknown deployment 'nowhere'" in body["problems"][0]
-    assert str(stack.policy_path) in body["problems"][0]
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/readyz")) as resp:
+        public = await resp.text()  # /readyz is public: it says where, never what was written there
+    problem = json.loads(public)["problems"][0]
+    assert f"{stack.policy_path}:" in problem and ": default" in problem and "GET /admin/policy" in problem
+    assert "s3cret" not in public
+    _, detail = await _get(stack, "/admin/policy")
+    assert "default: unknown deployment 'nowhere-s3cret'" in detail["last_reload_error"][0]
     assert await _deployment(stack) == "hq"  # the previous good policy still serves
     _, metrics = await _get(stack, "/metrics")
     assert "gateway_policy_last_reload_ok 0.0" in metrics

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from aiohttp import web
 from selenium import webdriver
@@ -20,8 +21,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from gateway.accounting import keys
+from gateway.server.resources import ACCOUNTING
 from tests.fixtures.agent_runs import Agent, recorded
-from tests.fixtures.stack import ADMIN_TOKEN, OpsStack
+from tests.fixtures.agent_runs import admin as admin_get
+from tests.fixtures.conditions import until
+from tests.fixtures.stack import ADMIN_TOKEN, OpsStack, Stack
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
@@ -196,7 +201,7 @@ async def test_the_sessions_list_opens_a_timeline(ops_stack: OpsStack, browser: 
     assert served in row
     await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="h:run-42"]').click)
     timeline = await wait_for(browser, text_of("#timeline"))
-    assert f"Session h:run-42 · {STEPS} steps" in timeline
+    assert f"Session h:run-42 of anonymous · {STEPS} steps" in timeline
     assert timeline.count("→ search") == STEPS and timeline.count(f"← error {len(error)} B") == STEPS - 1
     assert f"Outcome: failure via api after {STEPS} steps" in timeline
     assert "the notes index never came back [task=notes]" in timeline
@@ -206,3 +211,56 @@ async def test_the_sessions_list_opens_a_timeline(ops_stack: OpsStack, browser: 
     assert figures.split()[3:5] == ["1", "0.0%"] and figures.endswith("\u2013")  # no success: no cost per one
     if os.environ.get(SCREENSHOT_ENV):
         await asyncio.to_thread(browser.save_screenshot, os.environ[SCREENSHOT_ENV].replace(".png", "-sessions.png"))
+
+
+TENANTS_POLICY = """
+    auth: {enabled: true}
+    agents:
+      record: {max_sessions: 3}
+"""
+
+
+async def test_two_tenants_sessions_of_one_id_stay_apart_and_an_evicted_one_lets_go(
+    make_stack: Callable[..., Any], browser: WebDriver,
+) -> None:
+    stack: Stack = await make_stack(TENANTS_POLICY)
+    store = stack.gateway.app[ACCOUNTING].store
+    (_, acme), (_, globex) = await keys.create(store, "acme"), await keys.create(store, "globex")
+    base = str(stack.gateway.make_url("")).rstrip("/")
+
+    async def run(key: str, session: str, steps: int) -> None:
+        async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0) as client:
+            await Agent(client, session).run(steps)
+
+    await run(acme, "run-1", 2)
+    await run(globex, "run-1", 3)  # the same x-session-id, another tenant
+    await until(lambda: _listed(base, 2), what="both sessions are listed")
+    await sign_in(browser, str(stack.gateway.make_url("/ui")))
+    for tenant, steps in (("acme", 2), ("globex", 3)):
+        row = f'#sessions tr[data-session="h:run-1"][data-tenant="{tenant}"]'
+        await wait_for(browser, lambda d, row=row: d.find_element(By.CSS_SELECTOR, row))
+        await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, row).click)
+        timeline = await wait_for(browser, lambda d, t=tenant: (text := d.find_element(By.ID, "timeline").text)
+                                  and f"of {t} ·" in text and text)
+        assert f"Session h:run-1 of {tenant} · {steps} steps" in timeline
+        assert timeline.count("→ search") == steps  # its own steps, not the other tenant's
+    # acme's run-1 is selected; then acme starts two more sessions: beyond max_sessions (3) the largest
+    # tenant's least recent session goes, acme's run-1, while globex keeps its own
+    row = '#sessions tr[data-session="h:run-1"][data-tenant="acme"]'
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, row).click)
+    await wait_for(browser, lambda d: "of acme ·" in d.find_element(By.ID, "timeline").text)
+    await run(acme, "run-2", 1)
+    await run(acme, "run-3", 1)
+    gone = await wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, '#timeline [data-expired="h:run-1"]').text)
+    assert "h:run-1 of tenant acme is no longer recorded" in gone
+    assert not browser.find_elements(By.CSS_SELECTOR, "#sessions tr.selected")
+    await wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, row))
+    assert browser.find_elements(By.CSS_SELECTOR, '#sessions tr[data-session="h:run-1"][data-tenant="globex"]')
+    assert "Could not load" not in browser.find_element(By.ID, "sessions").text
+    status, _ = await admin_get(base, "/admin/sessions/h:run-1?tenant=acme")
+    assert status == 404
+
+
+async def _listed(base: str, count: int) -> bool:
+    status, body = await admin_get(base, "/admin/sessions")
+    return status == 200 and len(body["data"]) >= count

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from gateway.decision.spikes import bucket
-from gateway.decision.trajectory import Step, ToolCall
+from gateway.decision.trajectory import Step, ToolCall, ToolResult
 from gateway.policy.agents import Recording
-from gateway.store.trajectories import Append, RedisTrajectoryStore, TrajectoryStore
+from gateway.store.trajectories import (
+    MAX_STEP_CHARS,
+    Append,
+    RedisTrajectoryStore,
+    TrajectoryStore,
+    encode,
+    fair_evictions,
+)
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
 from tests.fixtures.clock import ManualClock
 from tests.fixtures.redis_server import RedisServer
@@ -105,6 +113,55 @@ async def test_tenant_spend_is_bucketed_and_old_buckets_forgotten(store: Traject
     assert series.since == T0 and series.buckets == {bucket(T0): 0.001, bucket(T0 + 30): 0.001}
     await store.append([_append("s", T0 + 31)], {"acme": [bucket(T0)]}, LIMITS)
     assert (await store.tenant_spend(["acme"]))["acme"].buckets == {bucket(T0 + 30): pytest.approx(0.002)}
+
+
+def test_a_stored_step_encodes_to_a_bounded_size_keeping_its_digests_first() -> None:
+    calls = tuple(ToolCall("é" * 128, "d" * 16, "i" * 128, "a" * 4096) for _ in range(64))
+    results = tuple(ToolResult("r" * 128, False, 10**6, "e" * 16, "c" * 4096) for _ in range(64))
+    step = Step(T0, "hq", "rule", None, 1, 1, 0.0, 1.0, None, 200, calls, results, prompt="p" * 4096)
+    text = encode(step)
+    assert len(text) <= MAX_STEP_CHARS
+    back = Step.from_dict(json.loads(text))
+    assert back.prompt is None and back.tool_calls and back.tool_results
+    assert all(c.arguments is None and c.args_digest == "d" * 16 for c in back.tool_calls)
+    assert all(r.content is None and not r.ok for r in back.tool_results)
+    small = Step(T0, "hq", "rule", None, 1, 1, 0.0, 1.0, None, 200, calls[:2], results[:2], prompt="p")
+    assert Step.from_dict(json.loads(encode(small))).to_dict() == {**small.to_dict(), "step": 0}
+
+
+async def test_a_tenant_that_floods_the_record_evicts_its_own_sessions_not_the_others(store: TrajectoryStore) -> None:
+    limits = Recording(max_steps_per_session=3, max_sessions=6, ttl_s=600)
+    stopped = {"loop:repeated_tool_call": (T0 + 600, "search 3 times")}
+    await store.append([_append("run-1", T0, active=stopped), _append("run-2", T0 + 1),
+                        _append("b-1", T0 + 2, tenant="globex")], {}, limits)
+    for i in range(3):  # random session ids, many batches of them, all more recent than the others' sessions
+        await store.append([_append(f"junk-{i}-{j}", T0 + 10 + i * 10 + j, tenant="flood") for j in range(10)],
+                           {}, limits)
+    assert await store.active(("acme", "run-1")) == stopped
+    assert {(s.tenant, s.session_id) for s in await store.sessions(None, 10)} >= {
+        ("acme", "run-1"), ("acme", "run-2"), ("globex", "b-1")}
+    flood = await store.sessions("flood", 10)
+    assert [s.session_id for s in flood] == ["junk-2-9", "junk-2-8", "junk-2-7"]  # its newest, up to a fair share
+    # once the flood stops being the largest, the largest pays: here acme, its least recent session first
+    await store.append([_append(f"a-{j}", T0 + 100 + j) for j in range(2)], {},
+                       Recording(max_steps_per_session=3, max_sessions=7, ttl_s=600))
+    assert {s.session_id for s in await store.sessions("acme", 10)} == {"run-2", "a-0", "a-1"}
+
+
+def test_fair_evictions_take_from_the_largest_until_level() -> None:
+    assert fair_evictions({"a": 10, "b": 3, "c": 1}, 8) == {"a": 8}
+    assert fair_evictions({"a": 10, "b": 3, "c": 1}, 9) == {"a": 8, "b": 1}
+    assert sum(fair_evictions({"a": 2, "b": 2}, 10).values()) == 4 and fair_evictions({}, 3) == {}
+
+
+async def test_sessions_are_ranked_by_sort_and_limited(store: TrajectoryStore) -> None:
+    limits = Recording(max_steps_per_session=3, max_sessions=100, ttl_s=600)
+    await store.append([Append("acme", f"s{i}", _step(T0 + i, cost=[3, 1, 4, 1, 5][i] / 1000), float(i), {})
+                        for i in range(5)], {}, limits)
+    assert [s.session_id for s in await store.sessions(None, 2, "cost")] == ["s4", "s2"]
+    assert [s.session_id for s in await store.sessions(None, 2, "rate")] == ["s4", "s3"]
+    assert [s.session_id for s in await store.sessions("acme", 3)] == ["s4", "s3", "s2"]
+    assert await store.sessions("nobody", 3, "steps") == []
 
 
 # --- outcomes ---

@@ -15,7 +15,7 @@ const ACTIONS = {  // which manual operations make sense in each rollout phase
 
 const $ = (id) => document.getElementById(id);
 let timer = null;
-let selectedSession = null;
+let selectedSession = null;  // { tenant, id }: a session is named by both (two tenants may use one id)
 
 class AuthError extends Error {}
 class ApiError extends Error {
@@ -304,9 +304,12 @@ async function loadSessions() {
   if (tenant) params.set("tenant", tenant);
   const list = await api(`/admin/sessions?${params}`);
   const rows = list.data.map((s) => el("tr", {
-    class: `clickable ${s.session_id === selectedSession ? "selected" : ""}`,
-    data: { session: s.session_id },
-    onclick: () => { selectedSession = s.session_id; loadSessions().catch((e) => panelError("sessions", e)); },
+    class: `clickable ${isSelected(s) ? "selected" : ""}`,
+    data: { session: s.session_id, tenant: s.tenant },
+    onclick: () => {
+      selectedSession = { tenant: s.tenant, id: s.session_id };
+      loadSessions().catch((e) => panelError("sessions", e));
+    },
   }, cells([
     el("span", { class: "mono" }, s.session_id), s.tenant, s.steps, usd(s.cost_usd), `${s.tokens_in} / ${s.tokens_out}`,
     num(s.steps_per_min, 1), Object.entries(s.deployments || {}).map(([d, n]) => `${d} ${n}`).join(", "),
@@ -350,13 +353,29 @@ async function loadOutcomes() {
     : el("p", { class: "empty" }, "No session has reported its outcome yet (POST /v1/sessions/{id}/outcome)."));
 }
 
+function isSelected(s) {
+  return selectedSession !== null && s.session_id === selectedSession.id && s.tenant === selectedSession.tenant;
+}
+
 function flagText(flag) {
   if (typeof flag === "string") return flag;
   return [flag.kind || flag.type || "flag", flag.action].filter(Boolean).join(": ");
 }
 
-async function loadTimeline(id) {
-  const s = await api(`/admin/sessions/${encodeURIComponent(id)}`);
+async function loadTimeline(selected) {
+  const { tenant, id } = selected;
+  let s;
+  try {
+    s = await api(`/admin/sessions/${encodeURIComponent(id)}?${new URLSearchParams({ tenant })}`);
+  } catch (err) {
+    if (!(err instanceof ApiError) || err.status !== 404) throw err;
+    // Idle past the policy's ttl_s, or evicted: say so once and let go of it, not a 404 at every refresh.
+    if (selectedSession === selected) selectedSession = null;
+    for (const row of document.querySelectorAll("#sessions tr.selected")) row.classList.remove("selected");
+    fill("timeline", el("p", { class: "empty", data: { expired: id } },
+      `Session ${id} of tenant ${tenant} is no longer recorded (it expired or was evicted); pick another.`));
+    return;
+  }
   const start = s.started_at || (s.steps.length ? s.steps[0].at : 0);
   const rows = s.steps.map((step) => el("tr", { data: { step: step.step } }, cells([
     step.step, `+${num(step.at - start, 1)} s`, step.deployment, step.rule, step.arm || "–",
@@ -367,7 +386,7 @@ async function loadTimeline(id) {
     (step.flags || []).map((f) => pill(flagText(f), "bad")),
   ], [0, 1, 6, 7, 8])));
   fill("timeline",
-    el("h3", {}, "Session ", el("span", { class: "mono" }, id), ` · ${s.steps.length} steps · ${usd(s.cost_usd)}`),
+    el("h3", {}, "Session ", el("span", { class: "mono" }, id), ` of ${tenant} · ${s.steps.length} steps · ${usd(s.cost_usd)}`),
     el("p", { class: "outcome", id: "timeline-outcome" }, outcomeText(s)),
     table(["step", "at", "deployment", "rule", "arm", "tokens in / out", "cost", "latency ms", "TTFT ms", "status", "tools", "flags"], rows, [0, 1, 6, 7, 8]));
 }
