@@ -230,7 +230,7 @@ def event_data(event: bytes) -> Any:
             if data and data != b"[DONE]":
                 try:
                     return json.loads(data)
-                except ValueError:
+                except (ValueError, RecursionError):  # nested deeper than the parser goes: not an event we read
                     return None
     return None
 

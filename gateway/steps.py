@@ -58,7 +58,9 @@ def _tool_error(messages: Sequence[Mapping[str, Any]]) -> bool:
     for message in reversed(messages):
         if message.get("role") not in ("tool", "function"):
             return False
-        if ERROR_MARKERS.search(_text(message.get("content"))[:MAX_ERROR_SCAN_CHARS]):
+        # Anthropic's tool_result blocks say so themselves (`is_error`, kept on the chat view's tool message)
+        if message.get("is_error") is True or ERROR_MARKERS.search(
+                _text(message.get("content"))[:MAX_ERROR_SCAN_CHARS]):
             return True
     return False
 

@@ -80,3 +80,18 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size
 def test_any_json_shape_of_messages_never_raises(messages: list[Any]) -> None:
     found = read_step({"messages": messages})
     assert found is None or found.step >= 1
+
+
+def test_an_anthropic_tool_result_that_says_is_error_is_a_tool_error() -> None:
+    from gateway.decision.trajectory import tool_results
+    from gateway.wire import messages
+
+    body = {"model": "auto", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"cmd": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "done", "is_error": True}]},
+    ]}
+    view = messages.view(body)
+    step = read_step(view)
+    assert step is not None and step.turn == "tool_result" and step.tool_error
+    assert [r.ok for r in tool_results(view["messages"], keep=False)] == [False]

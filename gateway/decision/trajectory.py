@@ -23,7 +23,7 @@ from typing import Any
 
 from gateway import openai
 from gateway.decision.outcomes import Membership, Outcome
-from gateway.decision.sessions import HEADER, text_of
+from gateway.decision.sessions import names_session, text_of
 from gateway.features import Features
 from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS, MAX_MESSAGES, canonical
 
@@ -197,7 +197,7 @@ def is_step(features: Features, headers: Mapping[str, str]) -> bool:
     (recording it would fill the record with one-step sessions)."""
     return (features.endpoint != "embeddings"
             and bool(features.tools_count or features.tool_result_turns or features.user_turns > 1
-                     or HEADER in headers))
+                     or names_session(headers)))
 
 
 SORTS = {
@@ -317,7 +317,8 @@ def tool_results(messages: Any, keep: bool = False) -> tuple[ToolResult, ...]:
         if role in ("tool", "function"):
             text = text_of(message.get("content"))
             call_id = message.get("tool_call_id") or message.get("name") or ""
-            found.append(ToolResult(str(call_id)[:NAME_CHARS], tool_ok(text), len(text),
+            ok = tool_ok(text) and message.get("is_error") is not True  # Anthropic's tool_result says so itself
+            found.append(ToolResult(str(call_id)[:NAME_CHARS], ok, len(text),
                                     digest(text), text[:KEPT_CHARS] if keep else None))
             if len(found) == MAX_TOOL_RESULTS:
                 break
