@@ -89,7 +89,8 @@ def test_an_anthropic_tool_result_that_says_is_error_is_a_tool_error() -> None:
     body = {"model": "auto", "max_tokens": 8, "messages": [
         {"role": "user", "content": "list the files"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"cmd": "ls"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "done", "is_error": True}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": "done", "is_error": True}]},
     ]}
     view = messages.view(body)
     step = read_step(view)
