@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway import __version__
+from gateway.apis.routes import BY_ENDPOINT
 from gateway.errors import GatewayError
 from gateway.policy import model as policy_module
 from gateway.settings import Settings, describe
@@ -73,7 +74,8 @@ def _add_policy(sub: Any) -> None:
     explain = psub.add_parser("explain", help="show the decision and its reasons for one request, offline")
     explain.add_argument("--policy", required=True)
     explain.add_argument("--request", required=True, help="JSON file with an OpenAI request body")
-    explain.add_argument("--endpoint", choices=["chat", "completions", "embeddings"], default="chat")
+    explain.add_argument("--endpoint", choices=list(BY_ENDPOINT), default="chat",
+                         help="the API the request body is in (responses, messages: the agents' own)")
     explain.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
     explain.add_argument("--tenant")
     explain.add_argument("--spent-usd", action="append", default=[], metavar="WINDOW=USD",

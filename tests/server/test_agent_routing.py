@@ -125,3 +125,26 @@ async def test_malformed_tool_calls_are_read_by_the_default_rules_and_explain_wi
                     assert resp.status == 200, (what, path, await resp.text())
                     if path == "/admin/explain":  # the tool error fed back is still read
                         assert (await resp.json())["rule"] == "tool-error-to-hq", what
+
+
+def test_policy_explain_reads_the_agents_apis_as_it_reads_chat(tmp_path: Path) -> None:
+    """A routine tool-result step in the Responses and in the Messages API is read as the same chat step."""
+    policy_path = tmp_path / "policy.yaml"
+    policy_path.write_text((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())
+    responses_body = {"model": "auto", "instructions": "You are a coding agent.", "tools": [
+        {"type": "function", "name": "shell", "parameters": {"type": "object"}}], "input": [
+        {"role": "user", "content": "List the files."},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd": "ls"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "README.md setup.py"}]}
+    messages_body = {"model": "auto", "max_tokens": 64, "system": "You are a coding agent.", "tools": [
+        {"name": "Bash", "input_schema": {"type": "object"}}], "messages": [
+        {"role": "user", "content": "List the files."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"cmd": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "README.md setup.py"}]}]}
+    decided = []
+    for endpoint, body in (("responses", responses_body), ("messages", messages_body)):
+        request = tmp_path / f"{endpoint}.json"
+        request.write_text(json.dumps(body))
+        report = explain.offline(str(policy_path), str(request), endpoint, [], None, [])
+        decided.append((report["deployment"], report["rule"]))
+    assert decided == [("fast", "routine-tool-step-to-fast")] * 2
