@@ -218,8 +218,7 @@ async def memory(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> 
     policy = memory_faults.POLICY.format(fast=ports[0])
     gw = rig.gateway("slow-readers", policy, {})
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-        rows = await memory_faults.slow_readers(http, gw, f"http://127.0.0.1:{ports[0]}", args.slow_readers,
-                                                args.slow_read_kib, args.slow_read_s)
+        rows = [await memory_faults.slow_readers(http, gw, args.slow_readers, args.slow_read_kib, args.slow_read_s)]
     rig.stop([gw.pid])
     gw = rig.gateway("rounds", policy, {})
     rows.append(await memory_faults.stream_rounds(gw, args.rounds, args.round_streams))
@@ -251,7 +250,7 @@ def main() -> None:
     parser.add_argument("--slow-clients", type=int, default=500, help="connections trickling their headers")
     parser.add_argument("--header-timeout-s", type=float, default=2.0, help="the gateway's header timeout")
     parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
-    parser.add_argument("--slow-readers", type=int, default=200, help="clients reading a 1 MiB stream slowly")
+    parser.add_argument("--slow-readers", type=int, default=200, help="clients reading a 4 MiB stream slowly")
     parser.add_argument("--slow-read-kib", type=int, default=215, help="what each of them reads before leaving")
     parser.add_argument("--slow-read-s", type=float, default=4.0, help="over this many seconds")
     parser.add_argument("--rounds", type=int, default=10, help="rounds of concurrent streams")

@@ -11,7 +11,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway.upstream.client import ConnectError, Disconnected, Pool, ResponseTimeout
-from tests.fixtures.conditions import until
 from tests.fixtures.processes import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -245,30 +244,6 @@ async def test_a_cancelled_request_closes_its_connection(pool: Pool) -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.wait_for(closed.wait(), 2)
-
-
-async def test_a_slow_reader_pauses_the_socket_instead_of_buffering_without_bound(pool: Pool) -> None:
-    chunk = b"x" * 65536
-    total = 64 * len(chunk)  # 4 MiB, well past the 1 MiB high-water mark
-
-    async def firehose(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(f"HTTP/1.1 200 OK\r\ncontent-length: {total}\r\n\r\n".encode())
-        for _ in range(64):
-            writer.write(chunk)
-            await writer.drain()
-
-    async with raw_server(firehose) as base:
-        response = await pool.request("POST", f"{base}/x", b"{}", read_s=5)
-        chunks = response.iter_chunks()
-        received = len(await anext(chunks))
-        # The server keeps writing while nobody reads: the client stops reading the socket at the mark.
-        await until(lambda: response._connection._reading_paused, what="reading paused")
-        assert response._buffered < 2 * (1 << 20)
-        async for part in chunks:
-            received += len(part)
-        assert received == total
-
 
 
 async def test_at_the_limit_a_request_waits_for_a_connection_no_longer_than_connect_s() -> None:
