@@ -426,6 +426,7 @@ class Pool:
         # buffer_updated, all in one callback of the one event loop, so no two reads ever overlap.
         self.read_buffer = memoryview(bytearray(READ_BYTES))
         self.heap = HeapTrim()
+        self._sweep: asyncio.TimerHandle | None = None
 
     async def request(
         self,
@@ -550,6 +551,24 @@ class Pool:
             return
         connection.idle_since = connection.loop.time()
         self._idle.setdefault(connection.origin, []).append(connection)
+        if self._sweep is None:
+            self._sweep = connection.loop.call_later(self._idle_s, self._close_stale, connection.loop)
+
+    def _close_stale(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the connections idle for idle_s: _acquire never hands those out, and kept open, a wave's
+        thousand of them would each hold a socket and a transport until the deployment closed it."""
+        self._sweep = None
+        now, oldest = loop.time(), math.inf
+        for idle in self._idle.values():
+            fresh = [c for c in idle if now - c.idle_since < self._idle_s]
+            stale = [c for c in idle if now - c.idle_since >= self._idle_s]
+            idle[:] = fresh  # oldest first, as put back
+            for connection in stale:
+                connection.abort()
+            if fresh:
+                oldest = min(oldest, fresh[0].idle_since)
+        if oldest != math.inf:
+            self._sweep = loop.call_at(oldest + self._idle_s, self._close_stale, loop)
 
     def forget(self, connection: _Connection) -> None:
         """A connection closed: drop it and let one waiter open a new one in its place."""
@@ -575,6 +594,8 @@ class Pool:
     async def close(self) -> None:
         self._closed = True
         self.heap.cancel()
+        if self._sweep is not None:
+            self._sweep.cancel()
         for opened in list(self._open.values()):
             for connection in list(opened):
                 connection.abort()

@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway.upstream.client import ConnectError, Disconnected, Pool, ResponseTimeout
+from tests.fixtures.conditions import until
 from tests.fixtures.processes import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -226,6 +227,24 @@ async def test_at_the_limit_requests_wait_for_a_connection_instead_of_opening_mo
     finally:
         await pool.close()
     assert len(set(peers)) == 1
+
+
+async def test_connections_idle_past_idle_s_are_closed_not_kept_until_the_deployment_closes_them(echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, peers, _ = echo_server  # aiohttp's server keeps an idle connection 75 s
+    pool = Pool(idle_s=0.3)
+    try:
+        wave = await asyncio.gather(*(pool.request("POST", f"{base}/echo", b"{}") for _ in range(8)))
+        connections = [response._connection for response in wave]
+        for response in wave:
+            await response.read()
+        assert not any(c.closed for c in connections)  # idle in the pool, for reuse within idle_s
+        await until(lambda: all(c.closed for c in connections), what="the idle connections closed")
+        assert not any(pool._open.values()) and not any(pool._idle.values())
+        # The pool still serves, on a new connection.
+        assert await (await pool.request("POST", f"{base}/echo", b"1")).read() == b"1"
+        assert len(set(peers)) == 9
+    finally:
+        await pool.close()
 
 
 async def test_a_cancelled_request_closes_its_connection(pool: Pool) -> None:
