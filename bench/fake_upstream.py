@@ -30,6 +30,12 @@ USAGE = b"data: " + json.dumps({
     "usage": {"prompt_tokens": 12, "completion_tokens": 64, "total_tokens": 76}}).encode() + b"\n\n"
 HUGE_BYTES = 50 * 1024 * 1024
 SLOW_CHUNK_S = 0.01
+# Past what the kernel's socket buffers between the fake and a slow reader take in on loopback (about a
+# MiB at first): what a gateway keeps of a stream it cannot pass on shows in its RSS.
+BIG_STREAM_BYTES = 4 * 1024 * 1024
+BIG_EVENT = b"data: " + json.dumps({
+    "id": "cmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "delta": {"content": "x" * 900}, "finish_reason": None}]}).encode() + b"\n\n"
 
 FAULTS = {
     "slow": "streams with 10 ms between chunks",
@@ -40,6 +46,7 @@ FAULTS = {
     "huge": "answers 200 with 50 MiB of random bytes (chunked)",
     "huge-json": "answers 200 with a 50 MiB body that starts like a JSON object (chunked)",
     "hold": "never answers (until the gateway gives up)",
+    "big-stream": "streams 4 MiB of 1 KiB events as fast as the gateway takes them",
 }
 
 
@@ -53,6 +60,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     fault = request.headers.get("x-fake-fault", "") if request.app[FAULTY] else ""
     if DELAY_S:
         await asyncio.sleep(DELAY_S)
+    if fault == "big-stream":
+        return await _big_stream(request)
     if fault and fault not in ("slow", "die-mid-stream"):
         return await _fault(request, fault)
     if not body.get("stream"):
@@ -91,6 +100,16 @@ async def _fault(request: web.Request, fault: str) -> web.StreamResponse:
     for _ in range(HUGE_BYTES // len(block)):
         await response.write(block)
     await response.write_eof()
+    return response
+
+
+async def _big_stream(request: web.Request) -> web.StreamResponse:
+    """As fast as the gateway takes it: aiohttp's write waits for the transport to drain every 64 KiB."""
+    response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await response.prepare(request)
+    for _ in range(BIG_STREAM_BYTES // len(BIG_EVENT)):
+        await response.write(BIG_EVENT)
+    await response.write(USAGE + b"data: [DONE]\n\n")
     return response
 
 

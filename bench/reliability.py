@@ -1,12 +1,14 @@
 """The reliability suite: faults against a real gateway process in front of fake deployments; one table.
 
-    .venv/bin/python -m bench.reliability [--slow-clients 500] [--header-timeout-s 2]
+    .venv/bin/python -m bench.reliability [--groups faults,memory,agents] [--slow-clients 500]
+        [--header-timeout-s 2] [--slow-readers 200] [--slow-read-kib 215] [--rounds 10] [--round-streams 1000]
 
 `fast` is a fake deployment that fails on cue (bench/fake_upstream.py --faults, picked per request by the
 x-fake-fault header), `hq` one that always answers: the policy sends `auto` to fast and fails over to hq.
 Every process runs on a free loopback port, is started here and stopped by PID at the end; every loop is
 bounded in count and time. Prints one row per fault (requests, expected, observed, pass) and exits 1 when
 a row fails. Not a test: the suite under tests/ covers each fault; this runs them at volume, in processes.
+The memory rows are in bench/memory_faults.py, the agent rows in bench/agent_faults.py.
 """
 
 from __future__ import annotations
@@ -17,113 +19,17 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench import agent_faults, memory_faults
 from bench.proxy_bench import free_port, wait_ready
-
-ROOT = Path(__file__).resolve().parent.parent
-HELLO = [{"role": "user", "content": "hi"}]
-POLICY = """\
-version: 1
-deployments:
-  fast:
-    url: http://127.0.0.1:{fast}
-    served_model: bench
-    timeouts: {{connect_s: 1, read_s: 2, total_s: 10}}
-    health: {{interval_s: 0.5, timeout_s: 1, eject_after_failures: 100000, cooldown_s: 1}}
-  hq:
-    url: http://127.0.0.1:{hq}
-    served_model: bench
-    timeouts: {{connect_s: 1, read_s: 2, total_s: 10}}
-    health: {{interval_s: 0.5, timeout_s: 1}}
-models:
-  auto: {{route: rules}}
-default: fast
-fallback: [fast, hq]
-"""
-
-
-@dataclass
-class Row:
-    fault: str
-    requests: int
-    expected: str
-    observed: str
-    ok: bool
-
-
-@dataclass
-class Gateway:
-    url: str
-    pid: int
-    log: Path
-
-    def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
-
-
-class Rig:
-    """The processes of one run: fake deployments, gateways, Redis; stopped together, by PID."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, argv: list[str], log: Path | None = None, env: dict[str, str] | None = None) -> int:
-        out = log.open("wb") if log else subprocess.DEVNULL
-        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(proc)
-        return proc.pid
-
-    def fakes(self) -> tuple[int, int]:
-        fast, hq = free_port(), free_port()
-        self.start([sys.executable, "-m", "bench.fake_upstream", str(fast), "--faults"])
-        self.start([sys.executable, "-m", "bench.fake_upstream", str(hq)])
-        wait_ready(fast)
-        wait_ready(hq)
-        return fast, hq
-
-    def gateway(self, name: str, policy: str, env: dict[str, str]) -> Gateway:
-        path, port, log = self.folder / f"{name}.yaml", free_port(), self.folder / f"{name}.log"
-        path.write_text(policy)
-        argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port)]
-        pid = self.start(argv, log, {"AGENT_GATEWAY_LOG_LEVEL": "WARNING", **env})
-        wait_ready(port)
-        return Gateway(f"http://127.0.0.1:{port}", pid, log)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
-
-async def _gather(count: int, concurrency: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:
-    gate = asyncio.Semaphore(concurrency)
-
-    async def bounded(i: int) -> Any:
-        async with gate:
-            return await one(i)
-
-    return list(await asyncio.gather(*(bounded(i) for i in range(count))))
+from bench.rig import HELLO, POLICY, Gateway, Rig, Row, gather
 
 
 async def _chat(http: aiohttp.ClientSession, gw: Gateway, fault: str = "", **extra: Any) -> tuple[int, str, Any]:
@@ -150,7 +56,7 @@ async def _statuses(http: aiohttp.ClientSession, gw: Gateway) -> dict[str, float
 
 
 async def failover(http: aiohttp.ClientSession, gw: Gateway, fault: str, label: str, n: int) -> Row:
-    replies = await _gather(n, 8, lambda _: _chat(http, gw, fault))
+    replies = await gather(n, 8, lambda _: _chat(http, gw, fault))
     good = sum(1 for status, dep, payload in replies
                if status == 200 and dep == "hq" and isinstance(payload, dict) and payload.get("choices"))
     return Row(label, n, "200 from hq (failover before the first byte)", f"{good}/{n} 200 from hq", good == n)
@@ -173,7 +79,7 @@ async def mid_stream_death(http: aiohttp.ClientSession, gw: Gateway, n: int) -> 
             events = [e for e in (await resp.text()).split("\n\n") if e.strip()]
         return events[-1].startswith('data: {"error"') and "[DONE]" not in events[-1]
 
-    ended = sum(await _gather(n, 8, one))
+    ended = sum(await gather(n, 8, one))
     return Row("deployment dies mid-stream", n, "one SSE error event, never a silent truncation",
                f"{ended}/{n} ended with an error event", ended == n)
 
@@ -188,7 +94,7 @@ async def client_disconnects(http: aiohttp.ClientSession, gw: Gateway, n: int) -
             await resp.content.readuntil(b"\n\n")
         resp.close()
 
-    await _gather(n, 32, one)
+    await gather(n, 32, one)
     delta: dict[str, float] = {}
     for _ in range(50):  # the gateway records each once its handler is cancelled: at most a few seconds
         after = await _statuses(http, gw)
@@ -226,7 +132,7 @@ async def slow_headers(gw: Gateway, n: int, timeout_s: float) -> Row:
             writer.close()
         return time.monotonic() - started, answer
 
-    results = await _gather(n, n, one)
+    results = await gather(n, n, one)
     cut = [t for t, answer in results if answer.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in answer]
     slowest = max((t for t, _ in results), default=0.0)
     return Row(f"{n} clients trickling headers at 1 byte/s", n,
@@ -241,7 +147,7 @@ async def over_long_header(http: aiohttp.ClientSession, gw: Gateway, n: int) -> 
                              headers={"x-session-id": "s" * 60_000}) as resp:
             return resp.status == 431 and (await resp.json())["error"]["code"] == "header_too_large"
 
-    good = sum(await _gather(n, 4, one))
+    good = sum(await gather(n, 4, one))
     return Row("60 KB x-session-id header", n, "431 in the OpenAI envelope", f"{good}/{n} enveloped 431", good == n)
 
 
@@ -251,7 +157,7 @@ async def pool_saturation(rig: Rig, ports: tuple[int, int], n: int) -> Row:
     gw = rig.gateway("saturated", policy, {"AGENT_GATEWAY_UPSTREAM_CONNECTIONS": "4"})
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         started = time.monotonic()
-        replies = await _gather(n, n, lambda _: _chat(http, gw, "hold"))
+        replies = await gather(n, n, lambda _: _chat(http, gw, "hold"))
         took = time.monotonic() - started
         async with http.get(gw.url + "/readyz") as resp:
             healthy = (await resp.json()).get("healthy_deployments", [])
@@ -274,9 +180,9 @@ async def dead_redis(rig: Rig, ports: tuple[int, int], n: int) -> Row:
         'tenants:\n  - name: "*"\n    budgets: [{window: day, hard_usd: 1000}]\n')
     gw = rig.gateway("redis", policy, {})
     async with aiohttp.ClientSession() as http:
-        warm = await _gather(5, 5, lambda _: _chat(http, gw))
+        warm = await gather(5, 5, lambda _: _chat(http, gw))
         os.kill(pid, signal.SIGKILL)
-        replies = await _gather(n, 8, lambda _: _chat(http, gw))
+        replies = await gather(n, 8, lambda _: _chat(http, gw))
         async with http.get(gw.url + "/metrics") as resp:
             degraded = "gateway_store_degraded 1.0" in await resp.text()
     good = sum(1 for status, _, _ in replies if status == 200)
@@ -285,8 +191,10 @@ async def dead_redis(rig: Rig, ports: tuple[int, int], n: int) -> Row:
                good == n and degraded and all(s == 200 for s, _, _ in warm))
 
 
-async def run(args: argparse.Namespace, rig: Rig) -> list[Row]:
-    ports = rig.fakes()
+GROUPS = ("faults", "memory", "agents")
+
+
+async def faults(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> list[Row]:
     env = {"AGENT_GATEWAY_HEADER_TIMEOUT_S": str(args.header_timeout_s)}
     gw = rig.gateway("gateway", POLICY.format(fast=ports[0], hq=ports[1]), env)
     rows: list[Row] = []
@@ -299,8 +207,34 @@ async def run(args: argparse.Namespace, rig: Rig) -> list[Row]:
         rows.append(await client_disconnects(http, gw, 200))
         rows.append(await over_long_header(http, gw, 20))
     rows.append(await slow_headers(gw, args.slow_clients, args.header_timeout_s))
+    rig.stop([gw.pid])
     rows.append(await pool_saturation(rig, ports, 16))
     rows.append(await dead_redis(rig, ports, 50))
+    return rows
+
+
+async def memory(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> list[Row]:
+    """Each on a fresh gateway: what it measures is its own traffic's memory."""
+    policy = memory_faults.POLICY.format(fast=ports[0])
+    gw = rig.gateway("slow-readers", policy, {})
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        rows = [await memory_faults.slow_readers(http, gw, args.slow_readers, args.slow_read_kib, args.slow_read_s)]
+    rig.stop([gw.pid])
+    gw = rig.gateway("rounds", policy, {})
+    rows.append(await memory_faults.stream_rounds(gw, args.rounds, args.round_streams))
+    rig.stop([gw.pid])
+    return rows
+
+
+async def agents(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> list[Row]:
+    return [await agent_faults.agent_bad_input(rig, ports, 3), await agent_faults.cut_holds(rig, ports, 400)]
+
+
+async def run(args: argparse.Namespace, rig: Rig) -> list[Row]:
+    ports = rig.fakes()
+    rows: list[Row] = []
+    for group in args.groups.split(","):
+        rows += await {"faults": faults, "memory": memory, "agents": agents}[group](args, rig, ports)
     return rows
 
 
@@ -315,7 +249,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--slow-clients", type=int, default=500, help="connections trickling their headers")
     parser.add_argument("--header-timeout-s", type=float, default=2.0, help="the gateway's header timeout")
+    parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
+    parser.add_argument("--slow-readers", type=int, default=200, help="clients reading a 4 MiB stream slowly")
+    parser.add_argument("--slow-read-kib", type=int, default=215, help="what each of them reads before leaving")
+    parser.add_argument("--slow-read-s", type=float, default=4.0, help="over this many seconds")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of concurrent streams")
+    parser.add_argument("--round-streams", type=int, default=1000, help="concurrent 64-chunk streams a round")
     args = parser.parse_args()
+    if unknown := set(args.groups.split(",")) - set(GROUPS):
+        parser.error(f"unknown groups: {', '.join(sorted(unknown))}")
     with tempfile.TemporaryDirectory(prefix="reliability-") as folder:
         rig = Rig(Path(folder))
         try:

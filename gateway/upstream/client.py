@@ -23,8 +23,16 @@ from urllib.parse import urlsplit
 
 import httptools
 
-# Pause reading a streamed body once this much is buffered and not yet consumed.
-_HIGH_WATER_BYTES = 1 << 20
+# Per response, reading the deployment's socket stops once this much of the body waits for its consumer
+# and resumes when the consumer has taken it: a slow client then costs a bounded amount of memory here,
+# and the deployment's own writes wait (TCP back-pressure) instead of the gateway buffering its answer.
+HIGH_WATER_BYTES = 64 * 1024
+# The most one socket read takes in, hence what a response can pass the mark by (uvloop's own read buffer
+# is 256 KiB: after a pause the kernel has that much queued, and one read would take it all).
+READ_BYTES = 64 * 1024
+# What a buffered piece costs besides its bytes (the bytes object's header, its deque slot): a stream of
+# tiny chunks is bounded by the memory it holds, not only by its payload.
+PIECE_OVERHEAD_BYTES = 64
 # uvicorn (vLLM's server) closes idle keep-alive connections after 5 s; never hand out one that old.
 DEFAULT_IDLE_S = 4.0
 
@@ -51,6 +59,52 @@ def release_heap() -> None:
     """
     if _TRIM is not None:
         _TRIM(0)
+
+
+class HeapTrim:
+    """Gives the heap back to the OS once a wave of responses has mostly ended.
+
+    A thousand streams at once, or a few hundred slow readers, leave the process tens of megabytes larger
+    after they end: glibc keeps what they freed for reuse. When at least WAVE_RESPONSES were open at once
+    and no more than a quarter of that peak still is, release_heap runs (in a thread: giving back 60 MB
+    takes ~40 ms), TRIM_DELAY_S later (the ended requests' own objects are freed after their response)
+    and at most once per TRIM_EVERY_S. A wave's tail of over WAVE_RESPONSES / 4 gets one more trim once
+    it ended too; steady traffic after a wave triggers none.
+    """
+
+    WAVE_RESPONSES = 64
+    TRIM_DELAY_S = 0.5
+    TRIM_EVERY_S = 2.0
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.peak = 0
+        self.trims = 0
+        self._due: asyncio.TimerHandle | None = None
+        self._last_at = -math.inf
+
+    def opened(self) -> None:
+        self.open += 1
+        self.peak = max(self.peak, self.open)
+
+    def ended(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.open -= 1
+        if self._due is None and self.peak >= self.WAVE_RESPONSES and self.open <= self.peak // 4:
+            at = max(loop.time() + self.TRIM_DELAY_S, self._last_at + self.TRIM_EVERY_S)
+            self._due = loop.call_at(at, self._trim, loop)
+
+    def _trim(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._due, self._last_at = None, loop.time()
+        # The next wave is measured from what is open now; a tail still this large counts as one.
+        tail = self.open > self.WAVE_RESPONSES // 4
+        self.peak = max(self.open, self.WAVE_RESPONSES) if tail else self.open
+        self.trims += 1
+        loop.run_in_executor(None, release_heap)
+
+    def cancel(self) -> None:
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
 
 
 class ClientError(Exception):
@@ -126,7 +180,8 @@ class Response:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._released = False
-        self._streaming = False  # back-pressure applies only while a consumer iterates the chunks
+        connection.pool.heap.opened()
+        self._whole = False  # read() wants the body at once: no mark to pause at
 
     # -- the parser's callbacks (httptools calls these while fed) ---------------------------------------
 
@@ -143,8 +198,8 @@ class Response:
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
-        self._buffered += len(body)
-        if self._streaming and self._buffered > _HIGH_WATER_BYTES:
+        self._buffered += len(body) + PIECE_OVERHEAD_BYTES
+        if self._buffered > HIGH_WATER_BYTES and not self._whole:
             self._connection.pause_reading()
         self._wake()
 
@@ -157,7 +212,7 @@ class Response:
 
     # -- fed by the connection ------------------------------------------------------------------------
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         self.got_bytes = True
         try:
             self._parser.feed_data(data)
@@ -188,15 +243,21 @@ class Response:
 
     # -- what callers use -----------------------------------------------------------------------------
 
+    @property
+    def buffered_bytes(self) -> int:
+        """What of the body arrived and waits for its consumer (with the pieces' overhead)."""
+        return self._buffered
+
     async def wait_headers(self) -> None:
         while not self.headers_done:
             await self._wait()
 
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""
+        self._whole = True
         try:
             while not self.complete:
-                await self._wait()
+                await self._wait_body()
         except BaseException:
             self.close()
             raise
@@ -206,8 +267,8 @@ class Response:
         return body
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive. The caller releases or closes the response when done."""
-        self._streaming = True
+        """Body bytes as they arrive, at most about HIGH_WATER_BYTES + READ_BYTES at a time: reading pauses
+        while the caller has not come back for more. The caller releases or closes the response when done."""
         while True:
             if self._chunks:
                 # All that arrived since the last turn in one piece: a chunked body's many small chunks
@@ -219,15 +280,14 @@ class Response:
                 continue
             if self.complete:
                 return
-            self._connection.resume_reading()
-            await self._wait()
+            await self._wait_body()
 
     async def read_prefix(self, size: int, timeout_s: float) -> bytes:
         """Up to about `size` bytes of the body, waiting at most timeout_s; then the connection is dropped."""
         try:
             async with asyncio.timeout(timeout_s):
                 while self._buffered < size and not self.complete:
-                    await self._wait()
+                    await self._wait_body()
         except (TimeoutError, ClientError):
             pass
         except BaseException:  # cancelled: drop the connection all the same
@@ -236,6 +296,11 @@ class Response:
         prefix = b"".join(self._chunks)[:size]
         self.close()
         return prefix
+
+    async def _wait_body(self) -> None:
+        """Wait for more of the body: what was buffered has been taken, so the socket may be read again."""
+        self._connection.resume_reading()
+        await self._wait()
 
     async def _wait(self) -> None:
         if self._error is not None:
@@ -266,6 +331,7 @@ class Response:
             self._connection.reuse()
         else:
             self._connection.abort()
+        self._connection.pool.heap.ended(self._loop)
 
     def close(self) -> None:
         """Drop the connection now (the deployment sees the close and stops generating)."""
@@ -274,10 +340,15 @@ class Response:
         if not self._released:
             self._released = True
             self._connection.abort()
+            self._connection.pool.heap.ended(self._loop)
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive TCP connection to an origin, carrying one request at a time."""
+class _Connection(asyncio.BufferedProtocol):
+    """One keep-alive TCP connection to an origin, carrying one request at a time.
+
+    Buffered (the transport reads into the pool's one read buffer, at most READ_BYTES at a time) so that
+    what a response holds past its high-water mark is bounded by that, not by the transport's read size.
+    """
 
     def __init__(self, pool: Pool, origin: Origin, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
@@ -292,11 +363,15 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.pool.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.response is None:  # bytes nobody asked for: the connection is not usable any more
             self.abort()
             return
-        self.response.feed(data)
+        # The parser copies what it keeps (headers, body pieces), so the one buffer is free again after this.
+        self.response.feed(self.pool.read_buffer[:nbytes])
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows
@@ -347,6 +422,11 @@ class Pool:
         self._waiters: dict[Origin, collections.deque[asyncio.Future[_Connection | None]]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
+        # Every connection reads into this one buffer: a transport calls get_buffer, reads, then
+        # buffer_updated, all in one callback of the one event loop, so no two reads ever overlap.
+        self.read_buffer = memoryview(bytearray(READ_BYTES))
+        self.heap = HeapTrim()
+        self._sweep: asyncio.TimerHandle | None = None
 
     async def request(
         self,
@@ -380,9 +460,9 @@ class Pool:
             except Disconnected:
                 # A kept-alive connection the deployment closed just as we reused it: nothing was
                 # processed, so try once more on a fresh one.
+                response.close()
                 if first_try and reused and not response.got_bytes:
                     continue
-                response.close()
                 raise
             except BaseException:
                 response.close()
@@ -471,6 +551,24 @@ class Pool:
             return
         connection.idle_since = connection.loop.time()
         self._idle.setdefault(connection.origin, []).append(connection)
+        if self._sweep is None:
+            self._sweep = connection.loop.call_later(self._idle_s, self._close_stale, connection.loop)
+
+    def _close_stale(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the connections idle for idle_s: _acquire never hands those out, and kept open, a wave's
+        thousand of them would each hold a socket and a transport until the deployment closed it."""
+        self._sweep = None
+        now, oldest = loop.time(), math.inf
+        for idle in self._idle.values():
+            fresh = [c for c in idle if now - c.idle_since < self._idle_s]
+            stale = [c for c in idle if now - c.idle_since >= self._idle_s]
+            idle[:] = fresh  # oldest first, as put back
+            for connection in stale:
+                connection.abort()
+            if fresh:
+                oldest = min(oldest, fresh[0].idle_since)
+        if oldest != math.inf:
+            self._sweep = loop.call_at(oldest + self._idle_s, self._close_stale, loop)
 
     def forget(self, connection: _Connection) -> None:
         """A connection closed: drop it and let one waiter open a new one in its place."""
@@ -495,6 +593,9 @@ class Pool:
 
     async def close(self) -> None:
         self._closed = True
+        self.heap.cancel()
+        if self._sweep is not None:
+            self._sweep.cancel()
         for opened in list(self._open.values()):
             for connection in list(opened):
                 connection.abort()

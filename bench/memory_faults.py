@@ -1,0 +1,143 @@
+"""Reliability rows about the gateway's memory: slow readers of a big stream, rounds of concurrent streams.
+
+Each row runs against a gateway of its own, so what it measures is its own traffic's memory, not the
+earlier rows'. RSS is read from /proc; "after" is read once the gateway has no request open at a
+deployment and the allocator had a moment to hand freed pages back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from bench.rig import HELLO, Gateway, Row, gather, settled
+
+PIECE_BYTES = 4096  # what a slow reader takes off its socket at a time
+RCVBUF_BYTES = 32 * 1024  # its socket's receive buffer (Linux doubles it)
+SETTLE_S = 3.0  # after the last request: time for the gateway to drop and trim what it freed
+STREAM_REQUEST = json.dumps({"model": "auto", "messages": HELLO, "stream": True}).encode()
+# One deployment, the fake with faults (big-stream), with timeouts and health checks that a thousand
+# streams on two busy cores do not trip: a row must measure memory, not fail over to another fake.
+POLICY = """\
+version: 1
+deployments:
+  fast:
+    url: http://127.0.0.1:{fast}
+    served_model: bench
+    timeouts: {{connect_s: 10, read_s: 30, total_s: 120}}
+    max_in_flight: 4096
+    health: {{interval_s: 5, timeout_s: 5, eject_after_failures: 100000, cooldown_s: 1}}
+models:
+  auto: {{route: rules}}
+default: fast
+fallback: [fast]
+"""
+
+
+class PeakRss:
+    """Samples a process's RSS every 50 ms while running; `peak_mib` is the highest seen."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self._gw = gw
+        self.peak_mib = gw.rss_mib()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> PeakRss:
+        self._task = asyncio.get_running_loop().create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _sample(self) -> None:
+        while True:
+            self.peak_mib = max(self.peak_mib, self._gw.rss_mib())
+            await asyncio.sleep(0.05)
+
+
+async def _slow_reader(gw: Gateway, read_bytes: int, seconds: float) -> int:
+    """One client of a 4 MiB stream that reads `read_bytes` of it over `seconds`, then hangs up."""
+    url = urlsplit(gw.url)
+    assert url.hostname is not None and url.port is not None
+    sock = socket.socket()
+    # A fixed receive window, as a client on a slow link has: on loopback the kernel would otherwise grow
+    # it to megabytes and take in the whole stream for the client, and nothing would ever push back.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (url.hostname, url.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4 * PIECE_BYTES)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+                 b"x-fake-fault: big-stream\r\ncontent-length: %d\r\n\r\n%s" % (len(STREAM_REQUEST), STREAM_REQUEST))
+    pause_s = seconds * PIECE_BYTES / read_bytes
+    got = 0
+    try:
+        async with asyncio.timeout(seconds + 20):
+            while got < read_bytes:
+                piece = await reader.read(PIECE_BYTES)
+                if not piece:
+                    break
+                got += len(piece)
+                await asyncio.sleep(pause_s)
+    except (TimeoutError, ConnectionError):
+        pass
+    finally:
+        writer.transport.abort()  # gone mid-stream, as a client that gives up is
+    return got
+
+
+async def slow_readers(
+    http: aiohttp.ClientSession, gw: Gateway, n: int, read_kib: int, seconds: float
+) -> Row:
+    """n clients each read `read_kib` of a 4 MiB stream over `seconds`, then leave."""
+    before = gw.rss_mib()
+    async with PeakRss(gw) as peak:
+        got = await gather(n, n, lambda _: _slow_reader(gw, read_kib * 1024, seconds))
+    left = await settled(http, gw)
+    await asyncio.sleep(SETTLE_S)
+    after = gw.rss_mib()
+    read = sum(1 for g in got if g >= read_kib * 1024)
+    per_reader_kib = (peak.peak_mib - before) * 1024 / n
+    # What one slow reader may cost the gateway at its peak: the relay's bound (upstream/client.py's high-water
+    # mark and read size, aiohttp's write buffer: ~200 KiB) plus the stream tally (openai.StreamTally keeps
+    # up to 256 KiB of a stream, to estimate its tokens should no usage chunk come).
+    budget_kib = 512
+    return Row(f"{n} slow readers of a 4 MiB stream ({read_kib} KiB each over {seconds:g} s)", n,
+               f"peak RSS < {budget_kib} KiB a reader over the start; within 16 MiB of it after they left",
+               f"{read}/{n} read it; RSS {before:.0f} -> peak {peak.peak_mib:.0f} ({per_reader_kib:.0f} KiB a "
+               f"reader) -> after {after:.0f} MiB", read == n and left and per_reader_kib < budget_kib
+               and after - before < 16)
+
+
+async def _stream(http: aiohttp.ClientSession, gw: Gateway) -> bool:
+    async with http.post(gw.url + "/v1/chat/completions", data=STREAM_REQUEST,
+                         headers={"content-type": "application/json"}) as resp:
+        text = await resp.text()
+        return resp.status == 200 and text.rstrip().endswith("data: [DONE]")
+
+
+async def stream_rounds(gw: Gateway, rounds: int, n: int) -> Row:
+    """`rounds` rounds of n concurrent 64-chunk streams; RSS once each round has left the gateway."""
+    before = gw.rss_mib()
+    after: list[float] = []
+    good = 0
+    connector = aiohttp.TCPConnector(limit=n)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
+        for _ in range(rounds):
+            good += sum(await gather(n, n, lambda _: _stream(http, gw)))
+            await settled(http, gw)
+            await asyncio.sleep(SETTLE_S)
+            after.append(gw.rss_mib())
+    shown = ", ".join(f"{i}: {after[i - 1]:.0f}" for i in sorted({1, min(3, rounds), rounds}))
+    # Caches fill up over the first rounds (the explain memory keeps the last 2,048 decisions): growth
+    # must stop after them, not go on with every round.
+    late_growth = after[-1] - after[min(3, rounds) - 1]
+    return Row(f"{rounds} rounds of {n} concurrent 64-chunk streams", rounds * n,
+               "all 200 + [DONE]; RSS stops growing after round 3 (< 2 MiB more by the last)",
+               f"{good}/{rounds * n} whole; RSS {before:.0f} MiB, after rounds {shown} MiB",
+               good == rounds * n and late_growth < 2)
