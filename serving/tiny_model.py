@@ -54,7 +54,8 @@ class TinyModelSpec:
     small: Shape = Shape(128, 256, 2, 2, 1)
     # ~25M parameters: per token about 50x the small member's matrix work (see widen()).
     large: Shape = Shape(512, 1536, 8, 8, 2)
-    max_position_embeddings: int = 4096
+    # A coding agent's first request is 10-20k tokens (Claude Code's system prompt and tools alone ~19k).
+    max_position_embeddings: int = 32768
     tokenizer_vocab_size: int = 1024
     seed: int = 0
 
