@@ -9,11 +9,13 @@ end-to-end tests of the gateway's adapters.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import pytest
@@ -22,6 +24,7 @@ from aiohttp.test_utils import TestServer
 from tests.fixtures import agent_clients
 from tests.fixtures.fake_vllm import PROMPT_TOKENS, FakeVLLM, Fault, ToolUse
 
+CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "captured"
 MODEL = "fake-fast"
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -83,6 +86,38 @@ async def test_anthropic_messages_stream_a_tool_use_and_count_tokens(fake: tuple
     assert counted.input_tokens == PROMPT_TOKENS
     assert model.paths == ["/v1/messages", "/v1/messages", "/v1/messages/count_tokens"]
     await client.close()
+
+
+def _event_types(sse: str) -> list[str]:
+    """The stream's event types in order, a run of one type (the deltas) counted once."""
+    types = [line.removeprefix("event: ") for line in sse.splitlines() if line.startswith("event: ")]
+    return [kind for kind, _ in itertools.groupby(types)]
+
+
+def _data(sse: str) -> list[dict[str, Any]]:
+    return [json.loads(line.removeprefix("data: ")) for line in sse.splitlines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize(("path", "body", "captured"), [
+    ("/v1/responses", {"input": "hi"}, "responses_stream.sse"),
+    ("/v1/responses", {"input": "hi", "tools": [WEATHER]}, "responses_tool_stream.sse"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}, "messages_stream.sse"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "tools": [
+        {"name": "get_weather", "input_schema": WEATHER["parameters"]}]}, "messages_tool_stream.sse"),
+])
+async def test_the_fake_streams_what_vllm_streams(
+    fake: tuple[FakeVLLM, TestServer], path: str, body: dict[str, Any], captured: str
+) -> None:
+    """Event for event (types, order, the fields each carries) as vLLM 0.32 streamed it (tests/fixtures/captured)."""
+    _, server = fake
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{_root(server)}{path}", json={"model": MODEL, "stream": True, **body}) as answer:
+        streamed = (await answer.read()).decode()
+    vllm = (CAPTURED / captured).read_text()
+    assert _event_types(streamed) == _event_types(vllm)
+    by_type = {event["type"]: set(event) for event in _data(vllm)}
+    for event in _data(streamed):
+        assert set(event) >= by_type[event["type"]] - {"logprobs"}, event
 
 
 async def test_faults_answer_in_each_apis_envelope(fake: tuple[FakeVLLM, TestServer]) -> None:
