@@ -35,8 +35,9 @@ def _agent_body(prompt_kilotokens: int, tail: list[dict[str, Any]]) -> dict[str,
 
 
 def _call(cmd: str, call_id: str) -> dict[str, Any]:
-    return {"role": "assistant", "content": None, "tool_calls": [{
-        "id": call_id, "type": "function", "function": {"name": "exec_command", "arguments": json.dumps({"cmd": cmd})}}]}
+    function = {"name": "exec_command", "arguments": json.dumps({"cmd": cmd})}
+    call = {"id": call_id, "type": "function", "function": function}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
 def _result(text: str, call_id: str) -> dict[str, Any]:
