@@ -54,9 +54,13 @@ class TinyModelSpec:
     small: Shape = Shape(128, 256, 2, 2, 1)
     # ~25M parameters: per token about 50x the small member's matrix work (see widen()).
     large: Shape = Shape(512, 1536, 8, 8, 2)
-    max_position_embeddings: int = 4096
+    # A coding agent's first request is 10-20k tokens (Claude Code's system prompt and tools alone ~19k).
+    max_position_embeddings: int = 32768
     tokenizer_vocab_size: int = 1024
     seed: int = 0
+    # What vLLM generates for a call that names no output limit (Codex names none): random weights rarely stop
+    # by themselves, and filling a 32k window takes minutes on CPU. Only a default: a call's max_tokens wins.
+    default_max_new_tokens: int = 512
 
 
 def read_corpus() -> list[str]:
@@ -132,6 +136,7 @@ def write_member(folder: Path, spec: TinyModelSpec, shape: Shape, vocab: dict[st
             "bos_token_id": vocab["<|endoftext|>"],
             "eos_token_id": vocab["<|im_end|>"],
             "pad_token_id": vocab["<|endoftext|>"],
+            "max_new_tokens": spec.default_max_new_tokens,
         },
     )
     write_safetensors(folder / "model.safetensors", weights)

@@ -28,6 +28,7 @@ from serving.launcher import (
 )
 
 DEFAULT_STATE_DIR = Path("var/up")
+_NODE_BIN = Path(sys.prefix) / "node" / "node_modules" / ".bin"  # where scripts/setup installs the coding agents
 GATEWAY_READY_TIMEOUT_S = 60.0
 DESCRIPTION = (
     "Start both vLLM deployments of a serving profile, then the gateway with a policy pointing at them. "
@@ -229,6 +230,9 @@ def print_welcome(host: str, port: int, commands: Mapping[str, ServerCommand]) -
         f"  python -c \"import openai; c = openai.OpenAI(base_url='{base}', api_key='none'); "
         "print(c.chat.completions.create(model='auto', "
         "messages=[{'role': 'user', 'content': 'Hello!'}]).choices[0].message.content)\"",
+        f"  ANTHROPIC_BASE_URL={base.removesuffix('/v1')} ANTHROPIC_API_KEY=none {_NODE_BIN / 'claude'} -p "
+        "--model auto 'Hello!'",
+        f"  Codex: a provider with base_url = \"{base}\" and wire_api = \"responses\" (README: Coding agents)",
         "Ctrl-C stops the gateway and both vLLM servers.",
     ]
     print("\n".join(lines), flush=True)

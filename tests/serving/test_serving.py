@@ -106,7 +106,7 @@ def test_cpu_commands_are_exact() -> None:
     hq, fast = commands["hq"], commands["fast"]
     assert hq.argv == [
         "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/large", "--served-model-name",
-        "tiny-hq", "--host", "127.0.0.1", "--port", "9001", "--dtype", "bfloat16", "--max-model-len", "2048",
+        "tiny-hq", "--host", "127.0.0.1", "--port", "9001", "--dtype", "bfloat16", "--max-model-len", "32768",
         "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]  # fmt: skip
     assert fast.argv[4] == "/m/small"
@@ -315,7 +315,7 @@ def test_up_policy_points_at_the_started_servers(tmp_path: Path) -> None:
     policy = gateway_policy.load(written)
     assert policy.deployments["hq"].url == "http://127.0.0.1:9101"
     assert policy.deployments["fast"].served_model == "tiny-fast"
-    assert policy.deployments["fast"].max_model_len == 2048
+    assert policy.deployments["fast"].max_model_len == 32768
     assert policy.deployments["fast"].load.spill_to == "hq"  # the template's other settings survive
 
 
