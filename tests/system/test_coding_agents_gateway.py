@@ -1,0 +1,80 @@
+"""Codex CLI and Claude Code, the real clients from the npm registry, through the gateway to the fake pair.
+
+The random-weight vLLM pair does not emit tool calls, so these multi-step loops run against the fake vLLM,
+scripted to call a tool: each agent runs the tool on this machine and continues with its result. The gateway
+routes each step by the default policy (planning to hq, the routine tool-result step to fast) and records the
+run as one agent session, named by what the client sends (Codex's `session-id`, Claude Code's
+`X-Claude-Code-Session-Id`), with its steps, tool calls and tool results.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from tests.fixtures import agent_clients
+from tests.fixtures.conditions import until
+from tests.fixtures.fake_vllm import ToolUse
+from tests.fixtures.stack import ADMIN_TOKEN, Stack
+
+DEFAULT = yaml.safe_load((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())
+RULES = yaml.safe_dump({"rules": DEFAULT["rules"]})
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+async def _admin(stack: Stack, path: str) -> Any:
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url(path), headers=ADMIN) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def _one_session(stack: Stack, steps: int) -> dict[str, Any]:
+    """The only recorded session, once it holds `steps` steps, with its timeline."""
+
+    async def recorded() -> Any:
+        listed = (await _admin(stack, "/admin/sessions"))["data"]
+        return listed if len(listed) == 1 and listed[0]["steps"] == steps else None
+
+    (summary,) = await until(recorded, timeout_s=30.0, what=f"one session of {steps} steps")
+    return dict(await _admin(stack, f"/admin/sessions/{summary['session_id']}?tenant={summary['tenant']}"))
+
+
+async def test_codex_exec_runs_a_turn_through_the_gateway(make_stack: Any, tmp_path: Path) -> None:
+    stack: Stack = await make_stack(rules=RULES)
+    stack.hq.script = [ToolUse("exec_command", {"cmd": "echo clue-$((6 * 7))"})]  # the planning step's answer
+    run = await agent_clients.codex_exec(stack.base_url, "Print the clue.", tmp_path, model="auto")
+    assert run.exit_code == 0, run.describe()
+    assert len(stack.hq.received) == 1 and len(stack.fast.received) == 1  # planned on hq, the routine step on fast
+    results = [i for i in stack.fast.received[0]["input"] if i.get("type") == "function_call_output"]
+    assert len(results) == 1 and "clue-42" in json.dumps(results[0]["output"])  # the command ran here
+    session = await _one_session(stack, 2)
+    assert session["session_id"] == "h:" + stack.hq.headers_seen[0]["session-id"]
+    first, second = session["steps"]
+    assert (first["deployment"], second["deployment"]) == ("hq", "fast")
+    assert [c["name"] for c in first["tool_calls"]] == ["exec_command"]
+    assert len(second["tool_results"]) == 1 and second["tool_results"][0]["ok"]
+
+
+async def test_claude_code_runs_a_turn_through_the_gateway(make_stack: Any, tmp_path: Path) -> None:
+    stack: Stack = await make_stack(rules=RULES)
+    stack.hq.script = [ToolUse("Bash", {"command": "echo clue-$((6 * 7))", "description": "Print the clue"})]
+    run = await agent_clients.claude_print(stack.gateway_root, "Print the clue.", tmp_path, model="auto")
+    assert run.exit_code == 0, run.describe()
+    steps = [b for fake in (stack.hq, stack.fast) for p, b in zip(fake.paths, fake.received, strict=True)
+             if p == "/v1/messages" and b.get("tools")]
+    assert len(steps) == 2
+    results = [block for block in steps[1]["messages"][-1]["content"]
+               if isinstance(block, dict) and block.get("type") == "tool_result"]
+    assert len(results) == 1 and "clue-42" in json.dumps(results[0]["content"])  # Bash ran here
+    final = [e for e in run.events() if e.get("type") == "result"]
+    assert final, run.describe()
+    session = await _one_session(stack, 2)
+    assert session["session_id"] == "h:" + final[0]["session_id"]
+    first, second = session["steps"]
+    assert (first["deployment"], second["deployment"]) == ("hq", "fast")
+    assert [c["name"] for c in first["tool_calls"]] == ["Bash"]
+    assert len(second["tool_results"]) == 1
