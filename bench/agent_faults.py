@@ -24,6 +24,7 @@ ADMIN_TOKEN = "bench-admin-token"
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
 DEPTH = 5_000
 TOOL_MESSAGES = 100_000
+NESTED = "<nested>"
 
 
 def _call(arguments: Any) -> dict[str, Any]:
@@ -34,22 +35,22 @@ def _agent_body(*turns: dict[str, Any]) -> dict[str, Any]:
     return {"model": "auto", "tools": TOOLS, "messages": [{"role": "user", "content": "fix the bug"}, *turns]}
 
 
-def bad_bodies() -> dict[str, dict[str, Any]]:
-    """Each hostile body by its name in the row."""
+def bad_bodies() -> dict[str, bytes]:
+    """Each hostile body, encoded, by its name in the row."""
     result = {"role": "tool", "tool_call_id": "call_1", "content": "ok"}
-    nested_text = "[" * DEPTH + "]" * DEPTH
-    nested: Any = {}
-    for _ in range(DEPTH):
-        nested = {"a": nested}
-    return {
+    deep = "[" * DEPTH + "]" * DEPTH
+    bodies = {
         f"{TOOL_MESSAGES:,} tool messages": _agent_body(
             {"role": "assistant", "content": None, "tool_calls": [_call("{}")]}, *([result] * TOOL_MESSAGES)),
         "tool_calls: 5": _agent_body({"role": "assistant", "content": None, "tool_calls": 5}, result),
         f"arguments nested {DEPTH:,} deep (a string)": _agent_body(
-            {"role": "assistant", "content": None, "tool_calls": [_call(nested_text)]}, result),
-        f"arguments nested {DEPTH:,} deep (an object)": _agent_body(
-            {"role": "assistant", "content": None, "tool_calls": [_call(nested)]}, result),
+            {"role": "assistant", "content": None, "tool_calls": [_call(deep)]}, result),
+        f"arguments nested {DEPTH:,} deep (an object, not a string)": _agent_body(
+            {"role": "assistant", "content": None, "tool_calls": [_call(NESTED)]}, result),
     }
+    # json.dumps itself recurses: the nested object goes in as text.
+    nested = ('{"a": ' * DEPTH + "1" + "}" * DEPTH).encode()
+    return {name: json.dumps(body).encode().replace(f'"{NESTED}"'.encode(), nested) for name, body in bodies.items()}
 
 
 def default_policy(fast: int, hq: int) -> str:
@@ -68,8 +69,7 @@ async def agent_bad_input(rig: Rig, ports: tuple[int, int], repeat: int) -> Row:
     gw = rig.gateway("agents", default_policy(*ports), {"AGENT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN})
     statuses: dict[str, list[int]] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-        for name, body in bad_bodies().items():
-            raw = json.dumps(body).encode()
+        for name, raw in bad_bodies().items():
             for i in range(repeat):
                 headers = {"x-session-id": f"bad-{i}"}
                 statuses.setdefault(name, []).append(await _post(http, gw.url + "/v1/chat/completions", raw, headers))

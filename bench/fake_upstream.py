@@ -121,7 +121,7 @@ def main() -> None:
     import uvloop
 
     uvloop.install()
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024 * 1024)  # a deployment takes agents' big bodies
     app[FAULTY] = "--faults" in sys.argv[2:]
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/health", ok)

@@ -223,6 +223,9 @@ async def memory(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> 
     gw = rig.gateway("rounds", policy, {})
     rows.append(await memory_faults.stream_rounds(gw, args.rounds, args.round_streams))
     rig.stop([gw.pid])
+    gw = rig.gateway("headers", policy, {})
+    rows.append(await memory_faults.padded_headers(gw, 200))
+    rig.stop([gw.pid])
     return rows
 
 

@@ -4,7 +4,7 @@ per-request keys the middleware sets."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 
@@ -47,7 +47,10 @@ class Recent:
         self._items: OrderedDict[str, Remembered] = OrderedDict()
 
     def remember(self, request_id: str, call: Call, ctx: Context, served: Decision) -> None:
-        self._items[request_id] = Remembered(call.policy, call.features, ctx, served)
+        # Only the headers the policy reads: the context holds the request's own, up to 128 lines of 8 KiB,
+        # and kept whole the last 2,048 of them could hold gigabytes.
+        headers = {name: value for name in call.policy.read_headers if (value := ctx.headers.get(name)) is not None}
+        self._items[request_id] = Remembered(call.policy, call.features, replace(ctx, headers=headers), served)
         if len(self._items) > self._size:
             self._items.popitem(last=False)
 
