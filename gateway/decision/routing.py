@@ -87,6 +87,9 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
     if ctx.agent is not None:
         chosen = _redirect(policy, ctx.agent, chosen, trail)
     attempts = _usable(policy, chosen, features, ctx, trail)
+    clamped = _clamped(policy, attempts[0], features)
+    if clamped is not None:
+        trail.append(clamped)
     if explain:
         trail.append(f"attempt order: {', '.join(attempts)}")
     return Decision(attempts[0], rule_name, attempts, tuple(trail))
@@ -225,8 +228,8 @@ def _usable(policy: Policy, chosen: str, features: Features, ctx: Context, trail
         return tuple(kept)
     if too_small and len(too_small) == len(policy.deployments):
         raise ContextTooLong(
-            f"The request needs {features.prompt_tokens} prompt tokens plus "
-            f"{features.max_tokens or 0} completion tokens, more than any deployment's context window "
+            f"The request needs {features.prompt_tokens} prompt tokens and room to answer, more than any "
+            f"deployment's context window "
             f"({', '.join(f'{n}: {policy.deployments[n].max_model_len}' for n in too_small)})",
             param="messages",
         )
@@ -253,9 +256,26 @@ def _exclusion(policy: Policy, name: str, features: Features, ctx: Context) -> s
     return None
 
 
+# The fewest output tokens a window must leave a prompt to serve it at all.
+MIN_ROOM_TOKENS = 16
+
+
 def _fits(policy: Policy, name: str, features: Features) -> bool:
+    """Whether the deployment's window holds the prompt and some answer. A `max_tokens` above what the window
+    leaves is clamped, not refused: vLLM generates at most what is left (coding agents ask for 32,000 with a
+    20,000-token prompt in a 32k window, and take a refusal for a failed turn)."""
     limit = policy.deployments[name].max_model_len
-    return limit is None or features.prompt_tokens + (features.max_tokens or 0) <= limit
+    wanted = min(features.max_tokens or 0, MIN_ROOM_TOKENS)
+    return limit is None or features.prompt_tokens + wanted <= limit
+
+
+def _clamped(policy: Policy, name: str, features: Features) -> str | None:
+    """The trail's note when the chosen deployment's window leaves less than the call's max_tokens."""
+    limit = policy.deployments[name].max_model_len
+    if limit is None or features.max_tokens is None or features.prompt_tokens + features.max_tokens <= limit:
+        return None
+    return (f"context: max_tokens {features.max_tokens} clamped to the {limit - features.prompt_tokens} tokens "
+            f"{name}'s window of {limit} leaves the prompt")
 
 
 def _first_failure(when: When, features: Features, ctx: Context, explain: bool) -> str | None:

@@ -98,12 +98,24 @@ def test_context_window() -> None:
         **POLICY.model_dump(), "deployments": {
             "hq": {**POLICY.deployments["hq"].model_dump(), "max_model_len": 4096},
             "fast": {**POLICY.deployments["fast"].model_dump(), "max_model_len": 1024}}})
-    medium = _features(messages=[{"role": "user", "content": "word " * 900}], max_tokens=500)
+    medium = _features(messages=[{"role": "user", "content": "word " * 1100}], max_tokens=500)
     decision = decide(small, medium, _ctx())
     assert decision.deployment == "hq" and any("context window 1024 too small" in r for r in decision.reasons)
     with pytest.raises(ContextTooLong) as caught:
-        decide(small, _features(max_tokens=5000), _ctx())
+        decide(small, _features(messages=[{"role": "user", "content": "word " * 4200}]), _ctx())
     assert caught.value.status == 400 and "context window" in caught.value.message
+
+
+def test_a_max_tokens_the_window_cannot_hold_is_clamped_and_said_not_refused() -> None:
+    """Coding agents ask for 32,000 tokens with a 20,000-token prompt in a 32k window (vLLM generates what is
+    left); a refusal is a failed turn for them."""
+    small = policy_module.Policy.model_validate({
+        **POLICY.model_dump(), "deployments": {
+            "hq": {**POLICY.deployments["hq"].model_dump(), "max_model_len": 4096},
+            "fast": {**POLICY.deployments["fast"].model_dump(), "max_model_len": 4096}}})
+    asked = _features(messages=[{"role": "user", "content": "word " * 900}], max_tokens=32000)
+    decision = decide(small, asked, _ctx())
+    assert any(r.startswith("context: max_tokens 32000 clamped to the") for r in decision.reasons), decision
 
 
 def test_embeddings_need_a_deployment_that_serves_them() -> None:
@@ -243,7 +255,7 @@ def test_a_trajectory_rule_wins_over_the_session_pin_but_not_over_a_budget() -> 
         ({"load": {**HEALTHY, "hq": DeploymentLoad(healthy=False)}}, {}, False),
         ({"load": {**HEALTHY, "hq": DeploymentLoad(kv_cache_usage=1.0)}}, {}, False),
         ({"admission": Admission(frozenset({"fast"}))}, {}, False),  # a budget, refusal or cost cap dropped it
-        ({}, {"max_tokens": 4096}, False),  # its context window cannot hold the request
+        ({}, {"messages": [{"role": "user", "content": "word " * 2100}]}, False),  # its window cannot hold the prompt
     ],
     ids=["admitted", "unhealthy", "kv-cache-full", "not-admitted", "context-window"],
 )

@@ -429,6 +429,26 @@ def test_an_openai_agents_sdk_agent_runs_through_gateway(vllm_pair: VllmPair, ga
     assert _sum(_metrics(gateway.url), "gateway_requests_total", "endpoint=responses", "deployment=fast") >= 1
 
 
+async def test_codex_and_claude_code_complete_a_turn_through_the_gateway(
+    vllm_pair: VllmPair, gateway: Gateway, tmp_path: Path
+) -> None:
+    """The real coding agents through a gateway in front of the real pair (pinned to fast: hq's turns of a
+    random-weight model run minutes on two cores, see the README): each completes its turn."""
+    from tests.fixtures import agent_clients
+
+    codex = await agent_clients.codex_exec(gateway.base_url, "Say hello.", tmp_path / "codex", model="fast",
+                                           timeout_s=180.0)
+    assert codex.exit_code == 0, codex.describe()
+    assert [e["type"] for e in codex.events()][-1] == "turn.completed"
+    claude = await agent_clients.claude_print(gateway.url, "Say hello.", tmp_path / "claude", model="fast",
+                                              timeout_s=180.0)
+    assert claude.exit_code == 0, claude.describe()
+    assert [e for e in claude.events() if e.get("type") == "result"], claude.describe()
+    samples = _metrics(gateway.url)
+    assert _sum(samples, "gateway_requests_total", "endpoint=responses", "deployment=fast") >= 1
+    assert _sum(samples, "gateway_requests_total", "endpoint=messages", "deployment=fast") >= 1
+
+
 def test_killing_fast_fails_over_to_hq(vllm_pair: VllmPair, gateway: Gateway) -> None:
     """Last in the module: it kills the session's fast server (a later user gets a fresh one)."""
     client = _client(gateway.base_url)
