@@ -113,6 +113,9 @@ class Trajectories:
         step.outcome = outcome
 
     def queue(self, step: PendingStep) -> None:
+        if 400 <= step.status < 499:  # the deployment refused the call (bad request, too long): no step happened
+            self.report.plain_span(step)
+            return
         if len(self._queue) >= QUEUE_MAX:
             self.report.child("dropped", "queue_full").inc()
             self.report.plain_span(step)

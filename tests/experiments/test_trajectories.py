@@ -349,3 +349,24 @@ async def test_admin_query_numbers_are_whole_numbers_in_range_or_a_400(stack: St
         assert status == 200 and body == []
     status, body = await admin(_base(stack), "/admin/sessions?limit=7&sort=cost")
     assert status == 200 and body["data"] == []
+
+
+async def test_a_call_the_deployment_refuses_is_no_step(make_stack: Any) -> None:
+    """A 4xx from the deployment (a body vLLM rejects) records no step; the next call of the session does."""
+    stack = await make_stack()
+    stack.hq.faults.append(Fault(status=400, message="bad request"))
+    headers = {"x-session-id": "refused-then-ok"}
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "find it"}]
+    async with stack.client() as client:
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(model="hq", messages=messages, tools=tools, extra_headers=headers)
+        await client.chat.completions.create(model="hq", messages=messages, tools=tools, extra_headers=headers)
+    store = stack.gateway.app[TRAJECTORIES].store
+
+    async def one_step() -> Any:
+        found = await store.session("h:refused-then-ok", "anonymous")
+        return found if found is not None and found[0].steps >= 1 else None
+
+    summary, steps = await until(one_step)
+    assert summary.steps == 1 and [s.status for s in steps] == [200]
