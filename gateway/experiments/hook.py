@@ -223,7 +223,8 @@ class Experiments:
         ex, spec, state, cohort = enrollment.ex, enrollment.spec, enrollment.state, enrollment.cohort
         assert spec is not None and state is not None and cohort is not None
         failed_over = enrollment.candidate_deployment is not None and ex.deployment != enrollment.candidate_deployment
-        error = status >= 500 or ex.error is not None or failed_over
+        # a stream another deployment finished counts as a break of the arm's own deployment
+        error = status >= 500 or ex.error is not None or failed_over or bool(ex.parts)
         tokens = ex.usage.completion_tokens if ex.usage is not None else 0
         tpot = (total_ms - ttft_ms) / (tokens - 1) if ttft_ms is not None and tokens >= 2 else None
         sample = Sample(
