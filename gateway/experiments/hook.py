@@ -87,7 +87,7 @@ class Experiments:
     async def _rollout(self, enrollment: Enrollment, spec: RolloutSpec, key: str | None, ctx: Context) -> None:
         state = self.rollouts.state(spec)
         if state is None:  # no rollout running, or this replica's view is stale: stable, unmeasured
-            known = self.rollouts.states.get(spec.route or "")
+            known = self.rollouts.view.known(spec.route or "")
             if known is not None and known.shadow_pct > 0 and not self.rollouts.fresh():
                 self.shadows.drop(spec.candidate, "stale_state")
             return

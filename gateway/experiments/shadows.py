@@ -24,7 +24,7 @@ from gateway.policy.model import Deployment
 from gateway.rollout.comparison import Capture, compare
 from gateway.rollout.samples import PairOutcome
 from gateway.store.contract import StoreError
-from gateway.store.rollouts import RolloutStore
+from gateway.store.pairs import ShadowPairStore
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
 from gateway.upstream.client import Pool
@@ -123,7 +123,7 @@ class Shadows:
     def __init__(
         self,
         client: Pool,
-        store: RolloutStore,
+        store: ShadowPairStore,
         metrics: Metrics,
         on_outcome: Callable[[str, PairOutcome], None] | None = None,
         on_pair: Callable[[Pair], None] | None = None,
