@@ -2,7 +2,7 @@
 the leader, and the three background tasks that keep them going.
 
     rollout_view.py      every route's state as last read (decoded once a read), served from without I/O
-    rollout_arms.py      a request's arm; a session's first arm recorded and renewed by its steps
+    session_arms.py      a request's arm; a session's first arm recorded and renewed by its steps
     rollout_counters.py  each cohort's outcome counters, batched into the store
     rollout_leader.py    the writes: the leader's tick, the instant abort, the manual operations (CAS)
 
@@ -19,10 +19,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.experiments.rollout_arms import SessionArms
 from gateway.experiments.rollout_counters import RolloutCounters
 from gateway.experiments.rollout_leader import RolloutLeader
 from gateway.experiments.rollout_view import Index, RolloutView
+from gateway.experiments.session_arms import SessionArms
 from gateway.policy.model import Policy
 from gateway.rollout.assignment import Assignment
 from gateway.rollout.samples import Cohort, Observations, PairOutcome, ProcessSample, Sample

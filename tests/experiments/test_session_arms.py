@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.experiments.rollout_arms import ARM_TTL_S, SessionArms
+from gateway.experiments.session_arms import ARM_TTL_S, SessionArms
 from gateway.rollout.state import Arm
 from gateway.rollout.step import start
 from gateway.store.rollout_memory import MemoryRolloutStore
