@@ -12,7 +12,7 @@ from gateway.decision.routing import Context
 from gateway.errors import GatewayError
 from gateway.experiments.candidates import Candidates
 from gateway.experiments.enrollment import Enrollment, Finish
-from gateway.experiments.shadows import ShadowLimits, Shadows, parse_capture
+from gateway.experiments.shadows import ShadowCall, ShadowLimits, Shadows, parse_capture
 from gateway.rollout.assignment import bucket
 from gateway.rollout.spec import ShadowSpec
 
@@ -51,21 +51,10 @@ class Mirror:
         if name == enrollment.decision.deployment:
             self.shadows.drop(target, "same_deployment")
             return
-        dep, path = enrollment.policy.deployments[name], adapter.path
-        enrollment.shadows.append(
-            lambda: self.shadows.mirror(
-                target,
-                name,
-                dep,
-                path,
-                enrollment.call.body,
-                enrollment.ex.request_id,
-                limits,
-                enrollment.primary,  # only a sent shadow makes the relay copy the primary's bytes
-                samples_key,
-                enrollment.features,
-            )
-        )
+        call = ShadowCall(target, name, enrollment.policy.deployments[name], adapter.path, enrollment.call.body,
+                          enrollment.ex.request_id, limits, samples_key, enrollment.features)
+        # Only a sent shadow asks for the primary's capture, which makes the relay copy the primary's bytes.
+        enrollment.shadows.append(lambda: self.shadows.mirror(call, enrollment.primary))
 
     def finished(self, enrollment: Enrollment, finish: Finish) -> None:
         """Hand the primary's capture to the request's shadows; a call not served leaves them nothing to pair."""
