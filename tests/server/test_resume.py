@@ -1,6 +1,6 @@
 """A stream that breaks after its first byte is finished by the sibling deployment (issue 21).
 
-Two deterministic fakes of one model family (tests/fixtures/greedy_fake.py: every answer is `w0 w1 ... w11`) stand
+Two deterministic fakes of one model family (bench/greedy_upstream.py: every answer is `w0 w1 ... w11`) stand
 in for the pair, so the client's stream can be compared with the uninterrupted answer word for word; the real pair
 is killed mid-answer in tests/system/test_e2e_vllm.py.
 """
@@ -17,8 +17,8 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
+from bench.greedy_upstream import ANSWER_WORDS, PROMPT_IDS, Break, GreedyFake, word
 from gateway.settings import Settings
-from tests.fixtures.greedy_fake import ANSWER_WORDS, PROMPT_IDS, Break, GreedyFake, word
 from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml
 
 WHOLE = "".join(word(i) for i in range(ANSWER_WORDS))
