@@ -308,25 +308,31 @@ class Rollouts:
     async def operate(
         self, route: str, spec: RolloutSpec, change: Callable[[RolloutState], RolloutState]
     ) -> RolloutState:
-        """Apply a manual (or instant-abort) change to the stored state by CAS; StaleGeneration on a race."""
-        state = await self.current(route, spec)
-        new = change(state)
-        if not await self.store.write_state(route, state.generation, _dump(new), 0):
+        """Apply a manual (or instant-abort) change to the stored state by CAS; StaleGeneration on a race. A rollout
+        the leader has not started yet starts with the change: one write holds both."""
+        stored = await self._stored(route)
+        new = change(self._started(spec, stored))
+        expected = -1 if stored is None else stored.generation
+        if not await self.store.write_state(route, expected, _dump(new), 0):
             raise StaleGeneration(f"the rollout on {route!r} changed meanwhile; read it again and retry")
         self.states[route] = new
         return new
 
     async def current(self, route: str, spec: RolloutSpec) -> RolloutState:
-        """The stored state of the route's rollout, started now if the ticker has not done it yet."""
+        """The stored state of the route's rollout, or the one the leader will start (read only: the admin API's
+        GETs read here, and the start is written by the leader's tick or by the first `operate`)."""
+        return self._started(spec, await self._stored(route))
+
+    async def _stored(self, route: str) -> RolloutState | None:
         raw = await self.store.read_state(route)
-        state = None if raw is None else RolloutState.from_dict(json.loads(raw))
+        return None if raw is None else RolloutState.from_dict(json.loads(raw))
+
+    def _started(self, spec: RolloutSpec, state: RolloutState | None) -> RolloutState:
+        """`state` if it is this rollout's, else this rollout at its start (not written)."""
         if state is not None and state.rollout_id == spec.id:
             return state
         new = start(spec.id, self._clock())
-        new = new if state is None else _continue_generation(new, state)
-        if not await self.store.write_state(route, -1 if state is None else state.generation, _dump(new), 0):
-            raise StaleGeneration(f"the rollout on {route!r} changed meanwhile; read it again and retry")
-        return new
+        return new if state is None else _continue_generation(new, state)
 
 
 def _continue_generation(new: RolloutState, old: RolloutState) -> RolloutState:
