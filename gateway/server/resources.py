@@ -1,5 +1,5 @@
 """The app's resources, one typed AppKey each (created and closed in create_app's cleanup contexts), and the
-per-request keys the middleware sets."""
+per-request keys the middleware sets (server/middleware.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
+from gateway.apis.adapter import Adapter
 from gateway.classifier.scoring import Classifier
 from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision
@@ -82,5 +83,6 @@ TRAJECTORIES = web.AppKey("trajectories", Trajectories)
 CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API's stored responses
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
+ADAPTER = web.RequestKey("adapter", Adapter)  # the API an API call came in on (set with EXCHANGE)
 REQUEST_ID = web.RequestKey("request_id", str)
 TENANT = web.RequestKey("tenant", str)
