@@ -26,8 +26,7 @@ from gateway.experiments.shares import keep_in_step
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin_app, conversations, outcome_api, pipeline, public, ui
-from gateway.server.middleware import CHAIN
+from gateway.server import admin_app, conversations, middleware, outcome_api, pipeline, public, ui
 from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import (
     ACCOUNTING,
@@ -61,7 +60,8 @@ from gateway.upstream.deployments import Deployments, Tracked
 
 def create_app(settings: Settings) -> web.Application:
     # The body limit is enforced by pipeline.read_body with a clear message; aiohttp's own cap sits above it.
-    app = web.Application(middlewares=CHAIN, client_max_size=settings.max_body_bytes + 1)
+    app = web.Application(client_max_size=settings.max_body_bytes + 1)
+    app.middlewares.extend(middleware.chain(app))
     app[SETTINGS] = settings
     app[RECENT] = Recent(settings.explain_memory)
     app[TRAFFIC] = TrafficWindows(time.time())

@@ -9,8 +9,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.apis.adapter import Adapter
+from gateway.apis.routes import BY_PATH
 from gateway.errors import GatewayError, NotFound, PayloadTooLarge
-from gateway.server.resources import ADAPTER, EXCHANGE, REQUEST_ID
+from gateway.server.resources import EXCHANGE, REQUEST_ID
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,9 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
         ex = request.get(EXCHANGE)
         if ex is not None:
             ex.error = exc
-        return error_response(exc, request.get(ADAPTER))
+        return error_response(exc, _api(request))
     except web.HTTPException as exc:
-        return error_response(_from_http(exc), request.get(ADAPTER))
+        return error_response(_from_http(exc), _api(request))
     except ConnectionResetError:
         raise  # the client is gone: nothing to answer, nothing to log
     except Exception:
@@ -41,7 +42,12 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
         log.exception("unhandled error in request %s", request_id)
         if request.writer.output_size > 0:
             raise  # a started response cannot become an error envelope: aiohttp drops the connection
-        return error_response(GatewayError(f"Internal error; quote request id {request_id}"), request.get(ADAPTER))
+        return error_response(GatewayError(f"Internal error; quote request id {request_id}"), _api(request))
+
+
+def _api(request: web.Request) -> Adapter | None:
+    """The API of a call to one (the exchange middleware gave it an exchange); None for every other path."""
+    return BY_PATH.get(request.path) if EXCHANGE in request else None
 
 
 def _from_http(exc: web.HTTPException) -> GatewayError:

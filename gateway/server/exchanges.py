@@ -10,10 +10,10 @@ import re
 from typing import TypeVar
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from gateway.apis.routes import BY_PATH
-from gateway.server.resources import ADAPTER, EXCHANGE, REQUEST_ID, TELEMETRY
+from gateway.server.resources import EXCHANGE, REQUEST_ID, TELEMETRY
 from gateway.telemetry.exchange import Exchange, span_name
 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -36,34 +36,38 @@ def _client_request_id(request: web.Request) -> str | None:
     return given if given is not None and _SAFE_REQUEST_ID.match(given) else None
 
 
-@web.middleware
-async def exchange_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    telemetry = request.app[TELEMETRY]
-    request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
-    request[REQUEST_ID] = request_id
-    adapter = BY_PATH.get(request.path) if request.method == "POST" else None
-    ex = None
-    if adapter is not None:
-        spans = telemetry.spans
-        trace = spans.begin(span_name(adapter.endpoint), request.headers.get("traceparent")) if spans else None
-        ex = Exchange(request_id, adapter.endpoint, adapter.operation, trace, _client_request_id(request))
-        request[EXCHANGE] = ex
-        request[ADAPTER] = adapter  # its errors are written in its API's envelope (server/envelope.py)
-    status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        if not response.prepared:  # a stream set its headers before its first byte (relay)
-            add_gateway_headers(request, response)
-        return response
-    except (asyncio.CancelledError, ConnectionResetError):
-        # The client went away (its handler cancelled, or a write to it or a read of its body failed):
-        # a client close, not a server error; there is no one to answer.
-        status = CLIENT_CLOSED
-        raise
-    finally:
-        if ex is not None:
-            ex.finish(status, telemetry.metrics, telemetry.spans)
+def exchange_middleware(app: web.Application) -> Middleware:
+    """The middleware of `app` (its resources are read at each request: they exist once it has started)."""
+
+    @web.middleware
+    async def exchange(request: web.Request, handler: Handler) -> web.StreamResponse:
+        telemetry = app[TELEMETRY]
+        request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
+        request[REQUEST_ID] = request_id
+        adapter = BY_PATH.get(request.path) if request.method == "POST" else None
+        ex = None
+        if adapter is not None:
+            spans = telemetry.spans
+            trace = spans.begin(span_name(adapter.endpoint), request.headers.get("traceparent")) if spans else None
+            ex = Exchange(request_id, adapter.endpoint, adapter.operation, trace, _client_request_id(request))
+            request[EXCHANGE] = ex
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            if not response.prepared:  # a stream set its headers before its first byte (relay)
+                _name(response, request_id, ex)
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away (its handler cancelled, or a write to it or a read of its body failed):
+            # a client close, not a server error; there is no one to answer.
+            status = CLIENT_CLOSED
+            raise
+        finally:
+            if ex is not None:
+                ex.finish(status, telemetry.metrics, telemetry.spans)
+
+    return exchange
 
 
 Response = TypeVar("Response", bound=web.StreamResponse)
@@ -73,10 +77,12 @@ def add_gateway_headers(request: web.Request, response: Response) -> Response:
     """Every response names its request id, and proxied ones the decision. Set by the middleware (and by a
     stream before it starts) rather than by an on_response_prepare signal, whose coroutine per response
     cost more than the headers."""
-    request_id = request.get(REQUEST_ID)
+    return _name(response, request.get(REQUEST_ID), request.get(EXCHANGE))
+
+
+def _name(response: Response, request_id: str | None, ex: Exchange | None) -> Response:
     if request_id is not None:
         response.headers["x-request-id"] = request_id
-    ex: Exchange | None = request.get(EXCHANGE)
     if ex is not None:
         response.headers["x-gateway-deployment"] = ex.deployment or "none"
         response.headers["x-gateway-rule"] = ex.rule or "none"

@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
-from gateway.apis.adapter import Adapter
 from gateway.classifier.scoring import Classifier
 from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision
@@ -83,6 +82,5 @@ TRAJECTORIES = web.AppKey("trajectories", Trajectories)
 CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API's stored responses
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
-ADAPTER = web.RequestKey("adapter", Adapter)  # the API an API call came in on (set with EXCHANGE)
 REQUEST_ID = web.RequestKey("request_id", str)
 TENANT = web.RequestKey("tenant", str)

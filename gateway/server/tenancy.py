@@ -4,17 +4,21 @@ or is refused with a 401 (the admin API has its own check: server/admin_app.py).
 from __future__ import annotations
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from gateway.server.resources import ACCOUNTING, POLICY, TENANT
 
 
-@web.middleware
-async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    app = request.app
-    if request.path.startswith("/v1/") and app[POLICY].current.auth.enabled:
-        request[TENANT] = await app[ACCOUNTING].tenant(credential(request))
-    return await handler(request)
+def tenant_middleware(app: web.Application) -> Middleware:
+    """The middleware of `app` (its policy and accounting are read at each request: they exist once it started)."""
+
+    @web.middleware
+    async def tenant(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/v1/") and app[POLICY].current.auth.enabled:
+            request[TENANT] = await app[ACCOUNTING].tenant(credential(request))
+        return await handler(request)
+
+    return tenant
 
 
 def credential(request: web.Request) -> str | None:
