@@ -29,7 +29,7 @@ async def explain_recent(request: web.Request) -> web.Response:
                          remembered.features, remembered.ctx)
     served = remembered.served
     report["served"] = {"deployment": served.deployment, "rule": served.rule, "attempts": list(served.attempts),
-                        "reasons": list(served.reasons)}
+                        "reasons": list(served.reasons), "resumes": list(remembered.resumes)}
     return web.json_response(report)
 
 

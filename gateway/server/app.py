@@ -198,7 +198,7 @@ async def _shares(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     task = asyncio.get_running_loop().create_task(
-        keep_in_step(tracker, stores.rollouts, lambda: policy_file.current))
+        keep_in_step(tracker, stores.shares, lambda: policy_file.current))
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -219,9 +219,9 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
     settings, metrics, policy_file = app[SETTINGS], app[TELEMETRY].metrics, app[POLICY]
     rollouts = Rollouts(app[STORES].rollouts, lambda: policy_file.current, metrics)
     # Labels keep prompts only with the request log's own opt-in (AGENT_GATEWAY_REQUEST_LOG_PROMPTS=1).
-    labeller = Labeller(app[POOL], rollouts.store, metrics, lambda: policy_file.current,
+    labeller = Labeller(app[POOL], app[STORES].labels, metrics, lambda: policy_file.current,
                         prompts=bool(settings.request_log_prompts))
-    shadows = Shadows(app[POOL], rollouts.store, metrics, on_outcome=rollouts.record_outcome, on_pair=labeller.offer)
+    shadows = Shadows(app[POOL], app[STORES].pairs, metrics, on_outcome=rollouts.record_outcome, on_pair=labeller.offer)
     request_log = None
     if settings.request_log:
         request_log = RequestLog(settings.request_log, prompts=bool(settings.request_log_prompts))
