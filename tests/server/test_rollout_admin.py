@@ -3,7 +3,6 @@ start, and only a state change (the leader's tick, an explicit POST) writes the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,10 +49,9 @@ async def test_a_get_leaves_the_store_unchanged_and_a_post_starts_the_rollout(
             async with http.post(gateway.make_url("/admin/rollouts/hq/pause"), json=act) as resp:
                 assert resp.status == 200, await resp.text()
                 paused = await resp.json()
-        stored = await store.read_state("hq")
-        assert stored is not None
-        state = json.loads(stored)
-        assert (state["phase"], state["generation"]) == ("Paused", 2) == (paused["phase"], paused["generation"])
-        assert [t["action"] for t in state["history"]] == ["start", "pause"]  # the start, written with the change
+        state = await store.read_state("hq")
+        assert state is not None
+        assert (state.phase.value, state.generation) == ("Paused", 2) == (paused["phase"], paused["generation"])
+        assert [t.action for t in state.history] == ["start", "pause"]  # the start, written with the change
     finally:
         await store.close()
