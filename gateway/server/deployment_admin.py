@@ -91,4 +91,5 @@ def _rollout_targets(request: web.Request, policy: Policy, arms: Counts) -> list
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/admin/deployments", deployments)
+    """On the admin sub-app (server/admin_app.py): each path is under /admin."""
+    router.add_get("/deployments", deployments)

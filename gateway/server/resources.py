@@ -1,5 +1,5 @@
 """The app's resources, one typed AppKey each (created and closed in create_app's cleanup contexts), and the
-per-request keys the middleware sets."""
+per-request keys the middleware sets (server/middleware.py)."""
 
 from __future__ import annotations
 

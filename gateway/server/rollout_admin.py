@@ -171,10 +171,11 @@ async def policy_shadow(request: web.Request) -> web.Response:
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/admin/rollouts", list_rollouts)
-    router.add_get("/admin/rollouts/{route}", show_rollout)
-    router.add_get("/admin/rollouts/{route}/history", history)
-    router.add_post("/admin/rollouts/{route}/{action}", act)
-    router.add_get("/admin/shadow/pairs", shadow_pairs)
-    router.add_get("/admin/shadow/labels", shadow_labels)
-    router.add_get("/admin/shadow/policy", policy_shadow)
+    """On the admin sub-app (server/admin_app.py): each path is under /admin."""
+    router.add_get("/rollouts", list_rollouts)
+    router.add_get("/rollouts/{route}", show_rollout)
+    router.add_get("/rollouts/{route}/history", history)
+    router.add_post("/rollouts/{route}/{action}", act)
+    router.add_get("/shadow/pairs", shadow_pairs)
+    router.add_get("/shadow/labels", shadow_labels)
+    router.add_get("/shadow/policy", policy_shadow)
