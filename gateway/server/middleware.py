@@ -18,10 +18,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from gateway.server.envelope import envelope_middleware
-from gateway.server.exchanges import add_gateway_headers, exchange_middleware
+from gateway.server.exchanges import exchange_middleware
 from gateway.server.tenancy import tenant_middleware
-
-__all__ = ["add_gateway_headers", "chain"]  # add_gateway_headers: relay.py's import, until it imports exchanges
 
 
 def chain(app: web.Application) -> list[Middleware]:

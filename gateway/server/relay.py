@@ -20,7 +20,7 @@ from gateway.errors import GatewayError, UpstreamError
 from gateway.features import count_tokens
 from gateway.policy.model import Price
 from gateway.server import resuming
-from gateway.server.middleware import add_gateway_headers
+from gateway.server.exchanges import add_gateway_headers
 from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, SETTINGS, TELEMETRY
 from gateway.telemetry.exchange import Exchange
 from gateway.telemetry.metrics import Metrics
