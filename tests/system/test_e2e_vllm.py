@@ -452,14 +452,14 @@ async def test_codex_and_claude_code_complete_a_turn_through_the_gateway(
 GREEDY = {"temperature": 0, "max_tokens": 300, "extra_body": {"ignore_eos": True}}
 
 
-def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_fails_over(
+def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
     vllm_pair: VllmPair, gateway: Gateway
 ) -> None:
     """Last in the module: it kills the session's fast server (a later user gets a fresh one).
 
     At temperature 0 the two members give the same answer, so a stream whose fast server is SIGKILLed mid-answer
     and finished by hq (from the token ids streamed so far) must equal the uninterrupted answer, character for
-    character; after the kill, calls fail over to hq."""
+    character; after the kill, hq answers every call."""
     client = _client(gateway.base_url)
     whole = _client(vllm_pair.fast.url + "/v1").chat.completions.create(
         model=vllm_pair.fast.served_model, messages=MESSAGES, **GREEDY)  # type: ignore[call-overload]
@@ -485,12 +485,9 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_fails_over(
     assert finishes == ["length"] and usage is not None and usage.completion_tokens == 300
     resumed = _sum(_metrics(gateway.url), "gateway_stream_resumes_total", "from=fast", "to=hq", "outcome=resumed")
     assert resumed == 1
-    for _ in range(3):
-        reply = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
-        assert reply.model == vllm_pair.hq.served_model
+    # after the kill every call is answered by hq: failed over, or routed around fast once it is ejected
     for _ in range(3):
         reply = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
         assert reply.model == vllm_pair.hq.served_model
     stream = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4, stream=True)
     assert {c.model for c in stream} == {vllm_pair.hq.served_model}
-    assert _sum(_metrics(gateway.url), "gateway_failovers_total", "from_deployment=fast") >= 1
