@@ -37,6 +37,7 @@ from gateway.policy.model import Policy
 from gateway.policy.tenancy import TenantPolicy, find_tenant
 from gateway.store.contract import Reservation, Store
 from gateway.telemetry.exchange import Exchange
+from gateway.wire.resume import RESUMABLE_APIS
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class Admitted:
     verdict: Admission
     session: SessionState | None
     caps: Mapping[str, int]  # the output cap per choice to send each deployment: the one its hold assumed
+    may_resume: bool = False  # a stream the sibling may finish (policy `resume`): it re-reads the answer so far
 
 
 class Accounting:
@@ -85,7 +87,9 @@ class Accounting:
             seen = await self.budgets.observe(tenant, sid, rules)
             snapshot, session = seen.snapshot, seen.session
         verdict = fit_room(judge(policy, costs, call.headers, snapshot, session), plan, policy, features)
-        return Admitted(tenant, limits, sid, costs, verdict, session, plan.caps)
+        may_resume = bool(features.stream) and features.endpoint in RESUMABLE_APIS and \
+            policy.resume_for(features.requested_model).enabled
+        return Admitted(tenant, limits, sid, costs, verdict, session, plan.caps, may_resume)
 
     async def close(self, held: Reservation, policy: Policy, ex: Exchange) -> None:
         """Settle what the deployment reported, or release the hold of a call that generated nothing.
@@ -102,7 +106,8 @@ class Accounting:
         self, admitted: Admitted, policy: Policy, decision: Decision
     ) -> tuple[Reservation, Decision]:
         """Hold the largest worst case among the deployments failover may try, else the chosen one's alone."""
-        widest = max((admitted.costs[name] for name in decision.attempts), key=lambda c: c.usd)
+        widest = _with_resume(admitted, policy, decision,
+                              max((admitted.costs[name] for name in decision.attempts), key=lambda c: c.usd))
         try:
             return await self._reserve(admitted, policy, decision, widest), decision
         except RateLimited as exc:
@@ -139,6 +144,17 @@ class Accounting:
         # a stream another deployment finished: each earlier part at the price of the one that generated it
         before = [(part_price or price, part) for _, part_price, part in ex.parts or ()]
         await self.budgets.settle(held, price, tokens_in, tokens_out, deployment=answered, before=before)
+
+
+def _with_resume(admitted: Admitted, policy: Policy, decision: Decision, widest: Cost) -> Cost:
+    """The hold of a stream the next deployment may finish: also that deployment reading the prompt and the
+    whole answer so far again as its prompt (at most prompt plus cap), at its input price."""
+    siblings = decision.attempts[1:]
+    if not admitted.may_resume or not siblings:
+        return widest
+    tokens = max(admitted.costs[n].tokens for n in siblings)
+    usd = max(policy.deployments[n].price.cost_usd(admitted.costs[n].tokens, 0) for n in siblings)
+    return Cost(widest.usd + usd, widest.tokens + tokens)
 
 
 async def _prompt_size(policy: Policy, features: Features, body: Mapping[str, Any], body_bytes: int) -> PromptSize:

@@ -85,11 +85,15 @@ class Progress:
         self.blocked = self.blocked or why
 
 
+# the APIs whose streams can be continued (vLLM's /v1/messages cannot continue a partial message)
+RESUMABLE_APIS = ("chat", "completions", "responses")
+
+
 def blocked_by_request(api: str, body: Mapping[str, Any]) -> str | None:
     """Why a request's answer cannot be resumed whatever is streamed (None: it may be)."""
     if api == "messages":
         return "the Messages API: vLLM cannot continue a partial message"
-    if api not in ("chat", "completions", "responses"):
+    if api not in RESUMABLE_APIS:
         return f"the {api} API is not streamed"
     if openai.choices_of(body, api) > 1:
         return "several choices (n > 1)"

@@ -540,3 +540,37 @@ async def test_a_call_the_hold_refuses_reached_no_deployment_and_is_no_agent_ste
     ):
         sessions = (await resp.json())["data"]
     assert [s for s in sessions if "refused" in json.dumps(s)] == []
+
+
+async def _held_while_streaming(stack: Stack, stream: bool) -> float:
+    """What the tenant's day holds while one call to fast is in flight."""
+    stack.fast.faults.append(Fault(hold=True))  # the answer waits until released: the hold stays open
+    async with aiohttp.ClientSession() as http:
+        call = asyncio.ensure_future(http.post(stack.base_url + "/chat/completions", json={
+            "model": "fast", "messages": HELLO, "stream": stream, "max_tokens": 100}))
+
+        async def held() -> bool:
+            return (await _day(stack))[1] > 0
+
+        await until(held, what="the call's hold")
+        reserved = (await _day(stack))[1]
+        stack.fast.release.set()
+        (await call).close()
+    return reserved
+
+
+@pytest.mark.parametrize("resume", ["true", "false"])
+async def test_a_stream_the_sibling_may_finish_holds_its_re_read_too(make_stack: Any, resume: str) -> None:
+    """A resumed stream costs the sibling the prompt and the answer so far again, at its input price: the hold
+    covers that part too (at most prompt plus cap), and only where a resume may happen."""
+    stack: Stack = await make_stack(f"""
+        tenants: [{{name: anonymous, budgets: [{{window: day, hard_usd: 10}}]}}]
+        resume: {{enabled: {resume}}}
+    """)
+    plain = await _held_while_streaming(stack, stream=False)
+    stack.fast.release.clear()
+    streamed = await _held_while_streaming(stack, stream=True)
+    if resume == "false":
+        assert streamed == pytest.approx(plain)
+    else:  # hq's input price (3 USD/Mtok) over hq's prompt ceiling plus its cap of 100
+        assert streamed - plain > 100 * 3 / 1e6 and streamed - plain < 400 * 3 / 1e6
