@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# Status of a request whose client went away before the answer (nginx's convention): not an error of the
+# gateway's or the deployment's, so it never counts against a rollout.
+CLIENT_CLOSED = 499
 
 class GatewayError(Exception):
     """An error a client may see; the message must never carry a secret or a stack trace."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
+from gateway.errors import CLIENT_CLOSED
 from gateway.experiments.agent_steps import Cohorted
 from gateway.features import Features
 from gateway.policy.model import Policy
@@ -18,8 +19,6 @@ from gateway.rollout.samples import Cohort
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.state import RolloutState
 from gateway.telemetry.exchange import Exchange
-
-CLIENT_CLOSED = 499
 
 
 class Enrollment:

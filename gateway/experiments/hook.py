@@ -17,8 +17,9 @@ from typing import Any
 from gateway.classifier.scoring import Classifier
 from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision
+from gateway.errors import CLIENT_CLOSED
 from gateway.experiments.candidates import Candidates
-from gateway.experiments.enrollment import CLIENT_CLOSED, Enrollment, Finish
+from gateway.experiments.enrollment import Enrollment, Finish
 from gateway.experiments.mirror import Mirror
 from gateway.experiments.policy_shadow import PolicyShadow
 from gateway.experiments.request_log import RequestLog, log_record

@@ -13,12 +13,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gateway.apis.routes import BY_PATH
+from gateway.errors import CLIENT_CLOSED
 from gateway.server.resources import EXCHANGE, REQUEST_ID, TELEMETRY
 from gateway.telemetry.exchange import Exchange, span_name
 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-# Status of a request whose client went away before the answer (nginx's convention).
-CLIENT_CLOSED = 499
 CLIENT_ID_HEADER = "x-client-request-id"
 
 # Unique across processes and restarts without a syscall per request: random prefix, then a counter.

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.experiments.enrollment import CLIENT_CLOSED, Finish
+from gateway.errors import CLIENT_CLOSED
+from gateway.experiments.enrollment import Finish
 from tests.fixtures.enrolled import call_of, enrollment_of, policy_of
 
 
