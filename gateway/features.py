@@ -107,6 +107,11 @@ class Features:
     stream: bool
     last_user_text: str
 
+    def as_record(self, with_prompt: bool = False) -> dict[str, Any]:
+        """The features as a JSON object (the request log, the labels, explain); the last user message's text
+        only when asked for (the request log's opt-in): it is the one field that holds what a user wrote."""
+        return {k: getattr(self, k) for k in self.__slots__ if with_prompt or k != "last_user_text"}
+
 
 @functools.lru_cache(maxsize=1)
 def load_encoding() -> Encoding | None:

@@ -240,3 +240,12 @@ json_values = st.recursive(
 def test_extract_never_raises_on_json(body: dict[str, Any], endpoint: str) -> None:
     f = extract(body, endpoint)
     assert f.prompt_tokens >= 0 and len(f.last_user_text) <= LAST_USER_TEXT_CHARS
+
+
+def test_a_record_of_the_features_keeps_what_a_user_wrote_only_when_asked() -> None:
+    from gateway.features import extract
+
+    features = extract({"model": "auto", "messages": [{"role": "user", "content": "my secret plan"}]}, "chat")
+    record = features.as_record()
+    assert "last_user_text" not in record and record["message_count"] == 1 and record["endpoint"] == "chat"
+    assert features.as_record(with_prompt=True)["last_user_text"] == "my secret plan"

@@ -20,7 +20,7 @@ def explanation(decision: Decision, features: Features, ctx: Context) -> dict[st
         "admission": None if ctx.admission is None else {
             "allowed": sorted(ctx.admission.allowed), "prefer": ctx.admission.prefer,
             "limit": ctx.admission.limit, "reasons": list(ctx.admission.reasons)},
-        "features": {k: getattr(features, k) for k in features.__slots__ if k != "last_user_text"},
+        "features": features.as_record(),
         "load": {name: {"healthy": load.healthy, "requests_waiting": load.requests_waiting,
                         "requests_running": load.requests_running, "kv_cache_usage": load.kv_cache_usage}
                  for name, load in ctx.load.items()},

@@ -23,7 +23,6 @@ from typing import Any
 from gateway import openai
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.experiments.shadows import Pair
-from gateway.features import Features
 from gateway.policy.model import Policy
 from gateway.rollout import labels as lb
 from gateway.rollout.comparison import assemble
@@ -168,7 +167,7 @@ class Labeller:
             "q_weak": q_weak,
             "source": source,
             "agreement": agreement.to_dict(),
-            "features": None if pair.features is None else features_of(pair.features, self.prompts),
+            "features": None if pair.features is None else pair.features.as_record(with_prompt=self.prompts),
         }
         if self.prompts:
             record["body"] = dict(pair.body)
@@ -214,11 +213,6 @@ class Labeller:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-def features_of(features: Features, prompts: bool) -> dict[str, Any]:
-    """The request's features as the request log keeps them: the prompt text only with the opt-in."""
-    return {k: getattr(features, k) for k in features.__slots__ if k != "last_user_text" or prompts}
 
 
 def _reply_text(raw: bytes) -> str | None:

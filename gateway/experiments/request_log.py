@@ -54,7 +54,7 @@ def log_record(enrollment: Enrollment, finish: Finish, prompts: bool) -> dict[st
         "model": f.requested_model,
         "tenant": call.tenant,
         "headers": loggable_headers(call.headers, policy.read_headers),
-        "features": {k: getattr(f, k) for k in f.__slots__ if k != "last_user_text" or prompts},
+        "features": f.as_record(with_prompt=prompts),
         "step": None if call.step is None else dataclasses.asdict(call.step),
         "complexity": enrollment.complexity,
         "decision": {"deployment": d.deployment, "rule": d.rule, "attempts": list(d.attempts)},
