@@ -50,8 +50,9 @@ async def make_pair(
         fast_url = str((await aiohttp_server(fast.app())).make_url("")).rstrip("/")
         hq_url = str((await aiohttp_server(hq.app())).make_url("")).rstrip("/")
         path = tmp_path / "policy.yaml"
-        # a continuation's first connection on this loaded in-process loop took up to 1.7 s: not the 1 s the
-        # shared test policy allows
+        # The openai SDK runs in this test's event loop, beside the gateway: its first parse of a Responses stream
+        # holds the loop for about 0.5 s (more on a loaded machine; asyncio debug shows it), which can take the
+        # gateway's connection to hq past the shared test policy's 1 s connect timeout.
         path.write_text(policy_yaml(hq_url, fast_url, extra, **overrides).replace("connect_s: 1,", "connect_s: 10,"))
         settings = Settings(policy=str(path), admin_token=ADMIN_TOKEN, policy_poll_s=0.1)
         return Pair(fast, hq, await gateway_server(settings))
