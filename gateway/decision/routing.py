@@ -214,7 +214,7 @@ def _usable(policy: Policy, chosen: str, features: Features, ctx: Context, trail
     """Drop deployments that are unhealthy, too full or too small for the request from the order."""
     kept: list[str] = []
     too_small: list[str] = []
-    for name in policy.candidates(chosen):
+    for name in policy.failover_order(chosen):
         why = _exclusion(policy, name, features, ctx)
         if why is None:
             kept.append(name)

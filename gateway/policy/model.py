@@ -434,17 +434,17 @@ class Policy(Frozen):
         route = self.models.get(requested_model)
         return route.resume if route is not None and route.resume is not None else self.resume
 
-    def candidates(self, first: str) -> tuple[str, ...]:
+    def failover_order(self, first: str) -> tuple[str, ...]:
         """Deployments to try for a request that prefers `first`: it, then the fallback list, then the rest
         but those only experiments reach (see experiment_only).
 
         The caller keeps the first max_attempts that are usable, so excluded ones do not use up attempts.
         """
-        order = self._candidates.get(first)
+        order = self._failover_orders.get(first)
         if order is None:
             rest = (name for name in self.deployments if name not in self.experiment_only)
             order = tuple(dict.fromkeys([first, *self.fallback, *rest]))
-            self._candidates[first] = order
+            self._failover_orders[first] = order
         return order
 
     @functools.cached_property
@@ -467,7 +467,7 @@ class Policy(Frozen):
         return frozenset(reached - routed)
 
     @functools.cached_property
-    def _candidates(self) -> dict[str, tuple[str, ...]]:
+    def _failover_orders(self) -> dict[str, tuple[str, ...]]:
         return {}
 
     @functools.cached_property

@@ -188,10 +188,10 @@ def test_labels_name_declared_deployments() -> None:
 def test_failover_order_leaves_out_deployments_only_experiments_reach() -> None:
     judge = BASE.replace("\n  fast:\n", "\n  judge:\n    url: http://127.0.0.1:9\n    served_model: j\n  fast:\n", 1)
     spare = policy.parse(judge, "p.yaml")  # declared, reached by nothing: a spare, still tried last
-    assert spare.candidates("fast")[-1] == "judge" and spare.experiment_only == frozenset()
+    assert spare.failover_order("fast")[-1] == "judge" and spare.experiment_only == frozenset()
     judged = policy.parse(judge + "labels: {strong: hq, judge: {deployment: judge}}\n", "p.yaml")
-    assert judged.experiment_only == {"judge"} and "judge" not in judged.candidates("fast")
-    assert judged.candidates("judge")[0] == "judge"  # its own calls (the labeller's) still go to it
+    assert judged.experiment_only == {"judge"} and "judge" not in judged.failover_order("fast")
+    assert judged.failover_order("judge")[0] == "judge"  # its own calls (the labeller's) still go to it
     named = policy.parse(judge.replace("fallback: [", "fallback: [judge, ", 1)
                          + "labels: {strong: hq, judge: {deployment: judge}}\n", "p.yaml")
-    assert "judge" in named.candidates("fast")  # the operator said so
+    assert "judge" in named.failover_order("fast")  # the operator said so
