@@ -53,7 +53,7 @@ async def make_pair(
         # The openai SDK runs in this test's event loop, beside the gateway: its first parse of a Responses stream
         # holds the loop for about 0.5 s (more on a loaded machine; asyncio debug shows it), which can take the
         # gateway's connection to hq past the shared test policy's 1 s connect timeout.
-        path.write_text(policy_yaml(hq_url, fast_url, extra, **overrides).replace("connect_s: 1,", "connect_s: 10,"))
+        path.write_text(policy_yaml(hq_url, fast_url, extra, connect_s=10, **overrides))
         settings = Settings(policy=str(path), admin_token=ADMIN_TOKEN, policy_poll_s=0.1)
         return Pair(fast, hq, await gateway_server(settings))
 
