@@ -20,7 +20,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRati
 
 from gateway.server.resources import TELEMETRY
 from gateway.settings import Settings
-from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
+from gateway.telemetry import otlp
+from gateway.telemetry.metrics import CLIENT_REQUEST_ID, FOLD_EVERY, REQUEST_ID, make_metrics
 from gateway.telemetry.otlp import otlp_json
 from gateway.telemetry.spans import LoopExport, Spans
 from gateway.upstream.client import Pool
@@ -362,6 +363,21 @@ def test_equal_but_differently_typed_values_keep_their_own_encoding() -> None:
     values = [span["attributes"][0]["value"] for span in encoded["resourceSpans"][0]["scopeSpans"][0]["spans"]]
     assert values == [{"intValue": "1"}, {"boolValue": True}, {"doubleValue": 1.0}, {"stringValue": "1"},
                       {"arrayValue": {"values": [{"stringValue": "1"}]}}]
+
+
+def test_request_ids_are_encoded_but_never_kept_among_the_repeating_fragments() -> None:
+    # Each span's request id is new: kept, they filled the fragment cache and emptied it every 4,096 spans,
+    # re-encoding what does repeat (rule, reasons, models) after each.
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter))
+    otlp._FRAGMENTS.clear()
+    for i in range(otlp._FRAGMENTS_MAX + 10):
+        spans.record("gateway chat", 5, {REQUEST_ID: f"req-{i}", CLIENT_REQUEST_ID: f"c-{i}", "gateway.rule": "default"})
+    encoded = json.loads(otlp_json(exporter.get_finished_spans()[-1:]))
+    attributes = encoded["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
+    assert attributes[0] == {"key": REQUEST_ID, "value": {"stringValue": f"req-{otlp._FRAGMENTS_MAX + 9}"}}
+    kept = {key for key, _ in otlp._FRAGMENTS}
+    assert "gateway.rule" in kept and not kept & {REQUEST_ID, CLIENT_REQUEST_ID}
 
 
 def test_request_figures_reach_prometheus_in_batches_and_at_every_scrape() -> None:
