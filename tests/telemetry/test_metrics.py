@@ -372,7 +372,8 @@ def test_request_ids_are_encoded_but_never_kept_among_the_repeating_fragments() 
     spans = Spans(SimpleSpanProcessor(exporter))
     otlp._FRAGMENTS.clear()
     for i in range(otlp._FRAGMENTS_MAX + 10):
-        spans.record("gateway chat", 5, {REQUEST_ID: f"req-{i}", CLIENT_REQUEST_ID: f"c-{i}", "gateway.rule": "default"})
+        attributes = {REQUEST_ID: f"req-{i}", CLIENT_REQUEST_ID: f"c-{i}", "gateway.rule": "default"}
+        spans.record("gateway chat", 5, attributes)
     encoded = json.loads(otlp_json(exporter.get_finished_spans()[-1:]))
     attributes = encoded["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
     assert attributes[0] == {"key": REQUEST_ID, "value": {"stringValue": f"req-{otlp._FRAGMENTS_MAX + 9}"}}
