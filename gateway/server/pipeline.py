@@ -150,10 +150,11 @@ def record(
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"The request body is {request.content_length} bytes; the limit is {limit}")
+    length = request.content_length  # parsed from the header at each access: read once
+    if length is not None and length > limit:
+        raise PayloadTooLarge(f"The request body is {length} bytes; the limit is {limit}")
     try:
-        raw = await _read_chunked(request, limit) if request.content_length is None else await request.read()
+        raw = await _read_chunked(request, limit) if length is None else await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes") from exc
     if len(raw) > limit:
