@@ -205,7 +205,11 @@ def _digits(text: str) -> int:
 
 
 def _any(text: str, phrases: tuple[str, ...]) -> bool:
-    return any(phrase in text for phrase in phrases)
+    # a loop, not any() over a generator: half the time for a few short tests
+    for phrase in phrases:  # noqa: SIM110
+        if phrase in text:
+            return True
+    return False
 
 
 def _kind(features: Features, options: int, code_request: bool, mathy: bool, open_ended: bool) -> str:
