@@ -191,7 +191,50 @@ async def dead_redis(rig: Rig, ports: tuple[int, int], n: int) -> Row:
                good == n and degraded and all(s == 200 for s, _, _ in warm))
 
 
-GROUPS = ("faults", "memory", "agents")
+GROUPS = ("faults", "resume", "memory", "agents")
+# A pair of one deterministic model family (bench/greedy_upstream.py), so a resumed answer can be compared with
+# the uninterrupted one; a short read timeout, so a stall is seen as one.
+RESUME_POLICY = POLICY.replace("resume: {{enabled: false}}", "resume: {{enabled: true, max: 1}}").replace(
+    "read_s: 2", "read_s: 1")
+
+
+async def resume(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> list[Row]:
+    """Deaths and stalls mid-stream, resumed on the sibling: every client stream complete and equal to the
+    uninterrupted answer (the pair's greedy answers are the same)."""
+    fast, hq = free_port(), free_port()
+    for port in (fast, hq):
+        rig.start([sys.executable, "-m", "bench.greedy_upstream", str(port), "bench"])
+        wait_ready(port)
+    gw = rig.gateway("resume", RESUME_POLICY.format(fast=fast, hq=hq), {})
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        whole = await _streamed_text(http, gw, "")
+        rows = [await _resumed(http, gw, whole, "die", "deployment dies mid-stream, resumed on hq", 100),
+                await _resumed(http, gw, whole, "stall", "deployment stalls mid-stream (1 s), resumed on hq", 20)]
+    rig.stop([gw.pid])
+    return rows
+
+
+async def _resumed(http: aiohttp.ClientSession, gw: Gateway, whole: str, kind: str, label: str, n: int) -> Row:
+    async def one(i: int) -> bool:
+        return await _streamed_text(http, gw, f"{kind}-after-{1 + i % 11}") == whole  # cut at every point
+
+    equal = sum(await gather(n, 8, one))
+    return Row(label, n, "every stream complete, equal to the uninterrupted answer",
+               f"{equal}/{n} complete and equal", equal == n)
+
+
+async def _streamed_text(http: aiohttp.ClientSession, gw: Gateway, fault: str) -> str:
+    """The text of one streamed answer; "" unless it ended as one answer does: one finish, then [DONE]."""
+    async with http.post(gw.url + "/v1/chat/completions", json={"model": "auto", "messages": HELLO, "stream": True,
+                         "temperature": 0}, headers={"x-fake-fault": fault} if fault else {}) as resp:
+        events = [e.removeprefix("data: ") for e in (await resp.text()).split("\n\n") if e.strip()]
+    if not events or events[-1] != "[DONE]":
+        return ""
+    chunks = [json.loads(e) for e in events[:-1]]
+    finishes = [c["finish_reason"] for e in chunks for c in e.get("choices", ()) if c.get("finish_reason")]
+    if len(finishes) != 1 or any("error" in e for e in chunks):
+        return ""
+    return "".join((c.get("delta") or {}).get("content") or "" for e in chunks for c in e.get("choices", ()))
 
 
 async def faults(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> list[Row]:
@@ -203,7 +246,7 @@ async def faults(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> 
         rows.append(await failover(http, gw, "html", "200 + an HTML page", 100))
         rows.append(await failover(http, gw, "garbage", "200 + 64 KiB of random bytes", 100))
         rows += await huge_bodies(http, gw, 10)
-        rows.append(await mid_stream_death(http, gw, 100))
+        rows.append(await mid_stream_death(http, gw, 100))  # with resume off: the "resume" group resumes them
         rows.append(await client_disconnects(http, gw, 200))
         rows.append(await over_long_header(http, gw, 20))
     rows.append(await slow_headers(gw, args.slow_clients, args.header_timeout_s))
@@ -237,7 +280,7 @@ async def run(args: argparse.Namespace, rig: Rig) -> list[Row]:
     ports = rig.fakes()
     rows: list[Row] = []
     for group in args.groups.split(","):
-        rows += await {"faults": faults, "memory": memory, "agents": agents}[group](args, rig, ports)
+        rows += await {"faults": faults, "resume": resume, "memory": memory, "agents": agents}[group](args, rig, ports)
     return rows
 
 

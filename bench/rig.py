@@ -35,6 +35,7 @@ models:
   auto: {{route: rules}}
 default: fast
 fallback: [fast, hq]
+resume: {{enabled: false}}  # these fakes are not one model family: bench/reliability.py's resume rows have one
 """
 
 

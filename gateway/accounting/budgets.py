@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.decision.admission import Cost, TenantSnapshot
 from gateway.errors import RateLimited
+from gateway.openai import Usage
 from gateway.policy.model import Price
 from gateway.policy.tenancy import SessionPolicy, TenantPolicy
 from gateway.store.contract import Hold, Limits, Observation, Refusal, Reservation, Spend, Store, StoreError
@@ -87,10 +89,12 @@ class Budgets:
         tokens_out: int,
         *,
         deployment: str | None = None,
+        before: Sequence[tuple[Price, Usage]] = (),
     ) -> None:
         """Replace the hold by the actual spend; never raises.
 
-        `deployment` names the one that answered when failover moved the request (usage is per deployment).
+        `deployment` names the one that answered when failover moved the request (usage is per deployment);
+        `before`, the earlier parts of a stream it resumed, each with the price of the deployment that made it.
         """
         if reservation.id not in self._open:
             return
@@ -98,6 +102,9 @@ class Budgets:
         if deployment is not None and deployment != reservation.deployment:
             reservation = dataclasses.replace(reservation, deployment=deployment)
         spend = Spend(price.cost_usd(tokens_in, tokens_out), tokens_in, tokens_out)
+        for part_price, part in before:
+            spend = Spend(spend.usd + part_price.cost_usd(part.prompt_tokens, part.completion_tokens),
+                          spend.tokens_in + part.prompt_tokens, spend.tokens_out + part.completion_tokens)
         try:
             await self._store.settle(reservation, spend)
         except Exception as exc:

@@ -136,7 +136,9 @@ class Accounting:
         assert usage is not None
         price = policy.deployments[answered].price
         tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
-        await self.budgets.settle(held, price, tokens_in, tokens_out, deployment=answered)
+        # a stream another deployment finished: each earlier part at the price of the one that generated it
+        before = [(part_price or price, part) for _, part_price, part in ex.parts or ()]
+        await self.budgets.settle(held, price, tokens_in, tokens_out, deployment=answered, before=before)
 
 
 async def _prompt_size(policy: Policy, features: Features, body: Mapping[str, Any], body_bytes: int) -> PromptSize:

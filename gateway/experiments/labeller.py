@@ -28,7 +28,7 @@ from gateway.policy.model import Policy
 from gateway.rollout import labels as lb
 from gateway.rollout.comparison import assemble
 from gateway.store.contract import StoreError
-from gateway.store.rollouts import RolloutStore
+from gateway.store.labels import LabelStore
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
 from gateway.upstream.client import Pool
@@ -64,7 +64,7 @@ class Labeller:
     def __init__(
         self,
         client: Pool,
-        store: RolloutStore,
+        store: LabelStore,
         metrics: Metrics,
         policy: Callable[[], Policy],
         *,

@@ -24,7 +24,7 @@ from gateway.policy.model import Deployment
 from gateway.rollout.comparison import Capture, compare
 from gateway.rollout.samples import PairOutcome
 from gateway.store.contract import StoreError
-from gateway.store.rollouts import RolloutStore
+from gateway.store.pairs import ShadowPairStore
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
 from gateway.upstream.client import Pool
@@ -97,6 +97,22 @@ class Pair:
     shadow: Capture
 
 
+@dataclass(frozen=True, slots=True)
+class ShadowCall:
+    """One shadow to send: the target as declared, the deployment it resolved to, the request as the primary got
+    it, and the rollout window its pair counts in (None: a standing shadow's pair counts in none)."""
+
+    target: str
+    name: str
+    dep: Deployment
+    path: str
+    body: Mapping[str, Any]
+    request_id: str
+    limits: ShadowLimits
+    samples_key: str | None = None
+    features: Features | None = None
+
+
 @dataclass(slots=True)
 class TargetState:
     in_flight: int = 0
@@ -123,7 +139,7 @@ class Shadows:
     def __init__(
         self,
         client: Pool,
-        store: RolloutStore,
+        store: ShadowPairStore,
         metrics: Metrics,
         on_outcome: Callable[[str, PairOutcome], None] | None = None,
         on_pair: Callable[[Pair], None] | None = None,
@@ -136,20 +152,10 @@ class Shadows:
     def drop(self, target: str, reason: str) -> None:
         self.dropped.labels(target, reason).inc()
 
-    def mirror(
-        self,
-        target: str,
-        name: str,
-        dep: Deployment,
-        path: str,
-        body: Mapping[str, Any],
-        request_id: str,
-        limits: ShadowLimits,
-        primary: Callable[[], asyncio.Future[Capture]],
-        samples_key: str | None = None,
-        features: Features | None = None,
-    ) -> bool:
-        """Start one shadow unless the target is saturated or its circuit is open; never waits."""
+    def mirror(self, call: ShadowCall, primary: Callable[[], asyncio.Future[Capture]]) -> bool:
+        """Start one shadow unless the target is saturated or its circuit is open; never waits. `primary` asks
+        for the primary's capture (the relay then copies its bytes), only for a shadow that is sent."""
+        target, limits = call.target, call.limits
         state = self._targets.setdefault(target, TargetState())
         if state.in_flight >= limits.max_in_flight:
             self.drop(target, "in_flight_cap")
@@ -158,29 +164,15 @@ class Shadows:
             self.drop(target, "circuit_open")
             return False
         state.in_flight += 1
-        task = asyncio.get_running_loop().create_task(
-            self._shadow(target, name, dep, path, body, request_id, limits, primary(), samples_key, features)
-        )
+        task = asyncio.get_running_loop().create_task(self._shadow(call, primary()))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _shadow(
-        self,
-        target: str,
-        name: str,
-        dep: Deployment,
-        path: str,
-        body: Mapping[str, Any],
-        request_id: str,
-        limits: ShadowLimits,
-        primary: asyncio.Future[Capture],
-        samples_key: str | None,
-        features: Features | None,
-    ) -> None:
-        state = self._targets[target]
+    async def _shadow(self, call: ShadowCall, primary: asyncio.Future[Capture]) -> None:
+        target, state = call.target, self._targets[call.target]
         try:
-            capture = dataclasses.replace(await self._call(name, dep, path, body, request_id, limits), deployment=name)
+            capture = dataclasses.replace(await self._call(call), deployment=call.name)
         finally:
             state.in_flight -= 1
         ok = capture.error is None and 200 <= capture.status < 300
@@ -190,18 +182,17 @@ class Shadows:
             primary_capture = await asyncio.wait_for(asyncio.shield(primary), PRIMARY_WAIT_S)
         except (TimeoutError, asyncio.CancelledError):
             return
-        record = await self._record(target, body, primary_capture, capture, request_id, samples_key, limits.max_tokens)
+        record = await self._record(call, primary_capture, capture)
         if self._on_pair is not None:
-            self._on_pair(Pair(target, request_id, body, features, record, primary_capture, capture))
+            self._on_pair(Pair(target, call.request_id, call.body, call.features, record, primary_capture, capture))
 
-    async def _call(
-        self, name: str, dep: Deployment, path: str, body: Mapping[str, Any], request_id: str, limits: ShadowLimits
-    ) -> Capture:
+    async def _call(self, call: ShadowCall) -> Capture:
+        body, limits, dep = call.body, call.limits, call.dep
         payload, _ = openai.upstream_body(shadow_body(body, limits.max_tokens), dep.served_model)
-        headers = {TAG_HEADER: "1", "x-request-id": f"{request_id}-shadow"}
+        headers = {TAG_HEADER: "1", "x-request-id": f"{call.request_id}-shadow"}
         started = time.perf_counter()
         try:
-            got = await upstream.fetch(self._client, name, dep, path, payload, headers,
+            got = await upstream.fetch(self._client, call.name, dep, call.path, payload, headers,
                                        timeout_s=limits.timeout_s, limit_bytes=limits.max_body_bytes)
         except UpstreamTimeout:
             return Capture(0, _ms_since(started), error="timeout")
@@ -210,27 +201,19 @@ class Shadows:
         streamed = bool(body.get("stream")) and got.status == 200
         return parse_capture(got.status, got.total_ms, got.first_byte_ms if streamed else None, got.body, streamed)
 
-    async def _record(
-        self,
-        target: str,
-        request: Mapping[str, Any],
-        primary: Capture,
-        shadow: Capture,
-        request_id: str,
-        samples_key: str | None,
-        cap_tokens: int,
-    ) -> dict[str, Any]:
-        record = compare(request, primary, shadow, cap_tokens)
-        record.update(target=target, request_id=request_id, at=round(time.time(), 3))
+    async def _record(self, call: ShadowCall, primary: Capture, shadow: Capture) -> dict[str, Any]:
+        target = call.target
+        record = compare(call.body, primary, shadow, call.limits.max_tokens)
+        record.update(target=target, request_id=call.request_id, at=round(time.time(), 3))
         outcome = PairOutcome(record["outcome"])
         self.outcomes.labels(target, outcome.value).inc()
-        if samples_key is not None and self._on_outcome is not None:
-            self._on_outcome(samples_key, outcome)
+        if call.samples_key is not None and self._on_outcome is not None:
+            self._on_outcome(call.samples_key, outcome)
         try:
             await self._store.add_pair(target, json.dumps(record, separators=(",", ":")), PAIRS_MAXLEN)
         except StoreError as exc:
             self.drop(target, "store_unavailable")
-            log.debug("shadow pair of %s not kept: %s", request_id, exc)
+            log.debug("shadow pair of %s not kept: %s", call.request_id, exc)
         return record
 
     async def close(self) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from gateway.decision.share import ShareTracker
 from gateway.policy.model import Policy
 from gateway.store.contract import StoreError
-from gateway.store.rollouts import RolloutStore
+from gateway.store.shares import ShareWindowStore
 from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 SYNC_PERIOD_S = 1.0
 
 
-async def keep_in_step(tracker: ShareTracker, store: RolloutStore, current: Callable[[], Policy]) -> None:
+async def keep_in_step(tracker: ShareTracker, store: ShareWindowStore, current: Callable[[], Policy]) -> None:
     """Every SYNC_PERIOD_S, exchange this replica's windows with the fleet's (run only with a shared store)."""
     failing = False
     while True:
@@ -34,7 +34,7 @@ async def keep_in_step(tracker: ShareTracker, store: RolloutStore, current: Call
             failing = True
 
 
-async def _exchange(tracker: ShareTracker, store: RolloutStore) -> None:
+async def _exchange(tracker: ShareTracker, store: ShareWindowStore) -> None:
     for name, route in list(tracker.routes.items()):
         sent, route.pending = route.pending, []
         try:

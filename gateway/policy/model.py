@@ -91,12 +91,22 @@ class Deployment(Frozen):
         return url.rstrip("/")
 
 
+class ResumePolicy(Frozen):
+    """A stream that breaks after its first byte is finished by the next deployment in the failover order: it is
+    sent the request and the answer so far as the start of the answer to continue, and the client's stream goes
+    on as one answer. `max`: resumes one request may make (each break after a resume is one more)."""
+
+    enabled: bool = True
+    max: int = Field(1, ge=1, le=4, description="resumes one request may make")
+
+
 class ClientModel(Frozen):
     """A model name clients may ask for: `route: rules` (auto) or `pin: DEPLOYMENT`."""
 
     route: Literal["rules"] | None = None
     pin: str | None = None
     description: str = ""
+    resume: ResumePolicy | None = None  # this route's own; default: the policy's
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ClientModel:
@@ -278,6 +288,7 @@ class Policy(Frozen):
     default: str
     fallback: list[str] = []
     max_attempts: int = Field(2, ge=1, le=5)
+    resume: ResumePolicy = ResumePolicy()
     policies: dict[str, CandidatePolicy] = {}
     rollouts: list[RolloutSpec] = []
     shadows: list[ShadowSpec] = []
@@ -417,6 +428,11 @@ class Policy(Frozen):
     @functools.cached_property
     def _candidate_policies(self) -> dict[str, Policy]:
         return {}
+
+    def resume_for(self, requested_model: str) -> ResumePolicy:
+        """The resume rule of the route a call asked for: its own, else the policy's."""
+        route = self.models.get(requested_model)
+        return route.resume if route is not None and route.resume is not None else self.resume
 
     def candidates(self, first: str) -> tuple[str, ...]:
         """Deployments to try for a request that prefers `first`: it, then the fallback list, then the rest

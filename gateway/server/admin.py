@@ -1,4 +1,6 @@
-"""Operational endpoints: liveness, readiness, metrics, and the token-guarded admin API (explain, policy)."""
+"""The admin API's own endpoints: explain (a recent request, a body), the policy (status, reload), usage, shares.
+
+Mounted under /admin/ with the rest of the admin API by server/admin_app.py, behind its token check."""
 
 from __future__ import annotations
 
@@ -10,62 +12,10 @@ from gateway.decision.context import gather
 from gateway.decision.explain import explanation
 from gateway.decision.routing import decide
 from gateway.errors import BadRequest, NotFound
-from gateway.experiments.shares import export as export_shares
 from gateway.policy.tenancy import find_tenant
 from gateway.server import pipeline
-from gateway.server.resources import ACCOUNTING, DEPLOYMENTS, POLICY, RECENT, SETTINGS, SHARES, TELEMETRY
+from gateway.server.resources import ACCOUNTING, POLICY, RECENT, SETTINGS, SHARES
 from gateway.server.scoring import LiveScoring
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def models(request: web.Request) -> web.Response:
-    """The client-facing models the policy declares, in a list both the OpenAI and the Anthropic SDKs read."""
-    policy = request.app[POLICY].current
-    data = [{"id": name, "object": "model", "type": "model", "display_name": name, "owned_by": "agent-gateway",
-             "created": 0, "created_at": "1970-01-01T00:00:00Z", "description": model.description}
-            for name, model in policy.models.items()]
-    names = list(policy.models)
-    return web.json_response({"object": "list", "data": data, "has_more": False,
-                              "first_id": names[0] if names else None, "last_id": names[-1] if names else None})
-
-
-async def readyz(request: web.Request) -> web.Response:
-    """Ready when a policy is loaded and a deployment is healthy; otherwise 503 saying why."""
-    app = request.app
-    policy_file = app[POLICY]
-    healthy = sorted(name for name, load in app[DEPLOYMENTS].load.items() if load.healthy)
-    problems = []
-    if not healthy:
-        problems.append("no deployment is healthy: " + ", ".join(
-            f"{name} failing health checks or ejected" for name in policy_file.current.deployments))
-    described = policy_file.describe()
-    if policy_file.last_error is not None:
-        where = [_where(problem) for problem in policy_file.last_error.problems]
-        problems.append("the last policy reload failed (serving the previous policy): " + "; ".join(where)
-                        + " (the details: GET /admin/policy)")
-        described["last_reload_error"] = where
-    body = {"ready": bool(healthy), "healthy_deployments": healthy, "policy": described, "problems": problems}
-    return web.json_response(body, status=200 if healthy else 503)
-
-
-def _where(problem: str) -> str:
-    """A reload problem as /readyz (public) shows it: the file, line and field, never the message or the value
-    (`file:line: field: message (value: ...)`, policy/model.py); the admin API shows it whole."""
-    where, _, rest = problem.partition(": ")
-    field, sep, _ = rest.partition(": ")
-    return f"{where}: {field}" if sep and " " not in field.strip("<>") else where
-
-
-async def metrics(request: web.Request) -> web.Response:
-    metrics = request.app[TELEMETRY].metrics
-    export_shares(request.app[SHARES], metrics)  # fresh at every scrape, not only at the once-a-second sync
-    body = metrics.render()
-    # With several workers each scrape is merged from all of them; the header says which one answered.
-    return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8",
-                                            "x-gateway-worker": str(request.app[SETTINGS].worker_index)})
 
 
 async def explain_recent(request: web.Request) -> web.Response:
@@ -79,7 +29,7 @@ async def explain_recent(request: web.Request) -> web.Response:
                          remembered.features, remembered.ctx)
     served = remembered.served
     report["served"] = {"deployment": served.deployment, "rule": served.rule, "attempts": list(served.attempts),
-                        "reasons": list(served.reasons)}
+                        "reasons": list(served.reasons), "resumes": list(remembered.resumes)}
     return web.json_response(report)
 
 
@@ -127,9 +77,10 @@ async def policy_reload(request: web.Request) -> web.Response:
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/admin/requests/{request_id}/explain", explain_recent)
-    router.add_post("/admin/explain", explain_body)
-    router.add_get("/admin/policy", policy_status)
-    router.add_get("/admin/usage", usage)
-    router.add_get("/admin/shares", shares)
-    router.add_post("/admin/policy/reload", policy_reload)
+    """On the admin sub-app: each path is under /admin (`/policy` is GET /admin/policy)."""
+    router.add_get("/requests/{request_id}/explain", explain_recent)
+    router.add_post("/explain", explain_body)
+    router.add_get("/policy", policy_status)
+    router.add_get("/usage", usage)
+    router.add_get("/shares", shares)
+    router.add_post("/policy/reload", policy_reload)

@@ -1,4 +1,5 @@
-"""create_app(settings): one AppKey and one cleanup context per resource, the middleware and the routes."""
+"""create_app(settings): one AppKey and one cleanup context per resource, the middleware chain, the routes and
+the admin sub-app."""
 
 from __future__ import annotations
 
@@ -25,17 +26,7 @@ from gateway.experiments.shares import keep_in_step
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import (
-    admin,
-    conversations,
-    deployment_admin,
-    outcome_api,
-    pipeline,
-    rollout_admin,
-    session_admin,
-    ui,
-)
-from gateway.server.middleware import exchange_middleware
+from gateway.server import admin_app, conversations, middleware, outcome_api, pipeline, public, ui
 from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import (
     ACCOUNTING,
@@ -69,7 +60,8 @@ from gateway.upstream.deployments import Deployments, Tracked
 
 def create_app(settings: Settings) -> web.Application:
     # The body limit is enforced by pipeline.read_body with a clear message; aiohttp's own cap sits above it.
-    app = web.Application(middlewares=[exchange_middleware], client_max_size=settings.max_body_bytes + 1)
+    app = web.Application(client_max_size=settings.max_body_bytes + 1)
+    app.middlewares.extend(middleware.chain(app))
     app[SETTINGS] = settings
     app[RECENT] = Recent(settings.explain_memory)
     app[TRAFFIC] = TrafficWindows(time.time())
@@ -78,18 +70,11 @@ def create_app(settings: Settings) -> web.Application:
                             _accounting, _experiments, _trajectories, _long_lived_heap])
     for adapter in ADAPTERS:
         app.router.add_post(adapter.path, pipeline.handler(adapter))
-    app.router.add_get("/v1/models", admin.models)
-    app.router.add_get("/", admin.healthz)  # Claude Code checks the base URL with a HEAD / first
-    app.router.add_get("/healthz", admin.healthz)
-    app.router.add_get("/readyz", admin.readyz)
-    app.router.add_get("/metrics", admin.metrics)
-    admin.add_routes(app.router)
-    rollout_admin.add_routes(app.router)
-    session_admin.add_routes(app.router)
+    public.add_routes(app.router)
     conversations.add_routes(app.router)
-    deployment_admin.add_routes(app.router)
     ui.add_routes(app.router)
     outcome_api.install(app)
+    admin_app.mount(app)  # everything under /admin/, behind the admin token
     return app
 
 
@@ -213,7 +198,7 @@ async def _shares(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     task = asyncio.get_running_loop().create_task(
-        keep_in_step(tracker, stores.rollouts, lambda: policy_file.current))
+        keep_in_step(tracker, stores.shares, lambda: policy_file.current))
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -234,9 +219,9 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
     settings, metrics, policy_file = app[SETTINGS], app[TELEMETRY].metrics, app[POLICY]
     rollouts = Rollouts(app[STORES].rollouts, lambda: policy_file.current, metrics)
     # Labels keep prompts only with the request log's own opt-in (AGENT_GATEWAY_REQUEST_LOG_PROMPTS=1).
-    labeller = Labeller(app[POOL], rollouts.store, metrics, lambda: policy_file.current,
+    labeller = Labeller(app[POOL], app[STORES].labels, metrics, lambda: policy_file.current,
                         prompts=bool(settings.request_log_prompts))
-    shadows = Shadows(app[POOL], rollouts.store, metrics, on_outcome=rollouts.record_outcome, on_pair=labeller.offer)
+    shadows = Shadows(app[POOL], app[STORES].pairs, metrics, on_outcome=rollouts.record_outcome, on_pair=labeller.offer)
     request_log = None
     if settings.request_log:
         request_log = RequestLog(settings.request_log, prompts=bool(settings.request_log_prompts))

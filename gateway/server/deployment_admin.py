@@ -25,15 +25,26 @@ async def deployments(request: web.Request) -> web.Response:
     served = windows.requests.read(now, metrics.totals("gateway_requests"))
     arms = windows.arms.read(now, metrics.totals("gateway_rollout_requests"))
     by_deployment = shares(served.by("deployment"), skip=[NOT_SERVED])
+    resumes = _resumes_from(metrics.totals("gateway_stream_resumes"))
     return web.json_response({
         "worker": {"index": settings.worker_index, "of": settings.workers, "pid": os.getpid(),
                    "prober": app[DEPLOYMENTS].prober},
-        "deployments": [_deployment(app[DEPLOYMENTS], policy, name, by_deployment.get(name, 0.0))
-                        for name in policy.deployments],
+        "deployments": [{**_deployment(app[DEPLOYMENTS], policy, name, by_deployment.get(name, 0.0)),
+                         "resumes": resumes.get(name, {})} for name in policy.deployments],
         "shares": {"window_s": served.span_s, "requests": sum(served.by("deployment").values()),
                    "deployments": by_deployment, "rules": shares(served.by("rule"))},
         "targets": [*_share_targets(request, policy), *_rollout_targets(request, policy, arms)],
     })
+
+
+def _resumes_from(totals: dict[tuple[tuple[str, str], ...], float]) -> dict[str, dict[str, int]]:
+    """Streams that broke on each deployment since the start, by what became of them (resumed, failed, refused)."""
+    found: dict[str, dict[str, int]] = {}
+    for labels, value in totals.items():
+        named = dict(labels)
+        outcomes = found.setdefault(named.get("from", ""), {})
+        outcomes[named.get("outcome", "")] = outcomes.get(named.get("outcome", ""), 0) + int(value)
+    return found
 
 
 def _deployment(deployments: Deployments, policy: Policy, name: str, share: float) -> dict[str, Any]:
@@ -91,4 +102,5 @@ def _rollout_targets(request: web.Request, policy: Policy, arms: Counts) -> list
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/admin/deployments", deployments)
+    """On the admin sub-app (server/admin_app.py): each path is under /admin."""
+    router.add_get("/deployments", deployments)

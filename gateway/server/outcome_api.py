@@ -72,7 +72,11 @@ async def _wire(app: web.Application) -> None:
 
 
 def install(app: web.Application) -> None:
-    """The routes, and the wiring of outcomes to the rollouts once create_app's resources exist."""
+    """The caller's route, and the wiring of outcomes to the rollouts once create_app's resources exist."""
     app.router.add_post("/v1/sessions/{session_id}/outcome", report)
-    app.router.add_get("/admin/outcomes", figures)
     app.on_startup.append(_wire)
+
+
+def add_admin_routes(router: web.UrlDispatcher) -> None:
+    """On the admin sub-app (server/admin_app.py): GET /admin/outcomes."""
+    router.add_get("/outcomes", figures)

@@ -17,13 +17,16 @@ from gateway.apis.adapter import Adapter, StreamReader
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.errors import GatewayError, UpstreamError
+from gateway.features import count_tokens
 from gateway.policy.model import Price
-from gateway.server.middleware import add_gateway_headers
+from gateway.server import resuming
+from gateway.server.exchanges import add_gateway_headers
 from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, SETTINGS, TELEMETRY
 from gateway.telemetry.exchange import Exchange
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
 from gateway.upstream.deployments import Deployments
+from gateway.wire import resume
 
 STREAM_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 
@@ -47,11 +50,12 @@ async def forward(
         headers["traceparent"] = ex.trace.traceparent()
     limit = app[SETTINGS].max_upstream_body_bytes
     answer_id = adapter.new_id()
+    plan = resuming.plan(adapter, call, caps, answer_id, headers) if call.features.stream else None
+    body = {**call.body, "return_token_ids": True} if plan is not None and plan.asks_token_ids else call.body
     last: GatewayError | None = None
     for name in decision.attempts:
         dep = call.policy.deployments[name]
-        payload, client_wants_usage = adapter.upstream_body(call.body, dep.served_model,
-                                                            caps.get(name) if caps else None)
+        payload, client_wants_usage = adapter.upstream_body(body, dep.served_model, caps.get(name) if caps else None)
         ex.trying(name)
         with deployments.sending(name):
             try:
@@ -69,7 +73,9 @@ async def forward(
             if answer is None:
                 ex.answered(name, None, dep.price)  # the model it names is read from the stream's first event
                 reader = adapter.stream_reader(client_wants_usage, answer_id)
-                return await _relay_stream(request, adapter, deployments, metrics, reply, reader, keep)
+                if plan is not None:
+                    plan.client_wants_usage = client_wants_usage
+                return await _relay_stream(request, adapter, call, decision, reply, reader, keep, plan)
             raw, found = answer
             ex.answered(name, found.get("model") if isinstance(found.get("model"), str) else None, dep.price)
             if reply.status == 200:
@@ -105,59 +111,113 @@ def _relay_body(
 
 
 async def _relay_stream(
-    request: web.Request, adapter: Adapter, deployments: Deployments, metrics: Metrics, reply: upstream.Reply,
-    reader: StreamReader, keep: Keep | None,
+    request: web.Request, adapter: Adapter, call: Call, decision: Decision, reply: upstream.Reply,
+    reader: StreamReader, keep: Keep | None, plan: resuming.Plan | None,
 ) -> web.StreamResponse:
-    """Relay events as they arrive; learn usage; a failure after the first byte becomes one error event."""
-    ex: Exchange = request[EXCHANGE]
+    """Relay events as they arrive; learn usage. A failure after the first byte is resumed on the next deployment
+    in the failover order where that is faithful (server/resuming.py), else it becomes one error event."""
+    app, ex = request.app, request[EXCHANGE]
+    deployments, metrics = app[DEPLOYMENTS], app[TELEMETRY].metrics
     response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
     await response.prepare(request)
+    part: StreamReader | resume.Splice = reader
+    transcript: list[bytes] | None = [] if plan is not None and plan.blocked is None else None
+    progress: resume.Progress | None = None
     finished = False
-    tap = ex.tap
-    # the chat chunks of a step that offered tools, for its tool calls; the other APIs' readers rebuild them
-    kept = ex.step.chunks if ex.step is not None and adapter.step_from_chunks else None
-    previous = b""
     try:
-        async for chunk in reply.chunks():
-            if ex.first_byte_at is None:
-                ex.first_byte()
-                ex.response_model = openai.model_named(chunk)
-            if tap is not None:
-                tap.append(chunk)
-            if kept is not None:
-                previous = _keep_tool_calls(kept, previous, chunk)
-            out = reader.feed(chunk)
-            if keep is not None and reader.done:
-                await _keep_final(reader, keep)
-                keep = None
-            if out:
-                await response.write(out)
-        if not reader.done:
-            raise UpstreamError(f"Deployment {reply.deployment!r} ended the stream before its end",
-                                code="upstream_truncated")
-        finished = True
-        deployments.record_success(reply.deployment)
-        _hand_step_view(ex, reader)
+        while True:
+            try:
+                await _pump(response, ex, adapter, reply, part, keep, transcript, plan)
+                finished = True
+                deployments.record_success(reply.deployment)
+                _hand_step_view(ex, part)
+                break
+            except GatewayError as exc:
+                deployments.record_failure(reply.deployment)
+                if plan is None:
+                    raise
+                progress = progress or resume.read_back(adapter.endpoint, call.body, transcript or [], plan.blocked)
+                nxt = await resuming.go_on(request, adapter, call, decision, plan, progress, reply, part, exc)
+                if nxt is None:
+                    raise
+                _release(reply, part, ex, metrics)
+                reply, part = nxt
+                ex.answered(reply.deployment, ex.response_model, call.policy.deployments[reply.deployment].price)
     except GatewayError as exc:
-        deployments.record_failure(reply.deployment)
         ex.failed_mid_stream(exc)
-        await response.write(reader.error_event(exc))
+        await response.write(resuming.error_event(reader, progress, exc))
     finally:
         # An unfinished stream (error, client gone, cancelled) must stop the deployment's generation too.
         reply.release() if finished else reply.close()
         # The deployment had the call from the stream's first byte on: a cut stream is charged its prompt.
-        ex.settle(reader.usage, metrics, reader.streamed, cut=not finished)
+        ex.settle(part.usage, metrics, part.streamed, cut=not finished)
+        if plan is not None:
+            plan.close()
     await response.write_eof()
     return response
 
 
-async def _keep_final(reader: StreamReader, keep: Keep) -> None:
+async def _pump(
+    response: web.StreamResponse, ex: Exchange, adapter: Adapter, reply: upstream.Reply,
+    reader: StreamReader | resume.Splice, keep: Keep | None, transcript: list[bytes] | None,
+    plan: resuming.Plan | None,
+) -> None:
+    """Relay one deployment's stream to its end; a break, a stall or an error event raises a GatewayError."""
+    # the chat chunks of a step that offered tools, for its tool calls; the other APIs' readers rebuild them
+    kept = ex.step.chunks if ex.step is not None and adapter.step_from_chunks else None
+    own = transcript if not isinstance(reader, resume.Splice) else None  # a splice extends its progress itself
+    strip = plan is not None and plan.asks_token_ids
+    previous = b""
+    async for chunk in reply.chunks():
+        if ex.first_byte_at is None:
+            ex.first_byte()
+            ex.response_model = openai.model_named(chunk)
+        if b'"error"' in chunk and adapter.step_from_chunks:
+            chunk, failed = resume.before_error(chunk)  # vLLM reports a failure mid-stream as an error event
+            if failed:
+                await response.write(reader.feed(_taken(chunk, ex.tap, own, strip)))
+                raise UpstreamError(f"Deployment {reply.deployment!r} reported an error mid-stream",
+                                    code="upstream_error_event")
+        out = reader.feed(_taken(chunk, ex.tap, own, strip))
+        if kept is not None:
+            previous = _keep_tool_calls(kept, previous, out if own is None else chunk)
+        if keep is not None and reader.done:
+            await _keep_final(reader, keep)
+            keep = None
+        if out:
+            await response.write(out)
+    if not reader.done:
+        raise UpstreamError(f"Deployment {reply.deployment!r} ended the stream before its end",
+                            code="upstream_truncated")
+
+
+def _taken(chunk: bytes, tap: list[bytes] | None, transcript: list[bytes] | None, strip: bool) -> bytes:
+    """A deployment's chunk as the client gets it (without the token ids the gateway asked for); the transcript
+    keeps it as sent, for a resume to read back."""
+    if transcript is not None:
+        transcript.append(chunk)
+    if strip:
+        chunk = resume.strip_token_ids(chunk)
+    if tap is not None:
+        tap.append(chunk)
+    return chunk
+
+
+def _release(reply: upstream.Reply, part: StreamReader | resume.Splice, ex: Exchange, metrics: Metrics) -> None:
+    """The broken part: its connection dropped, what it generated charged at its deployment's price."""
+    reply.close()
+    usage = part.usage or openai.Usage(ex.prompt_tokens, part.streamed.completion_tokens(count_tokens),
+                                       estimated=True)
+    ex.part_ended(usage, metrics)
+
+
+async def _keep_final(reader: StreamReader | resume.Splice, keep: Keep) -> None:
     final = getattr(reader, "final", None)
     if isinstance(final, dict):
         await keep(final)
 
 
-def _hand_step_view(ex: Exchange, reader: StreamReader) -> None:
+def _hand_step_view(ex: Exchange, reader: StreamReader | resume.Splice) -> None:
     """A finished stream of an API other than chat hands the agent step its answer as a chat completion."""
     if ex.step is not None and ex.step.chunks is not None:
         view = reader.answer_view()

@@ -1,10 +1,10 @@
 """The app's resources, one typed AppKey each (created and closed in create_app's cleanup contexts), and the
-per-request keys the middleware sets."""
+per-request keys the middleware sets (server/middleware.py)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -37,6 +37,7 @@ class Remembered:
     features: Features
     ctx: Context
     served: Decision  # after the rollout arm and the budget hold, which may narrow the failover
+    resumes: list[str] = field(default_factory=list)  # each break of its stream, and what became of it
 
 
 class Recent:
@@ -52,6 +53,11 @@ class Recent:
         self._items[request_id] = Remembered(call.policy, call.features, ctx, served)
         if len(self._items) > self._size:
             self._items.popitem(last=False)
+
+    def resumed(self, request_id: str, description: str) -> None:
+        found = self._items.get(request_id)
+        if found is not None:
+            found.resumes.append(description)
 
     def get(self, request_id: str) -> Remembered | None:
         return self._items.get(request_id)

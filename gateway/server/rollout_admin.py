@@ -15,7 +15,7 @@ from gateway.rollout import step as rollout
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.state import RolloutState
 from gateway.server.queries import whole_number
-from gateway.server.resources import EXPERIMENTS, POLICY
+from gateway.server.resources import EXPERIMENTS, POLICY, STORES
 from gateway.store.contract import reported_as_unavailable
 
 PAIRS_LIMIT = 10_000
@@ -135,7 +135,7 @@ async def shadow_pairs(request: web.Request) -> web.StreamResponse:
     target = request.query.get("target") or None
     limit = _limit(request)
     with reported_as_unavailable("The shadow pair store"):
-        records = await _experiments(request).rollouts.store.pairs(target, limit)
+        records = await request.app[STORES].pairs.pairs(target, limit)
     return _records(request, records)
 
 
@@ -143,7 +143,7 @@ async def shadow_labels(request: web.Request) -> web.StreamResponse:
     """Labels of shadow pairs (the labeller's, see docs/learning-loop.md), oldest first: JSON, or JSONL."""
     limit = _limit(request)
     with reported_as_unavailable("The shadow label store"):
-        records = await _experiments(request).rollouts.store.labels(limit)
+        records = await request.app[STORES].labels.labels(limit)
     return _records(request, records)
 
 
@@ -171,10 +171,11 @@ async def policy_shadow(request: web.Request) -> web.Response:
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/admin/rollouts", list_rollouts)
-    router.add_get("/admin/rollouts/{route}", show_rollout)
-    router.add_get("/admin/rollouts/{route}/history", history)
-    router.add_post("/admin/rollouts/{route}/{action}", act)
-    router.add_get("/admin/shadow/pairs", shadow_pairs)
-    router.add_get("/admin/shadow/labels", shadow_labels)
-    router.add_get("/admin/shadow/policy", policy_shadow)
+    """On the admin sub-app (server/admin_app.py): each path is under /admin."""
+    router.add_get("/rollouts", list_rollouts)
+    router.add_get("/rollouts/{route}", show_rollout)
+    router.add_get("/rollouts/{route}/history", history)
+    router.add_post("/rollouts/{route}/{action}", act)
+    router.add_get("/shadow/pairs", shadow_pairs)
+    router.add_get("/shadow/labels", shadow_labels)
+    router.add_get("/shadow/policy", policy_shadow)

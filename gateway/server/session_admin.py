@@ -55,5 +55,6 @@ async def session(request: web.Request) -> web.Response:
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/admin/sessions", sessions)
-    router.add_get("/admin/sessions/{session_id:.+}", session)
+    """On the admin sub-app (server/admin_app.py): each path is under /admin."""
+    router.add_get("/sessions", sessions)
+    router.add_get("/sessions/{session_id:.+}", session)

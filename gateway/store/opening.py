@@ -7,40 +7,47 @@ from dataclasses import dataclass
 from gateway.policy.tenancy import StorePolicy
 from gateway.store.contract import Store
 from gateway.store.fallback import FallbackStore
-from gateway.store.memory import MemoryRolloutStore, MemoryStore
+from gateway.store.labels import LabelStore, MemoryLabelStore, RedisLabelStore
+from gateway.store.memory import MemoryStore
+from gateway.store.pairs import MemoryShadowPairStore, RedisShadowPairStore, ShadowPairStore
 from gateway.store.redis_store import RedisStore
 from gateway.store.response_memory import MemoryResponseStore
 from gateway.store.responses import RedisResponseStore, ResponseStore
+from gateway.store.rollout_memory import MemoryRolloutStore
 from gateway.store.rollouts import RedisRolloutStore, RolloutStore
+from gateway.store.shares import MemoryShareWindowStore, RedisShareWindowStore, ShareWindowStore
 from gateway.store.trajectories import RedisTrajectoryStore, TrajectoryStore
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
 
 
 @dataclass(frozen=True, slots=True)
 class Stores:
-    """Accounting state (budgets, sessions, keys), rollout state (states, cohorts, pairs), agent trajectories,
-    the Responses API's stored responses."""
+    """Accounting state (budgets, sessions, keys), rollout state (states, cohorts, arms), shadow pairs, their
+    labels, the complexity-share windows, agent trajectories, the Responses API's stored responses."""
 
     accounting: Store
     rollouts: RolloutStore
+    pairs: ShadowPairStore
+    labels: LabelStore
+    shares: ShareWindowStore
     trajectories: TrajectoryStore
     responses: ResponseStore
     shared: bool = False  # in Redis, seen by every replica (else this process's memory)
 
     async def close(self) -> None:
-        await self.accounting.close()
-        await self.rollouts.close()
-        await self.trajectories.close()
-        await self.responses.close()
+        for store in (self.accounting, self.rollouts, self.pairs, self.labels, self.shares, self.trajectories,
+                      self.responses):
+            await store.close()
 
 
 def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefix: str = "ag") -> Stores:
     """Embedded memory without a Redis URL (the policy's `store.redis_url`, else AGENT_GATEWAY_REDIS_URL);
-    with one, Redis for both, accounting behind the degraded-mode fallback."""
+    with one, Redis for all, accounting behind the degraded-mode fallback."""
     url = section.redis_url or env_redis_url
     bound = section.memory_max_keys
     if not url:
         return Stores(MemoryStore(prefix=prefix, max_keys=bound), MemoryRolloutStore(max_keys=bound),
+                      MemoryShadowPairStore(), MemoryLabelStore(), MemoryShareWindowStore(),
                       MemoryTrajectoryStore(), MemoryResponseStore())
     shared = RedisStore(
         url,
@@ -53,6 +60,10 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
         shared, MemoryStore(prefix=prefix, max_keys=bound), on_unavailable=section.on_unavailable,
         retry_s=section.retry_s,
     )
-    return Stores(accounting, RedisRolloutStore(url, timeout_s=section.timeout_s, prefix=prefix),
-                  RedisTrajectoryStore(url, timeout_s=section.timeout_s, prefix=prefix),
-                  RedisResponseStore(url, timeout_s=section.timeout_s, prefix=prefix), shared=True)
+    timeout_s = section.timeout_s
+    return Stores(accounting, RedisRolloutStore(url, timeout_s=timeout_s, prefix=prefix),
+                  RedisShadowPairStore(url, timeout_s=timeout_s, prefix=prefix),
+                  RedisLabelStore(url, timeout_s=timeout_s, prefix=prefix),
+                  RedisShareWindowStore(url, timeout_s=timeout_s, prefix=prefix),
+                  RedisTrajectoryStore(url, timeout_s=timeout_s, prefix=prefix),
+                  RedisResponseStore(url, timeout_s=timeout_s, prefix=prefix), shared=True)

@@ -1,11 +1,11 @@
-"""Rollout and shadow state in Redis: CAS'd rollout states, leader lock, cohort counters, arms, pair streams.
+"""Rollout state in Redis: CAS'd rollout states, the leader lock, cohort counters and sessions' arms.
 
-A sibling of store.py (which was already near 500 lines): it reuses RedisStore's client construction
-and its exception translation (`_run` turns every redis error into `StoreError`), and adds only the
-operations of the `RolloutStore` contract below. `store_memory.MemoryRolloutStore` is its twin.
+The shadow pairs (store/pairs.py), the labels (store/labels.py) and the share windows (store/shares.py) have
+stores of their own. `RedisRolloutStore` reuses RedisStore's client construction and its exception
+translation (`_run` turns every redis error into `StoreError`); `rollout_memory.MemoryRolloutStore` is its twin.
 
-    read_state(route) -> str | None                       the rollout's state as JSON
-    write_state(route, expected_gen, state_json, fence) -> bool
+    read_state(route) -> RolloutState | None              the rollout's state, decoded
+    write_state(route, expected_gen, state, fence) -> bool
                                                           compare-and-set on the generation (-1: absent);
                                                           fence > 0 also requires the leader lock's token;
                                                           publishes the route on CHANNEL when written
@@ -14,13 +14,6 @@ operations of the `RolloutStore` contract below. `store_memory.MemoryRolloutStor
     counts(key) -> dict[str, int]                         HGETALL
     record_arm(key, value, ttl_s) -> str                  SET NX: the value that is now recorded
     touch_arms(keys, ttl_s)                               EXPIRE each: a session's steps keep its arm alive
-    add_pair(target, record_json, maxlen)                 XADD MAXLEN ~ onto the target's stream
-    pairs(target | None, count) -> list[str]              newest last
-    add_label(record_json, maxlen, ttl_s)                 XADD MAXLEN onto the labels stream; entries older
-                                                          than ttl_s are trimmed (XTRIM MINID), the key expires
-    labels(count) -> list[str]                            the newest `count` labels, newest last
-    share_window(route, scores, window) -> list[float]    append this replica's new scores to the route's
-                                                          fleet-wide window (the last `window` kept); returns it
     changes() -> AsyncIterator[str | None]                routes published on CHANNEL; None every ~1 s
 """
 
@@ -28,18 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import time
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
+from gateway.rollout.state import RolloutState
 from gateway.store.contract import StoreError
 from gateway.store.redis_store import RedisStore
 
 CHANNEL = "rollouts"
-ALL_TARGETS = "*"  # the stream of every target's pairs
-SHARE_WINDOW_TTL_S = 24 * 3600  # a route with no traffic for a day starts again from its calibration
 
 # write_state: KEYS[1]=state, KEYS[2]=leader lock; ARGV: expected generation (-1: absent), new state JSON,
 #   fencing token (0: a manual operation, no lock needed), channel, route -> 1 written, 0 refused
@@ -74,19 +66,14 @@ return token
 
 
 class RolloutStore(Protocol):
-    async def read_state(self, route: str) -> str | None: ...
-    async def write_state(self, route: str, expected_gen: int, state_json: str, fence: int) -> bool: ...
+    async def read_state(self, route: str) -> RolloutState | None: ...
+    async def write_state(self, route: str, expected_gen: int, state: RolloutState, fence: int) -> bool: ...
     async def lead(self, owner: str, ttl_s: float) -> int | None: ...
     async def count(self, key: str, fields: Mapping[str, int], ttl_s: int) -> dict[str, int]: ...
     async def counts(self, key: str) -> dict[str, int]: ...
     async def record_arm(self, key: str, value: str, ttl_s: int) -> str: ...
     async def touch_arms(self, keys: Sequence[str], ttl_s: int) -> None: ...
-    async def add_pair(self, target: str, record_json: str, maxlen: int) -> None: ...
-    async def pairs(self, target: str | None, count: int) -> list[str]: ...
-    async def add_label(self, record_json: str, maxlen: int, ttl_s: float) -> None: ...
-    async def labels(self, count: int) -> list[str]: ...
     def changes(self) -> AsyncIterator[str | None]: ...
-    async def share_window(self, route: str, scores: list[float], window: int) -> list[float]: ...
     async def close(self) -> None: ...
 
 
@@ -115,14 +102,13 @@ class RolloutKeys:
         digest = hashlib.sha256(sticky_key.encode()).hexdigest()[:32]
         return f"{self.prefix}:ro:arm:{rollout_id}:{run}:{digest}"
 
-    def pairs(self, target: str) -> str:
-        return f"{self.prefix}:shadow:pairs:{target}"
 
-    def scores(self, route: str) -> str:
-        return f"{self.prefix}:share:scores:{route}"
+def encode_state(state: RolloutState) -> str:
+    return json.dumps(state.to_dict(), separators=(",", ":"))
 
-    def labels(self) -> str:
-        return f"{self.prefix}:shadow:labels"
+
+def decode_state(raw: str) -> RolloutState:
+    return RolloutState.from_dict(json.loads(raw))
 
 
 class RedisRolloutStore(RedisStore):
@@ -134,13 +120,13 @@ class RedisRolloutStore(RedisStore):
         self._write_state = self._redis.register_script(WRITE_STATE)
         self._lead = self._redis.register_script(LEAD)
 
-    async def read_state(self, route: str) -> str | None:
+    async def read_state(self, route: str) -> RolloutState | None:
         raw = await self._run(self._redis.get(self.keys.state(route)))
-        return None if raw is None else str(raw)
+        return None if raw is None else decode_state(str(raw))
 
-    async def write_state(self, route: str, expected_gen: int, state_json: str, fence: int) -> bool:
+    async def write_state(self, route: str, expected_gen: int, state: RolloutState, fence: int) -> bool:
         keys = [self.keys.state(route), self.keys.lock()]
-        args: list[str | int] = [expected_gen, state_json, fence, self.keys.channel(), route]
+        args: list[str | int] = [expected_gen, encode_state(state), fence, self.keys.channel(), route]
         return bool(await self._run(self._write_state(keys=keys, args=args)))
 
     async def lead(self, owner: str, ttl_s: float) -> int | None:
@@ -169,42 +155,6 @@ class RedisRolloutStore(RedisStore):
             for key in keys:
                 pipe.expire(key, ttl_s)
             await self._run(pipe.execute())
-
-    async def add_pair(self, target: str, record_json: str, maxlen: int) -> None:
-        # Also onto one stream of every target: stream ids only order the entries of a single stream.
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for stream in (self.keys.pairs(target), self.keys.pairs(ALL_TARGETS)):
-                pipe.xadd(stream, {"r": record_json}, maxlen=maxlen, approximate=True)
-            await self._run(pipe.execute())
-
-    async def pairs(self, target: str | None, count: int) -> list[str]:
-        stream = self.keys.pairs(target or ALL_TARGETS)
-        entries: Any = await self._run(self._redis.xrevrange(stream, count=count))
-        return [str(fields["r"]) for _, fields in reversed(entries or [])]
-
-    async def add_label(self, record_json: str, maxlen: int, ttl_s: float) -> None:
-        key, oldest_ms = self.keys.labels(), int((time.time() - ttl_s) * 1000)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            # Labels are few, so exact trimming is cheap; a stream id is the ms of its add: older than ttl_s goes.
-            pipe.xadd(key, {"r": record_json}, maxlen=maxlen, approximate=False)
-            pipe.xtrim(key, minid=oldest_ms, approximate=False)
-            pipe.expire(key, max(1, int(ttl_s)))
-            await self._run(pipe.execute())
-
-    async def labels(self, count: int) -> list[str]:
-        entries: Any = await self._run(self._redis.xrevrange(self.keys.labels(), count=count))
-        return [str(fields["r"]) for _, fields in reversed(entries or [])]
-
-    async def share_window(self, route: str, scores: list[float], window: int) -> list[float]:
-        key = self.keys.scores(route)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            if scores:
-                pipe.rpush(key, *(f"{s:.6g}" for s in scores))
-                pipe.ltrim(key, -window, -1)
-                pipe.expire(key, SHARE_WINDOW_TTL_S)
-            pipe.lrange(key, -window, -1)
-            replies = await self._run(pipe.execute())
-        return [float(s) for s in replies[-1]]
 
     async def changes(self) -> AsyncIterator[str | None]:
         pubsub = self._redis.pubsub()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.decision.admission import ANONYMOUS
@@ -32,16 +33,51 @@ class StepHook(Protocol):
                  spans: Spans | None) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """One break of a streamed answer and what became of it: resumed on `to`, or why not."""
+
+    from_deployment: str
+    to: str | None  # None: not resumed
+    at_tokens: int  # tokens the client had been sent when the stream broke
+    outcome: str  # resumed | failed (the continuation broke or failed) | refused (not faithful, or off)
+    reason: str = ""
+
+    def describe(self) -> str:
+        where = f"{self.from_deployment} -> {self.to or 'none'} at {self.at_tokens} tokens: {self.outcome}"
+        return f"{where} ({self.reason})" if self.reason else where
+
+
 class Exchange:
     """One client request as the gateway saw it: timings, decision, outcome; ends as one span and metrics.
 
     The span is recorded once at the end with every attribute (start time back-dated; see telemetry/spans.py).
     """
 
-    __slots__ = ("attributes", "client_request_id", "deployment", "endpoint", "error", "first_byte_at", "price",
-                 "prompt_tokens", "request_id", "response_model", "rule", "sent", "started", "started_ns", "step",
-                 "tap", "tenant",
-                 "trace", "tried", "usage")
+    __slots__ = (
+        "attributes",
+        "client_request_id",
+        "deployment",
+        "endpoint",
+        "error",
+        "first_byte_at",
+        "parts",
+        "price",
+        "prompt_tokens",
+        "request_id",
+        "response_model",
+        "resumes",
+        "rule",
+        "sent",
+        "started",
+        "started_ns",
+        "step",
+        "tap",
+        "tenant",
+        "trace",
+        "tried",
+        "usage",
+    )
 
     def __init__(
         self, request_id: str, endpoint: str, operation: str, trace: TraceContext | None = None,
@@ -69,6 +105,9 @@ class Exchange:
         self.tap: list[bytes] | None = None  # set when a shadow compares against the relayed bytes
         self.trace = trace  # None when spans are off: the caller's traceparent then goes upstream as sent
         self.step: StepHook | None = None  # set when the request is an agent step being recorded
+        # A stream finished by the sibling: the earlier parts' (deployment, price, usage), and each resume
+        self.parts: list[tuple[str, Price | None, Usage]] | None = None
+        self.resumes: list[Resume] | None = None
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         """The decision as admission left it; the deployment is set only once one is tried (a call the budget
@@ -116,6 +155,20 @@ class Exchange:
             cost_usd = self.price.cost_usd(tokens_in, tokens_out) if self.price is not None else 0.0
             metrics.count_tokens(self.deployment, self.tenant, tokens_in, tokens_out, cost_usd)
 
+    def part_ended(self, usage: Usage, metrics: t.Metrics) -> None:
+        """The answering deployment's part of a stream that another deployment goes on with: charged at its price."""
+        assert self.deployment is not None
+        cost_usd = self.price.cost_usd(usage.prompt_tokens, usage.completion_tokens) if self.price else 0.0
+        metrics.count_tokens(self.deployment, self.tenant, usage.prompt_tokens, usage.completion_tokens, cost_usd)
+        if self.parts is None:
+            self.parts = []
+        self.parts.append((self.deployment, self.price, usage))
+
+    def resumed(self, resume: Resume) -> None:
+        if self.resumes is None:
+            self.resumes = []
+        self.resumes.append(resume)
+
     def failed_mid_stream(self, err: GatewayError) -> None:
         self.error = err
 
@@ -144,6 +197,10 @@ class Exchange:
             attrs[t.GEN_AI_OUTPUT_TOKENS] = self.usage.completion_tokens
         if ttft_s is not None:
             attrs[t.TTFT_MS] = ttft_s * 1000
+        if self.resumes:
+            attrs[t.RESUMES] = tuple(r.describe() for r in self.resumes)
+            attrs[t.REASONS] = (*attrs.get(t.REASONS, ()), *(f"resume: {r.describe()}" for r in self.resumes))
+            attrs[t.RESUMED_AT_TOKENS] = tuple(r.at_tokens for r in self.resumes)
         failed = status >= 500 or self.error is not None
         error = (self.error.message if self.error else str(status)) if failed else None
         spans.record(span_name(self.endpoint), self.started_ns, attrs, error, self.trace, end_ns=end_ns,

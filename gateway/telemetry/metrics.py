@@ -42,6 +42,8 @@ RULE = "gateway.rule"
 REASONS = "gateway.reasons"
 ATTEMPTS = "gateway.attempts"
 TTFT_MS = "gateway.ttft_ms"
+RESUMES = "gateway.resumes"  # each break of a streamed answer: "from -> to at N tokens: outcome (why)"
+RESUMED_AT_TOKENS = "gateway.resumed_at_tokens"
 COMPLEXITY = "gateway.complexity"
 REQUEST_ID = "gateway.request_id"
 CLIENT_REQUEST_ID = "gateway.client_request_id"
@@ -178,6 +180,7 @@ class Metrics:
     tenant_tokens: Counter
     spend: Counter
     failovers: Counter
+    stream_resumes: Counter
     policy_reloads: Counter
     policy_valid: Gauge
     deployment_healthy: Gauge
@@ -386,6 +389,9 @@ def make_metrics() -> Metrics:
                       ["tenant", "deployment"], registry=r),
         failovers=Counter("gateway_failovers", "Attempts moved to the next deployment", ["from_deployment", "reason"],
                           registry=r),
+        stream_resumes=Counter("gateway_stream_resumes", "Streams that broke after their first byte, by the "
+                               "deployment that broke, the one that went on (none) and the outcome",
+                               ["from", "to", "outcome"], registry=r),
         policy_reloads=Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r),
         policy_valid=Gauge("gateway_policy_last_reload_ok", "1 when the last policy reload succeeded", registry=r,
                            multiprocess_mode="livemin"),

@@ -264,6 +264,7 @@ async def test_a_deployment_that_dies_mid_stream_is_charged_what_it_streamed(
 ) -> None:
     stack: Stack = await make_stack("""
         tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+        resume: {enabled: false}
     """, settings=store_settings)
     stack.fast.faults += [Fault(drop_after_chunks=5)]
     async with stack.client() as client:
@@ -282,6 +283,7 @@ async def test_a_stream_cut_before_its_first_event_is_charged_its_prompt(
     event) had the deployment take the prompt in, and is charged it, not released at $0."""
     stack: Stack = await make_stack("""
         tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 10}]}]
+        resume: {enabled: false}
     """, settings=store_settings)
     stack.fast.faults += [Fault(drop_after_chunks=0)]
     async with stack.client() as client:

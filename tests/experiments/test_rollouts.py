@@ -1,44 +1,60 @@
-"""A replica's live rollouts: an agent session keeps its arm for its whole trajectory."""
+"""The rollouts runtime as the request path and the admin API use it: counts flushed into the leader's abort,
+and what is still pending written on close."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import pytest
-import redis.asyncio as aioredis
+import yaml
 
-from gateway.experiments.rollouts import ARM_TTL_S, Rollouts
+from gateway.experiments.rollouts import Rollouts
 from gateway.policy.model import Policy
-from gateway.rollout.step import start
-from gateway.store.rollouts import RedisRolloutStore
+from gateway.rollout.samples import Cohort, Sample
+from gateway.rollout.state import Phase
+from gateway.store.rollout_memory import MemoryRolloutStore
 from gateway.telemetry.metrics import make_metrics
-from tests.fixtures.redis_server import RedisServer
+from tests.fixtures.stack import three_deployments
 
-SESSION = "header:x-session-id=agent-7"
+ROLLOUT = """
+rollouts:
+  - id: r1
+    route: hq
+    candidate: deployment:hq-v2
+    stable: deployment:hq
+    guards: {error_rate: {slo: 0.05}}
+    steps:
+      - set_weight: 50
+      - pause: {}
+"""
 
 
-def _no_policy() -> Policy:
-    raise AssertionError("not read here")
+def _policy() -> Policy:
+    text = three_deployments("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", ROLLOUT)
+    return Policy.model_validate(yaml.safe_load(text))
 
 
-@pytest.mark.redis
-async def test_each_step_of_a_session_renews_its_arm(redis_server: RedisServer, key_prefix: str) -> None:
-    """The arm lapses ARM_TTL_S after the session's last step, not after its first (a long agent run
-    would otherwise be reassigned, possibly to the other arm, mid-trajectory)."""
-    store = RedisRolloutStore(redis_server.url, timeout_s=1.0, prefix=key_prefix)
-    client = aioredis.Redis.from_url(redis_server.url)
-    rollouts = Rollouts(store, _no_policy, make_metrics(), prefix=key_prefix)
-    state = dataclasses.replace(start("r1", 0.0), weight_pct=50.0)
-    key = rollouts.keys.arm(state.rollout_id, state.run, SESSION)
-    try:
-        first = await rollouts.arm(state, SESSION)
-        await rollouts.flush()
-        assert ARM_TTL_S - 60 < await client.ttl(key) <= ARM_TTL_S
-        await client.expire(key, 5)  # as if the session's first step were almost an hour ago
-        again = await rollouts.arm(state, SESSION)  # a later step, answered from this replica's cache
-        await rollouts.flush()
-        assert again == first
-        assert await client.ttl(key) > ARM_TTL_S - 60
-    finally:
-        await client.aclose()
-        await store.close()
+async def test_a_flush_that_proves_a_breach_aborts_the_rollout_served_by() -> None:
+    store, policy = MemoryRolloutStore(), _policy()
+    rollouts = Rollouts(store, lambda: policy, make_metrics())
+    spec = rollouts.index(policy).rollouts["hq"]
+    await rollouts.tick()  # started
+    await rollouts.tick()  # at 50 %
+    await rollouts.view.refresh()
+    state = rollouts.state(spec)
+    assert state is not None and state.weight_pct == 50.0
+    for i in range(200):
+        rollouts.record("hq", spec, state, Cohort.CANDIDATE, Sample(i % 2 == 0, 10, 50.0, None))
+    await rollouts.flush()
+    aborted = await rollouts.current("hq", spec)
+    assert aborted.phase is Phase.ABORTED
+    assert "error_rate_slo" in aborted.history[-1].reason
+
+
+async def test_close_writes_the_counts_still_pending() -> None:
+    store, policy = MemoryRolloutStore(), _policy()
+    rollouts = Rollouts(store, lambda: policy, make_metrics())
+    spec = rollouts.index(policy).rollouts["hq"]
+    state = dataclasses.replace(await rollouts.current("hq", spec), weight_pct=50.0)
+    rollouts.record("hq", spec, state, Cohort.CONTROL, Sample(False, 10, 50.0, None))
+    await rollouts.close()
+    assert (await rollouts.observe(state)).control.requests == 1

@@ -197,7 +197,8 @@ async def test_timeout_everywhere_is_504(make_stack: Any) -> None:
     assert caught.value.body["type"] == "timeout_error"  # type: ignore[index]
 
 
-async def test_failure_after_first_byte_ends_with_one_sse_error_event(stack: Stack) -> None:
+async def test_failure_after_first_byte_ends_with_one_sse_error_event(make_stack: Any) -> None:
+    stack: Stack = await make_stack("resume: {enabled: false}\n")  # resumed on hq otherwise (test_resume.py)
     stack.fast.faults.append(Fault(drop_after_chunks=3))
     async with stack.client() as client:
         stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
@@ -210,7 +211,8 @@ async def test_failure_after_first_byte_ends_with_one_sse_error_event(stack: Sta
     assert len(stack.hq.received) == 0  # no failover once bytes reached the client
 
 
-async def test_truncated_stream_is_never_a_silent_200(stack: Stack) -> None:
+async def test_truncated_stream_is_never_a_silent_200(make_stack: Any) -> None:
+    stack: Stack = await make_stack("resume: {enabled: false}\n")
     stack.fast.faults.append(Fault(truncate_after_chunks=2))
     async with aiohttp.ClientSession() as http:
         async with http.post(stack.base_url + "/chat/completions",

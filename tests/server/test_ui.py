@@ -264,3 +264,22 @@ async def test_two_tenants_sessions_of_one_id_stay_apart_and_an_evicted_one_lets
 async def _listed(base: str, count: int) -> bool:
     status, body = await admin_get(base, "/admin/sessions")
     return status == 200 and len(body["data"]) >= count
+
+
+async def test_the_deployments_table_shows_streams_resumed_on_the_sibling(make_stack: Any, browser: WebDriver) -> None:
+    from tests.fixtures.fake_vllm import Fault
+
+    stack: Stack = await make_stack()
+    stack.fast.faults.append(Fault(drop_after_chunks=3))  # fast dies mid-answer: hq finishes it
+    async with stack.client() as client:
+        stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
+        _ = [chunk async for chunk in stream]
+    await sign_in(browser, str(stack.gateway.make_url("/ui")))
+
+    def fast_row(d: WebDriver) -> str | None:
+        text: str = d.find_element(By.CSS_SELECTOR, '#deployments tr[data-deployment="fast"]').text
+        return text if "1 resumed" in text else None
+
+    assert "1 resumed" in await wait_for(browser, fast_row)
+    hq = browser.find_element(By.CSS_SELECTOR, '#deployments tr[data-deployment="hq"]').text
+    assert "resumed" not in hq  # counted against the deployment that broke

@@ -449,15 +449,45 @@ async def test_codex_and_claude_code_complete_a_turn_through_the_gateway(
     assert _sum(samples, "gateway_requests_total", "endpoint=messages", "deployment=fast") >= 1
 
 
-def test_killing_fast_fails_over_to_hq(vllm_pair: VllmPair, gateway: Gateway) -> None:
-    """Last in the module: it kills the session's fast server (a later user gets a fresh one)."""
+GREEDY = {"temperature": 0, "max_tokens": 300, "extra_body": {"ignore_eos": True}}
+
+
+def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
+    vllm_pair: VllmPair, gateway: Gateway
+) -> None:
+    """Last in the module: it kills the session's fast server (a later user gets a fresh one).
+
+    At temperature 0 the two members give the same answer, so a stream whose fast server is SIGKILLed mid-answer
+    and finished by hq (from the token ids streamed so far) must equal the uninterrupted answer, character for
+    character; after the kill, hq answers every call."""
     client = _client(gateway.base_url)
-    first = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
-    assert first.model == vllm_pair.fast.served_model
-    os.killpg(vllm_pair.fast.pid, signal.SIGKILL)
+    whole = _client(vllm_pair.fast.url + "/v1").chat.completions.create(
+        model=vllm_pair.fast.served_model, messages=MESSAGES, **GREEDY)  # type: ignore[call-overload]
+    same = _client(vllm_pair.hq.url + "/v1").chat.completions.create(
+        model=vllm_pair.hq.served_model, messages=MESSAGES, **GREEDY)  # type: ignore[call-overload]
+    assert same.choices[0].message.content == whole.choices[0].message.content  # the family's property
+    stream = client.chat.completions.create(model="fast", messages=MESSAGES, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY)
+    parts: list[str] = []
+    finishes, usage, killed_at = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            parts.append(choice.delta.content or "")
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+        if killed_at is None and len(parts) >= 8:
+            killed_at = len(parts)
+            os.killpg(vllm_pair.fast.pid, signal.SIGKILL)  # mid-answer: fast has more to say
+    assert killed_at is not None
+    assert "".join(parts) == whole.choices[0].message.content  # no text repeated or missing
+    assert finishes == ["length"] and usage is not None and usage.completion_tokens == 300
+    resumed = _sum(_metrics(gateway.url), "gateway_stream_resumes_total", "from=fast", "to=hq", "outcome=resumed")
+    assert resumed == 1
+    # after the kill every call is answered by hq: failed over, or routed around fast once it is ejected
     for _ in range(3):
         reply = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
         assert reply.model == vllm_pair.hq.served_model
     stream = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4, stream=True)
     assert {c.model for c in stream} == {vllm_pair.hq.served_model}
-    assert _sum(_metrics(gateway.url), "gateway_failovers_total", "from_deployment=fast") >= 1

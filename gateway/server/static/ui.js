@@ -94,6 +94,16 @@ function panelError(id, err) { fill(id, el("p", { class: "panel-error" }, `Could
 
 // --- panels ---
 
+// Streams that broke mid-answer on a deployment: how many the sibling finished, and how many ended with the error.
+function resumesCell(resumes) {
+  const resumed = resumes.resumed || 0;
+  const lost = (resumes.failed || 0) + (resumes.refused || 0);
+  if (!resumed && !lost) return "0";
+  const text = `${resumed} resumed` + (lost ? `, ${lost} not` : "");
+  return el("span", { title: "broke after the first byte; resumed on the next deployment, or ended with the error event" },
+    pill(text, lost ? "warn" : "ok"));
+}
+
 async function loadDeployments() {
   const view = await api("/admin/deployments");
   const worker = view.worker;
@@ -114,13 +124,14 @@ async function loadDeployments() {
       el("div", { title: pct(kv, 1) }, meter(kv, kv >= 0.9 ? "bad" : kv >= 0.75 ? "warn" : ""), el("span", { class: "sub-line" }, pct(kv, 1))),
       d.spec_acceptance === null ? "–" : pct(d.spec_acceptance),
       d.consecutive_failures ? pill(`${d.consecutive_failures} failing`, "warn") : "0",
+      resumesCell(d.resumes || {}),
       el("span", { class: "share" }, pct(d.share, 1)),
       ago(d.probed_at),
-    ], [2, 3, 4, 6, 7, 8]));
+    ], [2, 3, 4, 6, 7, 8, 9]));
   });
   fill("deployments", table(
-    ["deployment", "health", "in flight / max", "running", "waiting", "KV cache", "spec. accept.", "failures", "share", "last check"],
-    rows, [2, 3, 4, 6, 7, 8]));
+    ["deployment", "health", "in flight / max", "running", "waiting", "KV cache", "spec. accept.", "failures", "streams broken", "share", "last check"],
+    rows, [2, 3, 4, 6, 7, 8, 9]));
   renderShares(view);
 }
 

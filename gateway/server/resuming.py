@@ -1,0 +1,147 @@
+"""Resume a stream that broke after its first byte on the next deployment in the failover order.
+
+The policy's `resume` rule (per route, else global) allows it; gateway/wire/resume.py reads back what the client was
+sent, builds the continuation and splices its events into the client's stream. Here: whether to, where to, the
+call to the sibling, and the record of every break (metrics, span, explain memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from gateway.apis.adapter import Adapter, StreamReader
+from gateway.decision.call import Call
+from gateway.decision.routing import Decision
+from gateway.errors import GatewayError, UpstreamError
+from gateway.features import count_tokens
+from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, RECENT, SETTINGS, TELEMETRY
+from gateway.telemetry.exchange import Resume
+from gateway.upstream import forward as upstream
+from gateway.wire import resume
+
+# the APIs whose deployments return token ids with the stream when asked (an exact resume)
+_TOKEN_APIS = ("chat", "completions")
+
+
+@dataclass(slots=True)
+class Plan:
+    """How one streamed call may be resumed: `blocked` says why it may not (set before any byte streams)."""
+
+    blocked: str | None
+    left: int  # resumes left
+    caps: dict[str, int] | None  # the gateway's output cap per deployment, when budgets set one
+    answer_id: str
+    headers: dict[str, str]
+    asks_token_ids: bool
+    client_wants_usage: bool = True
+    sending: contextlib.ExitStack | None = None  # keeps each sibling's in-flight count while it streams
+
+    def close(self) -> None:
+        if self.sending is not None:
+            self.sending.close()
+
+
+def plan(adapter: Adapter, call: Call, caps: Mapping[str, int] | None, answer_id: str,
+         headers: dict[str, str]) -> Plan:
+    rule = call.policy.resume_for(call.features.requested_model)
+    blocked = None if rule.enabled else "resume is off for this route"
+    blocked = blocked or resume.blocked_by_request(adapter.endpoint, call.body)
+    if call.body.get("return_token_ids"):
+        blocked = blocked or "the client asked for token ids itself"
+    return Plan(blocked, rule.max, dict(caps) if caps else None, answer_id, headers,
+                asks_token_ids=blocked is None and adapter.endpoint in _TOKEN_APIS)
+
+
+async def go_on(
+    request: web.Request, adapter: Adapter, call: Call, decision: Decision, plan: Plan,
+    progress: resume.Progress, reply: upstream.Reply, part: StreamReader | resume.Splice, err: GatewayError,
+) -> tuple[upstream.Reply, resume.Splice] | None:
+    """The sibling's continuation of a broken stream, its headers in; None when it is not faithful or fails
+    before its first byte (the caller then ends the client's stream with the error event)."""
+    app, ex = request.app, request[EXCHANGE]
+    broken = reply.deployment
+    reply.close()  # a stalled deployment stops generating now, not when the continuation ends
+    _count_part(progress, part)
+    at = progress.generated_tokens
+    if not progress.prompt_tokens:  # the prompt's ids, else (an API that reports it only at its end) the estimate
+        progress.prompt_tokens = len(progress.prompt_ids) if progress.prompt_ids else ex.prompt_tokens
+    target = _next(app, decision, broken)
+    cap = resume.output_cap(adapter.endpoint, call.body, plan.caps.get(broken) if plan.caps else None)
+    remaining = (cap or call.policy.deployments[broken].default_max_tokens) - at
+    why = _why_not(call, plan, progress, target, remaining, adapter.endpoint)
+    if why is not None or target is None:
+        _record(request, Resume(broken, None, at, "refused", why or ""))
+        return None
+    dep = call.policy.deployments[target]
+    path, body = resume.continuation(progress, call.body, dep.served_model, remaining)
+    ex.tried.append(target)
+    if plan.sending is None:
+        plan.sending = contextlib.ExitStack()
+    plan.sending.enter_context(app[DEPLOYMENTS].sending(target))
+    try:
+        sibling = await upstream.send(app[POOL], target, dep, path, body, plan.headers)
+        await upstream.answer(sibling, True, app[SETTINGS].max_upstream_body_bytes)
+    except UpstreamError as exc:
+        app[DEPLOYMENTS].record_failure(target)
+        _record(request, Resume(broken, target, at, "failed", f"the continuation failed: {exc.message}"))
+        return None
+    plan.left -= 1
+    progress.answer_id = progress.answer_id if adapter.endpoint in _TOKEN_APIS else plan.answer_id
+    _record(request, Resume(broken, target, at, "resumed", err.message))
+    text_of = getattr(part.streamed, "text_of", None)
+    return sibling, resume.Splice(progress, plan.client_wants_usage, at, text_of)
+
+
+def _count_part(progress: resume.Progress, part: StreamReader | resume.Splice) -> None:
+    """The tokens generated so far: the ids when the deployment returned them, else counted from the text."""
+    if progress.exact:
+        progress.generated_tokens = len(progress.generated_ids)
+        return
+    own = part.usage.completion_tokens if part.usage is not None else part.streamed.completion_tokens(count_tokens)
+    progress.generated_tokens += own
+
+
+def _next(app: web.Application, decision: Decision, broken: str) -> str | None:
+    """The deployment after the broken one in the failover order that is not ejected."""
+    order = decision.attempts
+    later = order[order.index(broken) + 1:] if broken in order else ()
+    load = app[DEPLOYMENTS].load
+    return next((name for name in later if name not in load or load[name].healthy), None)
+
+
+def _why_not(call: Call, plan: Plan, progress: resume.Progress, target: str | None, remaining: int,
+             api: str) -> str | None:
+    if progress.blocked is not None:
+        return progress.blocked
+    if plan.left < 1:
+        return "no resumes left for this request"
+    if target is None:
+        return "no healthy deployment after it in the failover order"
+    if remaining < 1:
+        return "the answer had used its whole output cap"
+    window = call.policy.deployments[target].max_model_len
+    if window is not None and progress.prompt_tokens + progress.generated_tokens + 1 > window:
+        return f"{target} has no room left in its context window ({window} tokens)"
+    if not progress.exact and not resume.resumable_text(api, call.body):
+        return "the prompt is not text the continuation can extend"
+    return None
+
+
+def _record(request: web.Request, what: Resume) -> None:
+    ex = request[EXCHANGE]
+    ex.resumed(what)
+    request.app[TELEMETRY].metrics.stream_resumes.labels(what.from_deployment, what.to or "none", what.outcome).inc()
+    request.app[RECENT].resumed(ex.request_id, what.describe())
+
+
+def error_event(reader: StreamReader, progress: resume.Progress | None, err: GatewayError) -> bytes:
+    """The API's error event, numbered after whatever the continuation sent (the Responses API counts events)."""
+    sequence: Any = getattr(reader, "sequence", None)
+    if progress is not None and isinstance(sequence, int) and progress.sequence > sequence:
+        reader.sequence = progress.sequence  # type: ignore[attr-defined]
+    return reader.error_event(err)

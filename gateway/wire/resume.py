@@ -1,0 +1,413 @@
+"""Finishing a broken stream on the sibling deployment: what was streamed, the continuation's request, and its
+events spliced into the client's stream as one answer.
+
+The two deployments are one model family (one tokenizer, one chat template), so the answer so far can be handed
+to the sibling as the start of the answer to continue:
+
+- exactly, as token ids, where the deployment returned them (vLLM's `return_token_ids` on chat and completions):
+  the prompt's ids and the ids generated so far become the prompt of the sibling's `/v1/completions`, so at
+  temperature 0 the continuation is the answer the first deployment would have given;
+- as text otherwise: chat's final assistant message continued (`continue_final_message`), a completions prompt
+  followed by its text, a Responses input ending in the partial assistant message (`status: incomplete`, which
+  vLLM continues). A valid continuation, equal only where the text re-tokenizes as it was generated.
+
+Where a continuation would not be faithful, `Progress.blocked` says why and the stream ends with the API's error
+event as before: a tool call (or reasoning) begun, several choices, log probabilities, an answer already finished,
+one too long to read back, or an API whose deployment cannot continue a partial answer (vLLM's Messages API).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway import openai
+from gateway.wire import events
+
+# The token ids vLLM adds to each streamed chunk when asked (and the prompt's, to the first): the gateway asks
+# for them to resume exactly and takes them out before the client sees the chunk (unless it asked itself).
+_TOKEN_IDS = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[0-9,\s]*\]|null)')
+# An answer longer than this (its stream's bytes) is not read back to resume: it ends with the error event.
+MAX_TRANSCRIPT_BYTES = 8 * 1024 * 1024
+# Sampling fields a chat or completions request carries over to the sibling's /v1/completions.
+_SAMPLING = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "include_stop_str_in_output", "logit_bias", "bad_words", "allowed_token_ids",
+    "user",
+)
+# What makes a text continuation of chat unfaithful at the token level: its tool and format parsing is the
+# chat endpoint's, not the completions endpoint's.
+_CHAT_PARSED = ("tools", "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                "guided_grammar")
+
+
+def strip_token_ids(chunk: bytes) -> bytes:
+    """A streamed chunk without the token ids the gateway asked for."""
+    return _TOKEN_IDS.sub(b"", chunk) if b"token_ids" in chunk else chunk
+
+
+def before_error(chunk: bytes) -> tuple[bytes, bool]:
+    """A chunk's events up to a deployment's own error event (`data: {"error": ...}`), and whether one came."""
+    found, _ = openai.split_events(chunk)
+    for n, event in enumerate(found):
+        data = openai.event_data(event)
+        if isinstance(data, dict) and "error" in data and "choices" not in data:
+            return b"".join(found[:n]), True
+    return chunk, False
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the client has been sent of one answer, across every part: the base a continuation starts from."""
+
+    api: str
+    answer_id: str = ""  # the names the client saw first; every continuation speaks under them
+    created: int = 0
+    model: str = ""
+    text: list[str] = field(default_factory=list)
+    prompt_ids: list[int] | None = None  # None: the deployment did not return token ids (resume by text)
+    generated_ids: list[int] = field(default_factory=list)
+    generated_tokens: int = 0  # the ids' count, else an estimate from the text
+    prompt_tokens: int = 0  # the client's prompt as the first deployment counted it (0: not known)
+    blocked: str | None = None  # why the answer cannot be continued faithfully
+    # the Responses API: the output message being written, and the last event's sequence number
+    item: dict[str, Any] = field(default_factory=dict)
+    sequence: int = -1
+
+    @property
+    def exact(self) -> bool:
+        return self.prompt_ids is not None and self.api in ("chat", "completions")
+
+    def block(self, why: str) -> None:
+        self.blocked = self.blocked or why
+
+
+def blocked_by_request(api: str, body: Mapping[str, Any]) -> str | None:
+    """Why a request's answer cannot be resumed whatever is streamed (None: it may be)."""
+    if api == "messages":
+        return "the Messages API: vLLM cannot continue a partial message"
+    if api not in ("chat", "completions", "responses"):
+        return f"the {api} API is not streamed"
+    if openai.choices_of(body, api) > 1:
+        return "several choices (n > 1)"
+    if body.get("logprobs") or body.get("top_logprobs"):
+        return "log probabilities were asked for"
+    if api == "completions" and (body.get("echo") or body.get("suffix") is not None):
+        return "echo or suffix was asked for"
+    if api == "responses" and body.get("background"):
+        return "a background response"
+    return None
+
+
+def read_back(api: str, body: Mapping[str, Any], chunks: list[bytes], blocked: str | None) -> Progress:
+    """What the client was sent, read from the stream's bytes as the deployment sent them (token ids included)."""
+    progress = Progress(api, blocked=blocked)
+    if blocked is not None:
+        return progress
+    if sum(map(len, chunks)) > MAX_TRANSCRIPT_BYTES:
+        progress.block("the answer is too long to read back")
+        return progress
+    streamed, _ = openai.split_events(b"".join(chunks))
+    if api == "responses":
+        for event in streamed:
+            _read_responses_event(progress, event)
+    else:
+        progress.prompt_ids = []
+        for event in streamed:
+            _read_openai_event(progress, event)
+        if progress.prompt_ids == [] or (not progress.generated_ids and progress.text):
+            progress.prompt_ids = None  # no token ids came: continue by text
+        if api == "chat" and progress.prompt_ids is not None and any(body.get(k) for k in _CHAT_PARSED):
+            progress.prompt_ids = None  # tools and formats are parsed by the chat endpoint: continue there
+    progress.generated_tokens = len(progress.generated_ids) if progress.exact else 0
+    return progress
+
+
+def _read_openai_event(progress: Progress, event: bytes) -> None:
+    data = openai.event_data(event)
+    if not isinstance(data, dict):
+        return
+    if not progress.answer_id:
+        progress.answer_id, progress.created, progress.model = _text(data, "id"), _number(data, "created"), \
+            _text(data, "model")
+    if progress.prompt_ids is not None and isinstance(data.get("prompt_token_ids"), list):
+        progress.prompt_ids = [i for i in data["prompt_token_ids"] if isinstance(i, int)]
+    usage = openai.usage_of(data)
+    if usage is not None and usage.prompt_tokens:
+        progress.prompt_tokens = usage.prompt_tokens
+    for choice in data.get("choices") or ():
+        if isinstance(choice, dict):
+            _read_choice(progress, choice)
+
+
+def _read_choice(progress: Progress, choice: dict[str, Any]) -> None:
+    if choice.get("finish_reason") is not None:
+        progress.block("the answer had already finished")
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        if delta.get("tool_calls") or delta.get("function_call"):
+            progress.block("the break fell inside a tool call")
+        if delta.get("reasoning") or delta.get("reasoning_content"):
+            progress.block("the answer was reasoning")
+        text = delta.get("content")
+    else:
+        text = choice.get("text")
+    if isinstance(text, str) and text:
+        progress.text.append(text)
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        progress.generated_ids += [i for i in ids if isinstance(i, int)]
+
+
+def _read_responses_event(progress: Progress, event: bytes) -> None:
+    kind = events.event_type(event)
+    data = events.data_of(event)
+    if isinstance(data.get("sequence_number"), int):
+        progress.sequence = data["sequence_number"]
+    if kind == b"response.created":
+        response = data.get("response")
+        if isinstance(response, dict):
+            progress.model, progress.created = _text(response, "model"), _number(response, "created_at")
+    elif kind == b"response.output_item.added":
+        item = data.get("item")
+        if not isinstance(item, dict) or item.get("type") != "message" or progress.item:
+            progress.block("the answer was not one message (a tool call or reasoning begun)")
+        else:
+            progress.item = {"id": item.get("id"), "output_index": data.get("output_index", 0), "content_index": 0}
+    elif kind == b"response.output_text.delta" and isinstance(data.get("delta"), str):
+        progress.text.append(data["delta"])
+        progress.item["content_index"] = data.get("content_index", 0)
+    elif kind in (b"response.output_item.done", b"response.completed", b"response.incomplete"):
+        progress.block("the answer had already finished")
+    elif kind == b"response.content_part.added" and progress.item.get("parts_seen"):
+        progress.block("the answer had several content parts")
+    if kind == b"response.content_part.added" and progress.item:
+        progress.item["parts_seen"] = True
+
+
+def output_cap(api: str, body: Mapping[str, Any], cap_tokens: int | None) -> int | None:
+    """What the request may generate in all: the gateway's cap, else the request's own (None: not given)."""
+    if cap_tokens is not None:
+        return cap_tokens
+    if api == "responses":
+        found = body.get("max_output_tokens")
+        return found if isinstance(found, int) else None
+    return openai.output_cap(body, api)
+
+
+def continuation(
+    progress: Progress, body: Mapping[str, Any], served_model: str, remaining_tokens: int
+) -> tuple[str, bytes]:
+    """The sibling's request (its path and body) that continues the answer with at most `remaining_tokens`."""
+    if progress.exact:
+        return "/v1/completions", openai.encode(_token_continuation(progress, body, served_model, remaining_tokens))
+    text = "".join(progress.text)
+    out = dict(body)
+    out["model"], out["stream"] = served_model, True
+    if progress.api == "responses":
+        items = body.get("input")
+        given = [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+        partial = {"type": "message", "role": "assistant", "status": "incomplete",
+                   "content": [{"type": "output_text", "text": text}]}
+        out.update(input=[*given, partial], max_output_tokens=remaining_tokens, store=False)
+        out.pop("previous_response_id", None)
+        return "/v1/responses", openai.encode(out)
+    out["stream_options"] = {"include_usage": True}
+    if progress.api == "completions":
+        out.update(prompt=body.get("prompt", "") + text, max_tokens=remaining_tokens)
+        return "/v1/completions", openai.encode(out)
+    out.pop("max_completion_tokens", None)
+    messages = list(body.get("messages") or ())
+    out.update(messages=[*messages, {"role": "assistant", "content": text}], max_tokens=remaining_tokens,
+               continue_final_message=True, add_generation_prompt=False)
+    return "/v1/chat/completions", openai.encode(out)
+
+
+def _token_continuation(
+    progress: Progress, body: Mapping[str, Any], served_model: str, remaining: int
+) -> dict[str, Any]:
+    assert progress.prompt_ids is not None
+    out: dict[str, Any] = {k: body[k] for k in _SAMPLING if k in body}
+    min_tokens = body.get("min_tokens")
+    if isinstance(min_tokens, int) and min_tokens > progress.generated_tokens:
+        out["min_tokens"] = min_tokens - progress.generated_tokens
+    out.update(model=served_model, prompt=[*progress.prompt_ids, *progress.generated_ids], max_tokens=remaining,
+               stream=True, stream_options={"include_usage": True}, return_token_ids=True)
+    return out
+
+
+def resumable_text(api: str, body: Mapping[str, Any]) -> bool:
+    """A text continuation needs the request's prompt as a string (completions) or messages (chat)."""
+    if api == "completions":
+        return isinstance(body.get("prompt"), str)
+    if api == "chat":
+        return isinstance(body.get("messages"), list)
+    return api == "responses"
+
+
+class Splice:
+    """The sibling's continuation stream, turned into the client's stream of the first part: the same id, model
+    and item, no second role or opening events, one finish, and one final usage over both parts. It also
+    extends `progress`, so a break in the continuation can be resumed again from the whole answer so far."""
+
+    def __init__(self, progress: Progress, client_wants_usage: bool, first_part_tokens: int,
+                 text_of: Callable[[bytes], str] | None = None) -> None:
+        self.progress = progress
+        self.client_wants_usage = client_wants_usage
+        self.before = first_part_tokens  # generated by the earlier parts (what the client's usage adds)
+        self._pending = b""
+        self.done = False
+        self.usage: openai.Usage | None = None  # the continuation's own (charged at the sibling's price)
+        self.streamed = openai.StreamTally(text_of)  # what it generated, should its usage never come
+        self.final: dict[str, Any] | None = None  # the Responses API's whole answer, for the store
+
+    def answer_view(self) -> dict[str, Any] | None:
+        """The whole answer as a chat completion for the agent step (chat's step reads the relayed chunks)."""
+        if self.progress.api != "responses":
+            return None
+        return events.answer_view("".join(self.progress.text), [])
+
+    def feed(self, chunk: bytes) -> bytes:
+        self.streamed.add(chunk)
+        found, self._pending = openai.split_events(self._pending + chunk)
+        out = [self._event(event) for event in found]
+        return b"".join(e for e in out if e)
+
+    def _event(self, event: bytes) -> bytes:
+        if self.progress.api == "responses":
+            return self._responses_event(event)
+        if event.startswith(openai.DONE_EVENT):
+            self.done = True
+            return openai.DONE_EVENT
+        data = openai.event_data(event)
+        if not isinstance(data, dict):
+            return b""
+        own = openai.usage_of(data)
+        if own is not None and not data.get("choices"):
+            self.usage = own
+            return self._usage_chunk(own) if self.client_wants_usage else b""
+        choices = [c for c in data.get("choices") or () if isinstance(c, dict)]
+        if not choices:
+            return b""
+        choice = choices[0]
+        before = len(self.progress.text)
+        _read_choice(self.progress, choice)  # a finish or a tool call ends what a further resume could continue
+        text = "".join(self.progress.text[before:])
+        reason = choice.get("finish_reason")
+        delta = choice.get("delta")
+        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if not text and reason is None and not calls:
+            return b""  # the continuation's role chunk, or a chunk of ids alone
+        out = self._client_chunk(text, reason)
+        if calls:  # a text continuation of chat: the sibling's chat endpoint parsed a tool call
+            out["choices"][0]["delta"]["tool_calls"] = calls
+        return b"data: " + openai.encode(out) + b"\n\n"
+
+    def _client_chunk(self, text: str, reason: Any) -> dict[str, Any]:
+        p = self.progress
+        if p.api == "completions":
+            return {"id": p.answer_id, "object": "text_completion", "created": p.created, "model": p.model,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+        return {"id": p.answer_id, "object": "chat.completion.chunk", "created": p.created, "model": p.model,
+                "choices": [{"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+                             "finish_reason": reason}]}
+
+    def client_usage(self) -> openai.Usage:
+        """The usage the client sees: its prompt once, and every part's generated tokens."""
+        own = self.usage.completion_tokens if self.usage is not None else 0
+        prompt = self.progress.prompt_tokens or len(self.progress.prompt_ids or ())
+        return openai.Usage(prompt, self.before + own)
+
+    def _usage_chunk(self, own: openai.Usage) -> bytes:
+        usage = self.client_usage()
+        p = self.progress
+        kind = "text_completion" if p.api == "completions" else "chat.completion.chunk"
+        chunk = {"id": p.answer_id, "object": kind, "created": p.created, "model": p.model, "choices": [],
+                 "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                           "total_tokens": usage.prompt_tokens + usage.completion_tokens}}
+        return b"data: " + openai.encode(chunk) + b"\n\n"
+
+    # The Responses API: the continuation's opening events are dropped, its text deltas moved onto the item
+    # the client has, and its closing events written over the whole text.
+    _OPENING = frozenset({b"response.created", b"response.in_progress", b"response.output_item.added",
+                          b"response.content_part.added"})
+
+    def _responses_event(self, event: bytes) -> bytes:
+        kind = events.event_type(event)
+        if kind in self._OPENING:
+            return b""
+        data = events.data_of(event)
+        p = self.progress
+        item = {"item_id": p.item.get("id"), "output_index": p.item.get("output_index", 0)}
+        whole = "".join(p.text)
+        if kind == b"response.output_text.delta":
+            p.text.append(_text(data, "delta"))
+            return self._named(kind, {**data, **item, "content_index": p.item.get("content_index", 0)})
+        if kind == b"response.output_text.done":
+            return self._named(kind, {**data, **item, "content_index": p.item.get("content_index", 0),
+                                      "text": whole})
+        if kind == b"response.content_part.done":
+            return self._named(kind, {**data, **item, "part": _text_part(data.get("part"), whole)})
+        if kind == b"response.output_item.done":
+            return self._named(kind, {**data, "output_index": item["output_index"],
+                                      "item": self._message(data.get("item"), whole)})
+        response = data.get("response")
+        if isinstance(response, dict) and kind.startswith(b"response."):
+            self.done = kind in (b"response.completed", b"response.incomplete", b"response.failed")
+            self.usage = _responses_usage(response) if self.done else self.usage
+            rewritten = self._response(response, whole)
+            if self.done:
+                self.final = rewritten
+                self.progress.block("the answer had already finished")
+            return self._named(kind, {**data, "response": rewritten})
+        return self._named(kind, data) if kind else b""
+
+    def _named(self, kind: bytes, data: dict[str, Any]) -> bytes:
+        self.progress.sequence += 1
+        return events.sse(kind.decode(), {**data, "sequence_number": self.progress.sequence})
+
+    def _message(self, item: Any, whole: str) -> dict[str, Any]:
+        found = dict(item) if isinstance(item, dict) else {"type": "message", "role": "assistant"}
+        found["id"] = self.progress.item.get("id")
+        found["content"] = [_text_part((found.get("content") or [None])[0], whole)]
+        return found
+
+    def _response(self, response: dict[str, Any], whole: str) -> dict[str, Any]:
+        out = {**response, "id": self.progress.answer_id, "model": self.progress.model or response.get("model")}
+        output = [i for i in response.get("output") or () if isinstance(i, dict)]
+        messages = [i for i in output if i.get("type") == "message"]
+        if messages:
+            out["output"] = [self._message(messages[0], whole)]
+        if self.usage is not None and self.done:
+            usage = self.client_usage()
+            given = response.get("usage")
+            out["usage"] = {**(given if isinstance(given, dict) else {}), "input_tokens": usage.prompt_tokens,
+                            "output_tokens": usage.completion_tokens,
+                            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+        return out
+
+
+def _text_part(part: Any, whole: str) -> dict[str, Any]:
+    found = dict(part) if isinstance(part, dict) else {"type": "output_text", "annotations": []}
+    found["text"] = whole
+    return found
+
+
+def _responses_usage(response: Mapping[str, Any]) -> openai.Usage | None:
+    usage = response.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    return openai.Usage(events.integer(usage.get("input_tokens")), events.integer(usage.get("output_tokens")))
+
+
+def _text(data: Mapping[str, Any], key: str) -> str:
+    found = data.get(key)
+    return found if isinstance(found, str) else ""
+
+
+def _number(data: Mapping[str, Any], key: str) -> int:
+    found = data.get(key)
+    return found if isinstance(found, int) and not isinstance(found, bool) else 0
