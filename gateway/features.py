@@ -69,6 +69,8 @@ MATH_MARKERS = (
     "eigen",
     "logarithm",
 )
+# JSON bodies are dicts: isinstance tests dict first and reaches the Mapping ABC's slower check only for others.
+_MAPPING = (dict, Mapping)
 _CODE_MARKER = re.compile("|".join(map(re.escape, CODE_MARKERS)))
 _MATH_SYMBOLS = re.compile("[∫√≤≥≠π∑∞∂±\u00d7÷θ∈∀∃]")
 
@@ -287,7 +289,11 @@ def has_math(window: str) -> bool:
     if not window.isascii() and _MATH_SYMBOLS.search(window):
         return True
     lowered = window.lower()
-    return any(marker in lowered for marker in MATH_MARKERS)
+    # a loop, not any() over a generator: half the time for 17 short tests
+    for marker in MATH_MARKERS:  # noqa: SIM110
+        if marker in lowered:
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -307,7 +313,7 @@ class _Tally:
 
 def extract(body: Mapping[str, Any], endpoint: str) -> Features:
     """Features of a JSON-decoded request body; never raises on odd-but-valid shapes."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, _MAPPING):
         body = {}
     counter = _Counter()
     if endpoint == "chat":
@@ -351,7 +357,7 @@ def extract(body: Mapping[str, Any], endpoint: str) -> Features:
 def _tally_chat(body: Mapping[str, Any], counter: _Counter) -> tuple[_Tally, list[str]]:
     """Token totals by part of the conversation, and the non-system texts newest first."""
     raw = body.get("messages")
-    messages = [m for m in raw if isinstance(m, Mapping)] if isinstance(raw, list) else []
+    messages = [m for m in raw if isinstance(m, _MAPPING)] if isinstance(raw, list) else []
     roles = [m.get("role") for m in messages]
     last_user = max((i for i, role in enumerate(roles) if role == "user"), default=-1)
     tally = _Tally(message_count=len(messages), user_turns=roles.count("user"))
@@ -418,7 +424,7 @@ def _tool_definitions_text(tools: Any, functions: Any) -> str:
 
 
 def _response_format(value: Any) -> str | None:
-    if isinstance(value, Mapping):
+    if isinstance(value, _MAPPING):
         kind = value.get("type")
         return kind if isinstance(kind, str) else None
     return value if isinstance(value, str) else None

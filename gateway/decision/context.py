@@ -52,9 +52,16 @@ def gather(call: Call, scoring: Scoring, around: Surroundings) -> Context:
         route = features.requested_model
         if complexity is not None and policy.share_windows and route in policy.rule_routes:
             thresholds = scoring.thresholds(policy, route, complexity)
-    return Context(headers=call.headers, tenant=call.tenant, complexity=complexity, load=around.load,
-                   in_flight=around.in_flight, admission=around.admission, session=around.session,
-                   share_thresholds=thresholds, step=call.step, agent=around.agent)
+    return Context(headers=read_headers(policy, call.headers), tenant=call.tenant, complexity=complexity,
+                   load=around.load, in_flight=around.in_flight, admission=around.admission,
+                   session=around.session, share_thresholds=thresholds, step=call.step, agent=around.agent)
+
+
+def read_headers(policy: Policy, headers: Mapping[str, str]) -> dict[str, str]:
+    """The request headers the policy reads (its rules', its candidate policies' and its rollout keys'): the
+    decision reads no other, and a Context that is kept (the explain memory) must not hold a request's own
+    headers, up to 128 lines of 8 KiB each."""
+    return {name: value for name in policy.read_headers if (value := headers.get(name)) is not None}
 
 
 class Model(Protocol):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,7 @@ from gateway.decision.admission import Admission, SessionState
 from gateway.decision.loops import AgentVerdict
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
-from gateway.policy.model import TRAJECTORY_CONDITIONS, ComplexityShare, Policy, Range, When
+from gateway.policy.model import TRAJECTORY_CONDITIONS, ComplexityShare, Policy, Range, Rule, When
 from gateway.steps import AgentStep
 
 RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})  # the rest are budgets
@@ -169,10 +170,17 @@ def _select(
     policy: Policy, pin: str | None, features: Features, ctx: Context, trail: list[str], explain: bool
 ) -> tuple[str, str, bool]:
     """The deployment the rules want, the deciding rule, and whether that rule read the trajectory."""
-    for rule in policy.rules:
+    for rule, tests in _rule_tests(policy):
         if pin is not None and not rule.override_pin:
             continue
-        failed = _first_failure(rule.when, features, ctx, explain)
+        if explain:
+            failed = _first_failure(rule.when, features, ctx, explain)
+        else:  # the hot path: the policy's tests, the same first failure as _first_failure's, in one loop
+            failed = None
+            for name, test in tests:
+                if not test(features, ctx):
+                    failed = name
+                    break
         if failed is None:
             trail.append(f"rule {rule.name}: matched, use {rule.use}" + _trajectory_note(rule.when, ctx))
             return rule.use, rule.name, rule.when.reads_trajectory
@@ -285,6 +293,52 @@ def _first_failure(when: When, features: Features, ctx: Context, explain: bool) 
         if not ok:
             return _why(name, wanted, got, ctx) if explain else name
     return None
+
+
+Test = Callable[[Features, Context], bool]
+RuleTests = tuple[tuple[Rule, tuple[tuple[str, Test], ...]], ...]
+# Each rule's conditions as tests, made once per loaded policy (keyed by identity, the policy kept so its id is
+# not reused): what `_holds` works out from each condition's name and type on every call is decided once.
+# Bounded: policies are reloaded and candidate policies built rarely, but without end.
+_RULE_TESTS: dict[int, tuple[Policy, RuleTests]] = {}
+_RULE_TESTS_MAX = 256
+
+
+def _rule_tests(policy: Policy) -> RuleTests:
+    found = _RULE_TESTS.get(id(policy))
+    if found is not None and found[0] is policy:
+        return found[1]
+    if len(_RULE_TESTS) >= _RULE_TESTS_MAX:
+        _RULE_TESTS.clear()
+    tests = tuple((rule, tuple((name, _test(name, wanted)) for name, wanted in rule.when.conditions))
+                  for rule in policy.rules)
+    _RULE_TESTS[id(policy)] = (policy, tests)
+    return tests
+
+
+def _test(name: str, wanted: Any) -> Test:
+    """`_holds(name, wanted, ...)[0]` as one closure."""
+    if name == "tools" and isinstance(wanted, bool):  # the most common condition: one comparison
+        return (lambda features, ctx: features.tools_count > 0) if wanted else (
+            lambda features, ctx: features.tools_count == 0)
+    if name == "headers" or name == "tools" or name in TRAJECTORY_CONDITIONS:
+        return lambda features, ctx: _holds(name, wanted, features, ctx)[0]
+    if name in ("tenant", "complexity"):
+        context_field = operator.attrgetter(name)
+        return _tested(lambda features, ctx: context_field(ctx), wanted)
+    feature = operator.attrgetter("requested_model" if name == "model" else name)
+    return _tested(lambda features, ctx: feature(features), wanted)
+
+
+def _tested(got: Callable[[Features, Context], Any], wanted: Any) -> Test:
+    """The test of a value against what the condition wants, as `_holds` does it."""
+    if isinstance(wanted, Range):
+        return lambda features, ctx: (x := got(features, ctx)) is not None and _in_range(float(x), wanted)
+    if isinstance(wanted, ComplexityShare):
+        return lambda features, ctx: (x := got(features, ctx)) is not None and x >= share_threshold(wanted, ctx)
+    if isinstance(wanted, bool):
+        return lambda features, ctx: bool(got(features, ctx) == wanted)
+    return lambda features, ctx: (x := got(features, ctx)) is not None and _among(str(x), wanted)
 
 
 def _holds(name: str, wanted: Any, features: Features, ctx: Context) -> tuple[bool, Any]:

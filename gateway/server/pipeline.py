@@ -56,7 +56,8 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     app, ex = request.app, request[EXCHANGE]
     call = await read(request, adapter)
     ex.tenant = call.tenant_or_anonymous
-    agent = await verdict(request.app, call, ex)
+    recording = app[TRAJECTORIES].recording(call)  # asked once: the verdict and the record both need it
+    agent = await verdict(app, call, ex, recording)
     admitted = await admit(app, call)
     ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent))
     decision = decide(call.policy, call.features, ctx)
@@ -71,7 +72,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         except GatewayError:
             ex.decided(call.features, decision, ctx.complexity)  # refused by the budget: no deployment reached
             raise
-        record(app, ex, adapter, call, ctx, decision, enrollment)
+        record(app, ex, adapter, call, ctx, decision, enrollment, recording)
         if enrollment is not None:
             enrollment.sent()
         keep = app[CONVERSATIONS].keeper(call) if adapter.chains else None
@@ -104,9 +105,9 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
                      adapter.features(view), request.headers, tenant, chain)
 
 
-async def verdict(app: web.Application, call: Call, ex: Exchange) -> AgentVerdict | None:
+async def verdict(app: web.Application, call: Call, ex: Exchange, recording: bool) -> AgentVerdict | None:
     """What the session's active loop or spike flags ask of this step (escalate, steer, stop), if anything."""
-    if not call.policy.agents.enforcing or not app[TRAJECTORIES].recording(call):
+    if not recording or not call.policy.agents.enforcing:
         return None
     sid = call.session_id
     return None if sid is None else await app[TRAJECTORIES].verdict(call.policy, call.tenant_or_anonymous, sid, ex)
@@ -139,21 +140,21 @@ async def hold(
 
 def record(
     app: web.Application, ex: Exchange, adapter: Adapter, call: Call, ctx: Context, decision: Decision,
-    enrollment: Enrollment | None,
+    enrollment: Enrollment | None, recording: bool,
 ) -> None:
     """The decision as admission left it goes on the request record, the explain memory and the agent step."""
     ex.decided(call.features, decision, ctx.complexity)
     app[RECENT].remember(ex.request_id, call, ctx, decision)
-    trajectories = app[TRAJECTORIES]
-    if adapter.generates and trajectories.recording(call) and call.session_id is not None:
-        trajectories.begin(ex, call, enrollment.cohorted() if enrollment is not None else None)
+    if recording and adapter.generates and call.session_id is not None:
+        app[TRAJECTORIES].begin(ex, call, enrollment.cohorted() if enrollment is not None else None)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"The request body is {request.content_length} bytes; the limit is {limit}")
+    length = request.content_length  # parsed from the header at each access: read once
+    if length is not None and length > limit:
+        raise PayloadTooLarge(f"The request body is {length} bytes; the limit is {limit}")
     try:
-        raw = await _read_chunked(request, limit) if request.content_length is None else await request.read()
+        raw = await _read_chunked(request, limit) if length is None else await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes") from exc
     if len(raw) > limit:

@@ -4,7 +4,7 @@ per-request keys the middleware sets (server/middleware.py)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -48,10 +48,9 @@ class Recent:
         self._items: OrderedDict[str, Remembered] = OrderedDict()
 
     def remember(self, request_id: str, call: Call, ctx: Context, served: Decision) -> None:
-        # Only the headers the policy reads: the context holds the request's own, up to 128 lines of 8 KiB,
-        # and kept whole the last 2,048 of them could hold gigabytes.
-        headers = {name: value for name in call.policy.read_headers if (value := ctx.headers.get(name)) is not None}
-        self._items[request_id] = Remembered(call.policy, call.features, replace(ctx, headers=headers), served)
+        # The context holds only the headers the policy reads (decision/context.gather), never the request's
+        # own: the last 2,048 requests' could hold gigabytes.
+        self._items[request_id] = Remembered(call.policy, call.features, ctx, served)
         if len(self._items) > self._size:
             self._items.popitem(last=False)
 

@@ -13,6 +13,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, StatusCode
 
+from gateway.telemetry.metrics import CLIENT_REQUEST_ID, REQUEST_ID
+
 SpanEvent = tuple[int, str, Mapping[str, Any]]  # (time in ns since the epoch, name, attributes)
 
 
@@ -70,34 +72,41 @@ def span_text(trace_id: int, span_id: int, name: str, kind: SpanKind, start_ns: 
 def _attributes_json(attributes: Mapping[str, Any]) -> str:
     parts = []
     for item in attributes.items():
-        key, value = item
-        if value.__class__ in _CACHED_TYPES:
+        value = item[1]
+        cls = value.__class__
+        if cls is str or cls is tuple:
             parts.append(_FRAGMENTS.get(item) or _attribute_json(item))
-        else:  # numbers rarely repeat: encoded each time, only the key's JSON comes from a cache
-            parts.append(f'{{"key":{_KEYS.get(key) or _key_json(key)},"value":{_value_json(value)}}}')
+        elif cls is int:  # numbers rarely repeat: encoded each time after the key's cached prefix
+            parts.append(f'{_KEYS.get(item[0]) or _key_json(item[0])}{{"intValue":"{value}"}}}}')
+        else:
+            parts.append(f"{_KEYS.get(item[0]) or _key_json(item[0])}{_value_json(value)}}}")
     return "[" + ",".join(parts) + "]"
 
 
+# `{"key":<key>,"value":` of each attribute key seen
 _KEYS: dict[str, str] = {}
 
 
 def _key_json(key: str) -> str:
     if len(_KEYS) >= _FRAGMENTS_MAX:
         _KEYS.clear()
-    _KEYS[key] = encoded = _json_str(key)
+    _KEYS[key] = encoded = f'{{"key":{_json_str(key)},"value":'
     return encoded
 
 
 # Fragments of string and string-tuple attributes, keyed by the (key, value) item itself. Numbers are
 # not: they rarely repeat, and 1, 1.0 and True are equal keys that must encode differently.
-_CACHED_TYPES = frozenset({str, tuple})
 _FRAGMENTS: dict[tuple[str, Any], str] = {}
-_FRAGMENTS_MAX = 4096  # request ids never repeat: start over rather than grow without bound
+_FRAGMENTS_MAX = 4096  # start over rather than grow without bound
+# Values unique to their span: encoded, never kept (they would crowd out what repeats, and empty the cache)
+_UNIQUE_KEYS = frozenset({REQUEST_ID, CLIENT_REQUEST_ID})
 
 
 def _attribute_json(item: tuple[str, Any]) -> str:
     key, value = item
-    fragment = f'{{"key":{_json_str(key)},"value":{_value_json(value)}}}'
+    fragment = f"{_KEYS.get(key) or _key_json(key)}{_value_json(value)}}}"
+    if key in _UNIQUE_KEYS:
+        return fragment
     if value.__class__ is str or (value.__class__ is tuple and all(v.__class__ is str for v in value)):
         if len(_FRAGMENTS) >= _FRAGMENTS_MAX:
             _FRAGMENTS.clear()

@@ -5,8 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gateway.classifier.cues import ASK_SCAN_CHARS, NO_CUES, Cues, read_cues, split_ask
+from gateway.classifier.cues import (
+    _SEPARATORS,
+    ASK_SCAN_CHARS,
+    NO_CUES,
+    Cues,
+    _digits,
+    _words,
+    read_cues,
+    split_ask,
+)
 from gateway.features import LAST_USER_TEXT_CHARS, extract
 
 MMLU = "Find the degree of Q(sqrt(2), sqrt(3)) over Q.\nA. 0\nB. 4\nC. 2\nD. 6\nAnswer:"
@@ -104,3 +115,14 @@ def test_no_cues_is_a_complete_placeholder() -> None:
 def test_an_open_ended_ask_is_read_from_its_first_words_however_long() -> None:
     cues = cues_of("Summarize the following report.\n\n" + "The committee met on Tuesday. " * 60)
     assert cues.open_ended and cues.kind == "open" and cues.ask_chars > 1_000
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=80)
+       | st.text(alphabet=st.sampled_from("ab1 9\x1c\x1f\u00a0\u0663\u3000\u2028,.\n\t\ud800"), max_size=40)
+       | st.text(max_size=40))
+def test_the_words_and_digits_are_those_of_the_plain_definitions(text: str) -> None:
+    # The ASCII fast path (a byte table) must split and count as str.translate and str.count do, for any text:
+    # the ASCII control separators str.split() splits at, non-ASCII digits and spaces, a lone surrogate.
+    lowered = text.lower()
+    assert _words(lowered) == set(lowered.translate(_SEPARATORS).split())
+    assert _digits(text) == sum(map(text.count, "0123456789"))

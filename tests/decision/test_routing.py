@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.classifier.scoring import Calibration
-from gateway.decision.admission import Admission
+from gateway.decision.admission import Admission, SessionState
 from gateway.decision.routing import Context, DeploymentLoad, decide
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import extract
@@ -294,3 +294,57 @@ def test_an_escalated_loop_and_a_steered_spike_redirect_after_the_rules() -> Non
     # a deployment the budget does not admit stays out, whatever the agent verdict asks
     budget = Admission(frozenset({"fast"}))
     assert decide(POLICY, _features(), _ctx(agent=escalate, admission=budget)).attempts == ("fast",)
+
+
+# A rule per kind of condition (feature field, tools, model, tenant, score, header, step, session, ranges, lists):
+# the hot path's tests, made once per policy, must pick what the explaining path (which reads each condition
+# afresh) picks.
+EVERY_CONDITION = policy_module.parse("""
+version: 1
+deployments:
+  hq: {url: "http://127.0.0.1:1", served_model: m}
+  fast: {url: "http://127.0.0.1:2", served_model: m}
+models:
+  auto: {route: rules}
+  fast: {pin: fast}
+rules:
+  - {name: header, when: {headers: {x-team: [red, blue]}}, use: hq}
+  - {name: tenant, when: {tenant: acme}, use: hq}
+  - {name: no-tools-stream, when: {tools: false, stream: true}, use: hq}
+  - {name: step, when: {turn: tool_result, tool_error: true}, use: hq, override_pin: true}
+  - {name: repeats, when: {repeated_calls: {gte: 3}, step: {lt: 20}}, use: hq}
+  - {name: session, when: {steps_per_min: {gt: 30}}, use: fast}
+  - {name: spend, when: {session_cost_usd: {gte: 1.5}}, use: fast}
+  - {name: code, when: {has_code: true, message_count: {gte: 2, lte: 4}}, use: hq}
+  - {name: score, when: {complexity: {gte: 0.7}, model: auto}, use: hq}
+  - {name: format, when: {response_format: [json_object, json_schema], max_tokens: {eq: 64}}, use: hq}
+  - {name: tools, when: {tools: true}, use: fast}
+default: fast
+""")
+
+
+@given(
+    headers=st.sampled_from([{}, {"x-team": "red"}, {"x-team": "green"}]),
+    tenant=st.sampled_from([None, "acme", "other"]),
+    body=st.fixed_dictionaries({
+        "model": st.sampled_from(["auto", "fast"]),
+        "stream": st.booleans(),
+        "max_tokens": st.sampled_from([16, 64]),
+        "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
+        "messages": st.sampled_from([[{"role": "user", "content": "hi"}],
+                                     [{"role": "user", "content": "a"}, {"role": "user", "content": "x == y"}]]),
+    }, optional={"tools": st.just(TOOLS)}),
+    complexity=st.sampled_from([None, 0.2, 0.7, 0.9]),
+    step=st.sampled_from([None, AgentStep(3, "tool_result", True, 1), AgentStep(25, "user", False, 4),
+                          AgentStep(2, "tool_result", False, 3)]),
+    session=st.sampled_from([None, SessionState("s", steps_per_min=40.0), SessionState("s", cost_usd=2.0)]),
+)
+def test_the_hot_path_picks_the_rule_the_explaining_path_picks(
+    headers: dict[str, str], tenant: str | None, body: dict[str, object], complexity: float | None,
+    step: AgentStep | None, session: SessionState | None,
+) -> None:
+    ctx = _ctx(headers=headers, tenant=tenant, complexity=complexity, step=step, session=session)
+    features = extract(body, "chat")
+    fast, explained = decide(EVERY_CONDITION, features, ctx), decide(EVERY_CONDITION, features, ctx, explain=True)
+    assert (fast.rule, fast.attempts) == (explained.rule, explained.attempts)
+    assert set(fast.reasons) <= set(explained.reasons)

@@ -20,7 +20,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRati
 
 from gateway.server.resources import TELEMETRY
 from gateway.settings import Settings
-from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
+from gateway.telemetry import otlp
+from gateway.telemetry.metrics import CLIENT_REQUEST_ID, FOLD_EVERY, REQUEST_ID, make_metrics
 from gateway.telemetry.otlp import otlp_json
 from gateway.telemetry.spans import LoopExport, Spans
 from gateway.upstream.client import Pool
@@ -324,6 +325,48 @@ async def test_a_batch_cancelled_while_encoding_keeps_its_spans(collector) -> No
     assert [span["attributes"][0]["value"]["intValue"] for span in sent] == [str(i) for i in range(200)]
 
 
+async def test_under_load_the_exporter_posts_whole_batches_not_what_arrived_during_the_last_post() -> None:
+    # A collector that holds its answer until told: spans keep arriving while a batch is being posted, as they
+    # do under load. They wait for a whole batch (the delay here is far longer than the test), not posted in
+    # a small batch of their own as soon as the previous post returns.
+    sizes: list[int] = []
+    answer = asyncio.Event()
+
+    async def traces(request: web.Request) -> web.Response:
+        sizes.append(len(json.loads(await request.read())["resourceSpans"][0]["scopeSpans"][0]["spans"]))
+        await answer.wait()
+        answer.clear()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    pool = Pool()
+    export = LoopExport(pool, f"http://127.0.0.1:{server.port}/v1/traces", batch_size=8, delay_s=600)
+    spans = Spans(export)
+    export.start()
+    try:
+        for i in range(8):
+            spans.record("gateway chat", 1, {"n": i})
+        await until(lambda: sizes == [8], what="the first whole batch posted")
+        for i in range(3):  # arrive while that post is in flight
+            spans.record("gateway chat", 1, {"n": 8 + i})
+        answer.set()
+        await until(lambda: export.exported == 8, what="the first post answered")
+        for i in range(5):
+            spans.record("gateway chat", 1, {"n": 11 + i})
+        await until(lambda: len(sizes) == 2, what="the second batch posted")
+        answer.set()
+        await until(lambda: export.exported == 16, what="the second post answered")
+        assert sizes == [8, 8]
+    finally:
+        answer.set()
+        await export.close()
+        await pool.close()
+        await server.close()
+
+
 def test_a_sampler_from_the_environment_is_honoured() -> None:
     exporter = InMemorySpanExporter()
     spans = Spans(SimpleSpanProcessor(exporter), sampler=TraceIdRatioBased(0.25))
@@ -362,6 +405,22 @@ def test_equal_but_differently_typed_values_keep_their_own_encoding() -> None:
     values = [span["attributes"][0]["value"] for span in encoded["resourceSpans"][0]["scopeSpans"][0]["spans"]]
     assert values == [{"intValue": "1"}, {"boolValue": True}, {"doubleValue": 1.0}, {"stringValue": "1"},
                       {"arrayValue": {"values": [{"stringValue": "1"}]}}]
+
+
+def test_request_ids_are_encoded_but_never_kept_among_the_repeating_fragments() -> None:
+    # Each span's request id is new: kept, they filled the fragment cache and emptied it every 4,096 spans,
+    # re-encoding what does repeat (rule, reasons, models) after each.
+    exporter = InMemorySpanExporter()
+    spans = Spans(SimpleSpanProcessor(exporter))
+    otlp._FRAGMENTS.clear()
+    for i in range(otlp._FRAGMENTS_MAX + 10):
+        attributes = {REQUEST_ID: f"req-{i}", CLIENT_REQUEST_ID: f"c-{i}", "gateway.rule": "default"}
+        spans.record("gateway chat", 5, attributes)
+    encoded = json.loads(otlp_json(exporter.get_finished_spans()[-1:]))
+    attributes = encoded["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
+    assert attributes[0] == {"key": REQUEST_ID, "value": {"stringValue": f"req-{otlp._FRAGMENTS_MAX + 9}"}}
+    kept = {key for key, _ in otlp._FRAGMENTS}
+    assert "gateway.rule" in kept and not kept & {REQUEST_ID, CLIENT_REQUEST_ID}
 
 
 def test_request_figures_reach_prometheus_in_batches_and_at_every_scrape() -> None:
