@@ -14,7 +14,7 @@ from gateway.decision.routing import decide
 from gateway.errors import BadRequest, NotFound
 from gateway.policy.tenancy import find_tenant
 from gateway.server import pipeline
-from gateway.server.resources import ACCOUNTING, POLICY, RECENT, SETTINGS, SHARES
+from gateway.server.resources import ACCOUNTING, POLICY_FILE, RECENT, SETTINGS, SHARES
 from gateway.server.scoring import LiveScoring
 
 
@@ -58,7 +58,7 @@ async def usage(request: web.Request) -> web.Response:
     `limits` the budgets each of those tenants is held to (from the policy: its own entry, else `*`)."""
     store = request.app[ACCOUNTING].store
     report = await usage_report(store, request.query.get("tenant"))
-    tenants = request.app[POLICY].current.tenants
+    tenants = request.app[POLICY_FILE].current.tenants
     limits = {}
     for name in sorted({row["tenant"] for row in report["data"]}):
         found = find_tenant(tenants, name)
@@ -67,11 +67,11 @@ async def usage(request: web.Request) -> web.Response:
 
 
 async def policy_status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[POLICY].describe())
+    return web.json_response(request.app[POLICY_FILE].describe())
 
 
 async def policy_reload(request: web.Request) -> web.Response:
-    policy_file = request.app[POLICY]
+    policy_file = request.app[POLICY_FILE]
     ok = policy_file.reload()
     return web.json_response(policy_file.describe(), status=200 if ok else 422)
 

@@ -18,7 +18,7 @@ from aiohttp.typedefs import Handler
 
 from gateway.accounting.keys import check_admin
 from gateway.server import admin, deployment_admin, outcome_api, rollout_admin, session_admin
-from gateway.server.resources import POLICY, SETTINGS
+from gateway.server.resources import POLICY_FILE, SETTINGS
 
 PREFIX = "/admin/"
 
@@ -26,7 +26,7 @@ PREFIX = "/admin/"
 @web.middleware
 async def admin_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     app = request.app
-    check_admin(request.headers.get("authorization"), app[POLICY].current.auth, app[SETTINGS].admin_token)
+    check_admin(request.headers.get("authorization"), app[POLICY_FILE].current.auth, app[SETTINGS].admin_token)
     return await handler(request)
 
 

@@ -34,7 +34,7 @@ from gateway.server.resources import (
     CONVERSATIONS,
     DEPLOYMENTS,
     EXPERIMENTS,
-    POLICY,
+    POLICY_FILE,
     POOL,
     RECENT,
     SETTINGS,
@@ -119,7 +119,7 @@ def _watch_spans(metrics: m.Metrics, spans: Spans) -> None:
 
 async def _policy(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[TELEMETRY].metrics
-    app[POLICY] = policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
+    app[POLICY_FILE] = policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
     metrics.policy_valid.set(1)
     watcher = asyncio.get_running_loop().create_task(policy_file.watch(settings.policy_poll_s))
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -152,7 +152,7 @@ async def _deployments(app: web.Application) -> AsyncIterator[None]:
     deployments = Deployments(probes, on_change=lambda name, tracked: _export_load(metrics, name, tracked,
                                                                                    deployments), board=board)
     app[DEPLOYMENTS] = deployments
-    deployments.reconcile(app[POLICY].current)
+    deployments.reconcile(app[POLICY_FILE].current)
     yield
     await deployments.close()
     await probes.close()
@@ -180,7 +180,7 @@ async def _classifier(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _stores(app: web.Application) -> AsyncIterator[None]:
-    app[STORES] = stores = open_stores(app[POLICY].current.store, app[SETTINGS].redis_url)
+    app[STORES] = stores = open_stores(app[POLICY_FILE].current.store, app[SETTINGS].redis_url)
     yield
     await stores.close()
 
@@ -191,7 +191,7 @@ async def _conversations(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _shares(app: web.Application) -> AsyncIterator[None]:
-    stores, policy_file = app[STORES], app[POLICY]
+    stores, policy_file = app[STORES], app[POLICY_FILE]
     app[SHARES] = tracker = ShareTracker(shared=stores.shared)
     tracker.follow(policy_file.current)
     if not stores.shared:  # one process: its own window is the whole truth, nothing to exchange
@@ -207,7 +207,7 @@ async def _shares(app: web.Application) -> AsyncIterator[None]:
 
 async def _accounting(app: web.Application) -> AsyncIterator[None]:
     store, metrics = app[STORES].accounting, app[TELEMETRY].metrics
-    app[ACCOUNTING] = Accounting(store, app[POLICY].current)
+    app[ACCOUNTING] = Accounting(store, app[POLICY_FILE].current)
     fallback = store if isinstance(store, FallbackStore) else None
     m.watch(metrics, m.STORE_DEGRADED, lambda: float(fallback is not None and fallback.degraded))
     m.watch(metrics, m.STORE_PENDING_SETTLES, lambda: float(fallback.pending_settles if fallback else 0))
@@ -216,7 +216,7 @@ async def _accounting(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _experiments(app: web.Application) -> AsyncIterator[None]:
-    settings, metrics, policy_file = app[SETTINGS], app[TELEMETRY].metrics, app[POLICY]
+    settings, metrics, policy_file = app[SETTINGS], app[TELEMETRY].metrics, app[POLICY_FILE]
     rollouts = Rollouts(app[STORES].rollouts, lambda: policy_file.current, metrics)
     # Labels keep prompts only with the request log's own opt-in (AGENT_GATEWAY_REQUEST_LOG_PROMPTS=1).
     labeller = Labeller(app[POOL], app[STORES].labels, metrics, lambda: policy_file.current,
@@ -237,7 +237,7 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _trajectories(app: web.Application) -> AsyncIterator[None]:
-    settings, telemetry, policy_file = app[SETTINGS], app[TELEMETRY], app[POLICY]
+    settings, telemetry, policy_file = app[SETTINGS], app[TELEMETRY], app[POLICY_FILE]
     trajectories = Trajectories(app[STORES].trajectories, lambda: policy_file.current, telemetry.metrics,
                                 app[EXPERIMENTS].rollouts.record_process, keep_text=bool(settings.request_log_prompts))
     app[TRAJECTORIES] = trajectories

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.policy.model import ComplexityShare, Policy
-from gateway.server.resources import DEPLOYMENTS, EXPERIMENTS, POLICY, SETTINGS, SHARES, TELEMETRY, TRAFFIC
+from gateway.server.resources import DEPLOYMENTS, EXPERIMENTS, POLICY_FILE, SETTINGS, SHARES, TELEMETRY, TRAFFIC
 from gateway.telemetry.traffic import Counts, shares
 from gateway.upstream.deployments import Deployments
 
@@ -19,7 +19,7 @@ NOT_SERVED = "none"  # the deployment label of requests refused before any deplo
 
 async def deployments(request: web.Request) -> web.Response:
     app = request.app
-    policy, settings = app[POLICY].current, app[SETTINGS]
+    policy, settings = app[POLICY_FILE].current, app[SETTINGS]
     metrics, windows = app[TELEMETRY].metrics, app[TRAFFIC]
     now = time.time()
     served = windows.requests.read(now, metrics.totals("gateway_requests"))

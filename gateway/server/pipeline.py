@@ -31,7 +31,7 @@ from gateway.server.resources import (
     DEPLOYMENTS,
     EXCHANGE,
     EXPERIMENTS,
-    POLICY,
+    POLICY_FILE,
     RECENT,
     SETTINGS,
     TENANT,
@@ -101,7 +101,7 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
         body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
     view = adapter.view(body)
-    return read_call(request.app[POLICY].current, adapter.endpoint, body, view, len(raw),
+    return read_call(request.app[POLICY_FILE].current, adapter.endpoint, body, view, len(raw),
                      adapter.features(view), request.headers, tenant, chain)
 
 

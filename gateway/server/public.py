@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.experiments.shares import export as export_shares
-from gateway.server.resources import DEPLOYMENTS, POLICY, SETTINGS, SHARES, TELEMETRY
+from gateway.server.resources import DEPLOYMENTS, POLICY_FILE, SETTINGS, SHARES, TELEMETRY
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -14,7 +14,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     """The client-facing models the policy declares, in a list both the OpenAI and the Anthropic SDKs read."""
-    policy = request.app[POLICY].current
+    policy = request.app[POLICY_FILE].current
     data = [{"id": name, "object": "model", "type": "model", "display_name": name, "owned_by": "agent-gateway",
              "created": 0, "created_at": "1970-01-01T00:00:00Z", "description": model.description}
             for name, model in policy.models.items()]
@@ -26,7 +26,7 @@ async def models(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """Ready when a policy is loaded and a deployment is healthy; otherwise 503 saying why."""
     app = request.app
-    policy_file = app[POLICY]
+    policy_file = app[POLICY_FILE]
     healthy = sorted(name for name, load in app[DEPLOYMENTS].load.items() if load.healthy)
     problems = []
     if not healthy:

@@ -74,7 +74,7 @@ class Telemetry:
 SETTINGS = web.AppKey("settings", Settings)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 POOL = web.AppKey("pool", Pool)  # the one pool of connections to the deployments
-POLICY = web.AppKey("policy", PolicyFile)
+POLICY_FILE = web.AppKey("policy", PolicyFile)
 DEPLOYMENTS = web.AppKey("deployments", Deployments)
 CLASSIFIER = web.AppKey("classifier", Classifier)
 STORES = web.AppKey("stores", Stores)

@@ -15,7 +15,7 @@ from gateway.rollout import step as rollout
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.state import RolloutState
 from gateway.server.queries import whole_number
-from gateway.server.resources import EXPERIMENTS, POLICY, STORES
+from gateway.server.resources import EXPERIMENTS, POLICY_FILE, STORES
 from gateway.store.contract import reported_as_unavailable
 
 PAIRS_LIMIT = 10_000
@@ -39,7 +39,7 @@ def _experiments(request: web.Request) -> Experiments:
 
 
 def _spec(request: web.Request, route: str) -> RolloutSpec:
-    policy = request.app[POLICY].current
+    policy = request.app[POLICY_FILE].current
     spec = _experiments(request).rollouts.index(policy).rollouts.get(route)
     if spec is None:
         routes = ", ".join(r.route or "" for r in policy.rollouts) or "none"
@@ -77,7 +77,7 @@ def _applied(experiments: Experiments, spec: RolloutSpec) -> dict[str, Any]:
 
 async def list_rollouts(request: web.Request) -> web.Response:
     experiments = _experiments(request)
-    specs = experiments.rollouts.index(request.app[POLICY].current).rollouts
+    specs = experiments.rollouts.index(request.app[POLICY_FILE].current).rollouts
     return web.json_response({route: await _status(experiments, route, spec) for route, spec in specs.items()})
 
 
@@ -160,7 +160,7 @@ def _records(request: web.Request, records: list[str]) -> web.Response:
 async def policy_shadow(request: web.Request) -> web.Response:
     """The candidate policy's agreement with the live one on this replica, and its recent disagreements."""
     experiments = _experiments(request)
-    section = request.app[POLICY].current.policy_shadow
+    section = request.app[POLICY_FILE].current.policy_shadow
     return web.json_response(
         {
             "candidate": None if section is None else section.candidate,

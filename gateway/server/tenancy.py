@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gateway.server.resources import ACCOUNTING, POLICY, TENANT
+from gateway.server.resources import ACCOUNTING, POLICY_FILE, TENANT
 
 
 def tenant_middleware(app: web.Application) -> Middleware:
@@ -14,7 +14,7 @@ def tenant_middleware(app: web.Application) -> Middleware:
 
     @web.middleware
     async def tenant(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith("/v1/") and app[POLICY].current.auth.enabled:
+        if request.path.startswith("/v1/") and app[POLICY_FILE].current.auth.enabled:
             request[TENANT] = await app[ACCOUNTING].tenant(credential(request))
         return await handler(request)
 

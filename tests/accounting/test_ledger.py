@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+import yaml
 
 from gateway.accounting import keys
 from gateway.accounting.ledger import Accounting
@@ -354,15 +354,16 @@ async def test_a_completions_call_is_held_for_the_max_tokens_vllm_obeys(make_sta
 
 async def _long_context(stack: Stack, max_model_len: int, names: tuple[str, ...] = ("fast",)) -> None:
     """Give deployments a context window (the policy reloads live)."""
-    from gateway.server.resources import POLICY
+    from gateway.server.resources import POLICY_FILE
 
-    text = re.sub(r"\n    max_model_len: \d+", "", stack.policy_path.read_text())
-    for name in names:
-        text = text.replace(f"served_model: fake-{name}",
-                            f"served_model: fake-{name}\n    max_model_len: {max_model_len}")
-    stack.policy_path.write_text(text)
+    policy = yaml.safe_load(stack.policy_path.read_text())
+    for name, dep in policy["deployments"].items():
+        dep.pop("max_model_len", None)
+        if name in names:
+            dep["max_model_len"] = max_model_len
+    stack.policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
     app = stack.gateway.app
-    deployments = lambda: app[POLICY].current.deployments  # noqa: E731
+    deployments = lambda: app[POLICY_FILE].current.deployments  # noqa: E731
     await until(lambda: all(deployments()[n].max_model_len == max_model_len for n in names), what="reload")
 
 
