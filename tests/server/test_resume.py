@@ -221,3 +221,37 @@ def _sample(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[-1])
     raise AssertionError(f"{name} not in the metrics")
+
+
+async def test_explain_says_where_the_answer_was_resumed(make_pair: Any) -> None:
+    pair: Pair = await make_pair()
+    pair.fast.faults.append(Break(after=5))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(pair.base_url + "/chat/completions",
+                             json={"model": "fast", "messages": HELLO, "stream": True}) as resp:
+            request_id = resp.headers["x-request-id"]
+            await resp.read()
+        async with http.get(str(pair.gateway.make_url(f"/admin/requests/{request_id}/explain")),
+                            headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+            served = (await resp.json())["served"]
+    assert served["attempts"] == ["fast", "hq"]
+    (resumed,) = served["resumes"]
+    assert resumed.startswith("fast -> hq at 4 tokens: resumed")
+
+
+def test_a_sibling_without_room_for_the_answer_so_far_is_not_sent_it() -> None:
+    from types import SimpleNamespace
+
+    from gateway.server import resuming
+    from gateway.wire.resume import Progress
+
+    policy = SimpleNamespace(deployments={"hq": SimpleNamespace(max_model_len=100)})
+    call = SimpleNamespace(policy=policy, body={"messages": HELLO})
+    plan = resuming.Plan(None, 1, None, "id", {}, asks_token_ids=True)
+    fits = Progress("chat", prompt_ids=[1] * 60, generated_ids=[100] * 30, generated_tokens=30, prompt_tokens=60)
+    assert resuming._why_not(call, plan, fits, "hq", 10, "chat") is None  # type: ignore[arg-type]
+    full = Progress("chat", prompt_ids=[1] * 60, generated_ids=[100] * 40, generated_tokens=40, prompt_tokens=60)
+    why = resuming._why_not(call, plan, full, "hq", 10, "chat")  # type: ignore[arg-type]
+    assert why is not None and "no room left in its context window (100 tokens)" in why
+    plan.left = 0
+    assert resuming._why_not(call, plan, fits, "hq", 10, "chat") == "no resumes left for this request"  # type: ignore[arg-type]
