@@ -198,7 +198,7 @@ async def test_timeout_everywhere_is_504(make_stack: Any) -> None:
 
 
 async def test_failure_after_first_byte_ends_with_one_sse_error_event(make_stack: Any) -> None:
-    stack: Stack = await make_stack("resume: {enabled: false}\n")  # resumed on hq otherwise (test_resume.py)
+    stack: Stack = await make_stack("resume: {enabled: false}\n")  # resumed on hq otherwise (test_resuming.py)
     stack.fast.faults.append(Fault(drop_after_chunks=3))
     async with stack.client() as client:
         stream = await client.chat.completions.create(model="fast", messages=HELLO, stream=True)
