@@ -92,3 +92,18 @@ def test_the_sticky_key_follows_the_chain() -> None:
     call = call_of(policy_of(), "hq", headers={"x-session-id": "s-1"}, user="alice")
     assert request_key(DEFAULT_KEY, call) == "header:x-session-id=s-1"
     assert request_key(("user",), call) == "user=alice"
+
+
+async def test_a_call_whose_stream_another_deployment_finished_is_an_error_of_its_arm() -> None:
+    from gateway.openai import Usage
+
+    arm, rollouts, policy, spec, state = await _arm(100.0)
+    enrollment, ctx = enrollment_of(call_of(policy, "hq"))
+    await arm.assign(enrollment, spec, "user=alice", ctx)
+    enrollment.forwarded = True
+    enrollment.ex.deployment = "hq-v2"
+    enrollment.ex.parts = [("hq-v2", None, Usage(11, 4))]  # it broke mid-answer; a resume finished the stream
+    arm.sample(enrollment, Finish.of(enrollment, 200))
+    await rollouts.flush()
+    obs = await rollouts.observe(state)
+    assert (obs.candidate.requests, obs.candidate.errors) == (1, 1)
