@@ -119,8 +119,9 @@ Results = dict[str, dict[str, list[dict[str, float]]]]
 def run(
     rounds: int, duration_s: float, workers: int, policy: Path, without_classifier: bool, only: str | None,
     traces: bool, sessions: int = 0,
-) -> tuple[Results, int]:
-    """Figures per scenario and target, and how many spans the gateways exported meanwhile."""
+) -> tuple[Results, int, dict[str, float]]:
+    """Figures per scenario and target, how many spans the gateways exported meanwhile, and the proxies' resident
+    memory after the run (MiB)."""
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -157,7 +158,8 @@ def run(
                                                                  scored=target == "gateway" and workers == 1))
                 print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
             time.sleep(_EXPORT_WAIT_S if traces else 0)
-            return results, _spans_received(sink_port)
+            rss = {name: _rss_mib(pid) for name, pid in pids.items() if pid is not None}
+            return results, _spans_received(sink_port), rss
         finally:
             for proc in procs:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -177,6 +179,18 @@ def _telemetry_env(traces: bool, sink_port: int) -> dict[str, str]:
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink_port}/v1/traces"}
 
 
+def _rss_mib(pid: int) -> float:
+    """A process's resident memory, with its workers' (--workers N forks them), in MiB."""
+    total = 0.0
+    for each in (pid, *_children(pid)):
+        try:
+            lines = Path(f"/proc/{each}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:"))
+    return total
+
+
 def _spans_received(sink_port: int) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{sink_port}/count", timeout=5) as reply:
         return int(json.load(reply)["spans"])
@@ -186,7 +200,7 @@ def median(samples: list[dict[str, float]], key: str) -> float:
     return statistics.median(s[key] for s in samples)
 
 
-def report(results: Results, spans: int) -> None:
+def report(results: Results, spans: int, rss: dict[str, float]) -> None:
     print(f"{'scenario':24} {'target':14} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x direct':>9} "
           f"{'x minimal':>9} {'+p50 ms':>8} {'cpu us/req':>10} {'errors':>6}")
     for scenario, by_target in results.items():
@@ -219,6 +233,8 @@ def report(results: Results, spans: int) -> None:
     open_ = results["open loop 400 req/s"]
     added = {t: median(open_[t], "p50_ms") - median(open_["direct"], "p50_ms") for t in TARGETS}
     print(f"\ngateway req/s vs minimal proxy at c=32: {ratio:.2f}x (target >= 0.75)")
+    print("RSS after the run: " + ", ".join(f"{name} {mib:.0f} MiB" for name, mib in rss.items())
+          + " (target: gateway <= 120 MiB)")
     print(f"added p50 at 400 req/s: gateway {added['gateway']:.2f} ms, minimal proxy {added['minimal proxy']:.2f} ms "
           f"(target: gateway <= 2x minimal = {2 * added['minimal proxy']:.2f} ms)")
 
