@@ -17,7 +17,6 @@ from gateway.apis.adapter import Adapter, StreamReader
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.errors import GatewayError, UpstreamError
-from gateway.features import count_tokens
 from gateway.policy.model import Price
 from gateway.server import resuming
 from gateway.server.exchanges import add_gateway_headers
@@ -140,7 +139,7 @@ async def _relay_stream(
                 nxt = await resuming.go_on(request, adapter, call, decision, plan, progress, reply, part, exc)
                 if nxt is None:
                     raise
-                _release(reply, part, ex, metrics)
+                _release(reply, progress, ex, metrics)
                 reply, part = nxt
                 ex.answered(reply.deployment, ex.response_model, call.policy.deployments[reply.deployment].price)
     except GatewayError as exc:
@@ -203,12 +202,12 @@ def _taken(chunk: bytes, tap: list[bytes] | None, transcript: list[bytes] | None
     return chunk
 
 
-def _release(reply: upstream.Reply, part: StreamReader | resume.Splice, ex: Exchange, metrics: Metrics) -> None:
-    """The broken part: its connection dropped, what it generated charged at its deployment's price."""
+def _release(reply: upstream.Reply, progress: resume.Progress, ex: Exchange, metrics: Metrics) -> None:
+    """The broken part: its connection dropped, what it generated charged at its deployment's price (the tokens
+    go_on counted: exact where the deployment returned their ids). A later part's deployment read the answer
+    before it as its prompt too."""
     reply.close()
-    usage = part.usage or openai.Usage(ex.prompt_tokens, part.streamed.completion_tokens(count_tokens),
-                                       estimated=True)
-    ex.part_ended(usage, metrics)
+    ex.part_ended(progress.part_usage(), metrics)
 
 
 async def _keep_final(reader: StreamReader | resume.Splice, keep: Keep) -> None:

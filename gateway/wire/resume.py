@@ -73,6 +73,7 @@ class Progress:
     generated_tokens: int = 0  # the ids' count, else an estimate from the text
     prompt_tokens: int = 0  # the client's prompt as the first deployment counted it (0: not known)
     blocked: str | None = None  # why the answer cannot be continued faithfully
+    charged_tokens: int = 0  # generated tokens already charged to the parts before
     # the Responses API: the output message being written, and the last event's sequence number
     item: dict[str, Any] = field(default_factory=dict)
     sequence: int = -1
@@ -80,6 +81,14 @@ class Progress:
     @property
     def exact(self) -> bool:
         return self.prompt_ids is not None and self.api in ("chat", "completions")
+
+    def part_usage(self) -> openai.Usage:
+        """What the part that just broke cost: its deployment read the prompt and the answer before this part,
+        and generated what the answer grew by since; the next part starts from here."""
+        usage = openai.Usage(self.prompt_tokens + self.charged_tokens, self.generated_tokens - self.charged_tokens,
+                             estimated=not self.exact)
+        self.charged_tokens = self.generated_tokens
+        return usage
 
     def block(self, why: str) -> None:
         self.blocked = self.blocked or why

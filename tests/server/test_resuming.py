@@ -213,7 +213,10 @@ async def test_each_part_is_charged_at_its_deployments_price(make_pair: Any) -> 
     fast_out = _sample(text, 'gateway_tokens_total{deployment="fast",direction="output"}')
     hq_out = _sample(text, 'gateway_tokens_total{deployment="hq",direction="output"}')
     hq_in = _sample(text, 'gateway_tokens_total{deployment="hq",direction="input"}')
-    assert fast_out >= 4 and hq_out == ANSWER_WORDS - 4 and hq_in == len(PROMPT_IDS) + 4
+    fast_in = _sample(text, 'gateway_tokens_total{deployment="fast",direction="input"}')
+    # exact, from the token ids: fast read the prompt and made four; hq read those too and made the rest
+    assert (fast_in, fast_out) == (len(PROMPT_IDS), 4)
+    assert (hq_in, hq_out) == (len(PROMPT_IDS) + 4, ANSWER_WORDS - 4)
 
 
 def _sample(text: str, name: str) -> float:
