@@ -120,7 +120,7 @@ async def _relay_stream(
     response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
     await response.prepare(request)
     part: StreamReader | resume.Splice = reader
-    transcript: list[bytes] | None = [] if plan is not None and plan.blocked is None else None
+    transcript = resume.Transcript() if plan is not None and plan.blocked is None else None
     progress: resume.Progress | None = None
     finished = False
     try:
@@ -135,7 +135,7 @@ async def _relay_stream(
                 deployments.record_failure(reply.deployment)
                 if plan is None:
                     raise
-                progress = progress or resume.read_back(adapter.endpoint, call.body, transcript or [], plan.blocked)
+                progress = progress or resume.read_back(adapter.endpoint, call.body, transcript, plan.blocked)
                 nxt = await resuming.go_on(request, adapter, call, decision, plan, progress, reply, part, exc)
                 if nxt is None:
                     raise
@@ -158,7 +158,7 @@ async def _relay_stream(
 
 async def _pump(
     response: web.StreamResponse, ex: Exchange, adapter: Adapter, reply: upstream.Reply,
-    reader: StreamReader | resume.Splice, keep: Keep | None, transcript: list[bytes] | None,
+    reader: StreamReader | resume.Splice, keep: Keep | None, transcript: resume.Transcript | None,
     plan: resuming.Plan | None,
 ) -> None:
     """Relay one deployment's stream to its end; a break, a stall or an error event raises a GatewayError."""
@@ -190,11 +190,11 @@ async def _pump(
                             code="upstream_truncated")
 
 
-def _taken(chunk: bytes, tap: list[bytes] | None, transcript: list[bytes] | None, strip: bool) -> bytes:
+def _taken(chunk: bytes, tap: list[bytes] | None, transcript: resume.Transcript | None, strip: bool) -> bytes:
     """A deployment's chunk as the client gets it (without the token ids the gateway asked for); the transcript
     keeps it as sent, for a resume to read back."""
     if transcript is not None:
-        transcript.append(chunk)
+        transcript.add(chunk)
     if strip:
         chunk = resume.strip_token_ids(chunk)
     if tap is not None:

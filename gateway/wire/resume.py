@@ -115,15 +115,36 @@ def blocked_by_request(api: str, body: Mapping[str, Any]) -> str | None:
     return None
 
 
-def read_back(api: str, body: Mapping[str, Any], chunks: list[bytes], blocked: str | None) -> Progress:
+class Transcript:
+    """A stream's bytes as the deployment sent them, kept for a resume to read back; past MAX_TRANSCRIPT_BYTES it
+    lets them go (a resume is then refused), so a long stream costs no more memory than a short one's limit."""
+
+    __slots__ = ("chunks", "size", "whole")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.whole = True
+
+    def add(self, chunk: bytes) -> None:
+        if not self.whole:
+            return
+        self.size += len(chunk)
+        if self.size > MAX_TRANSCRIPT_BYTES:
+            self.whole, self.chunks = False, []
+        else:
+            self.chunks.append(chunk)
+
+
+def read_back(api: str, body: Mapping[str, Any], transcript: Transcript | None, blocked: str | None) -> Progress:
     """What the client was sent, read from the stream's bytes as the deployment sent them (token ids included)."""
     progress = Progress(api, blocked=blocked)
     if blocked is not None:
         return progress
-    if sum(map(len, chunks)) > MAX_TRANSCRIPT_BYTES:
+    if transcript is None or not transcript.whole:
         progress.block("the answer is too long to read back")
         return progress
-    streamed, _ = openai.split_events(b"".join(chunks))
+    streamed, _ = openai.split_events(b"".join(transcript.chunks))
     if api == "responses":
         for event in streamed:
             _read_responses_event(progress, event)

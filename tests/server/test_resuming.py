@@ -191,7 +191,10 @@ def test_a_break_inside_a_tool_call_is_not_resumed() -> None:
     chunks = [b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
               b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
               b'{"name":"f","arguments":"{\\"a"}}]}}]}\n\n']
-    progress = resume.read_back("chat", {"messages": HELLO}, chunks, None)
+    transcript = resume.Transcript()
+    for chunk in chunks:
+        transcript.add(chunk)
+    progress = resume.read_back("chat", {"messages": HELLO}, transcript, None)
     assert progress.blocked == "the break fell inside a tool call"
 
 

@@ -27,6 +27,25 @@ def _chat(content: str | None = None, ids: list[int] | None = None, finish: str 
                    **extra})
 
 
+def _read_back(api: str, body: dict[str, Any], chunks: list[bytes], blocked: str | None) -> resume.Progress:
+    transcript = resume.Transcript()
+    for chunk in chunks:
+        transcript.add(chunk)
+    return resume.read_back(api, body, transcript, blocked)
+
+
+def test_a_transcript_lets_go_of_a_stream_past_its_limit_and_a_resume_is_then_refused() -> None:
+    transcript = resume.Transcript()
+    piece = _chat("x" * 1024)
+    for _ in range(resume.MAX_TRANSCRIPT_BYTES // len(piece) + 1):
+        transcript.add(piece)
+    assert not transcript.whole and transcript.chunks == []  # not kept: a long stream costs no more
+    transcript.add(piece)
+    assert transcript.chunks == []
+    blocked = resume.read_back("chat", {"messages": HELLO}, transcript, None).blocked
+    assert blocked == "the answer is too long to read back"
+
+
 def test_the_token_ids_the_gateway_asked_for_never_reach_the_client() -> None:
     chunk = _chat("a", ids=[7], prompt_token_ids=[1, 2, 3])
     stripped = resume.strip_token_ids(chunk)
@@ -45,7 +64,7 @@ def test_a_deployment_error_event_ends_what_is_relayed() -> None:
 
 def test_a_chat_stream_with_token_ids_is_read_back_exactly() -> None:
     chunks = [_chat("", prompt_token_ids=[1, 2]), _chat("Hel", ids=[10]), _chat("lo", ids=[11, 12])]
-    progress = resume.read_back("chat", {"messages": HELLO}, chunks, None)
+    progress = _read_back("chat", {"messages": HELLO}, chunks, None)
     assert progress.exact and progress.blocked is None
     assert (progress.prompt_ids, progress.generated_ids, progress.generated_tokens) == ([1, 2], [10, 11, 12], 3)
     assert "".join(progress.text) == "Hello" and (progress.answer_id, progress.model) == ("c1", "m")
@@ -57,7 +76,7 @@ def test_a_chat_stream_with_token_ids_is_read_back_exactly() -> None:
 
 
 def test_without_token_ids_chat_is_continued_as_its_final_assistant_message() -> None:
-    progress = resume.read_back("chat", {"messages": HELLO}, [_chat("Hel"), _chat("lo")], None)
+    progress = _read_back("chat", {"messages": HELLO}, [_chat("Hel"), _chat("lo")], None)
     assert not progress.exact
     path, body = resume.continuation(progress, {"messages": HELLO, "max_completion_tokens": 50}, "served", 30)
     sent = json.loads(body)
@@ -70,7 +89,7 @@ def test_without_token_ids_chat_is_continued_as_its_final_assistant_message() ->
 def test_a_request_with_tools_continues_on_the_chat_endpoint_even_with_token_ids() -> None:
     chunks = [_chat("", prompt_token_ids=[1]), _chat("Hel", ids=[10])]
     body = {"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]}
-    assert not resume.read_back("chat", body, chunks, None).exact  # its tool parser must read the rest
+    assert not _read_back("chat", body, chunks, None).exact  # its tool parser must read the rest
 
 
 @pytest.mark.parametrize(("chunks", "why"), [
@@ -78,7 +97,7 @@ def test_a_request_with_tools_continues_on_the_chat_endpoint_even_with_token_ids
     ([_chunk({"id": "c", "choices": [{"index": 0, "delta": {"reasoning": "hmm"}}]})], "reasoning"),
 ])
 def test_what_cannot_be_continued_says_why(chunks: list[bytes], why: str) -> None:
-    blocked = resume.read_back("chat", {"messages": HELLO}, chunks, None).blocked
+    blocked = _read_back("chat", {"messages": HELLO}, chunks, None).blocked
     assert blocked is not None and why in blocked
 
 
@@ -94,7 +113,7 @@ def test_requests_that_can_never_be_resumed(api: str, body: dict[str, Any], why:
 
 
 def test_the_splice_speaks_under_the_first_parts_names_with_one_usage() -> None:
-    progress = resume.read_back("chat", {"messages": HELLO}, [_chat("", prompt_token_ids=[1, 2]),
+    progress = _read_back("chat", {"messages": HELLO}, [_chat("", prompt_token_ids=[1, 2]),
                                                              _chat("Hel", ids=[10])], None)
     progress.prompt_tokens = 2
     splice = resume.Splice(progress, client_wants_usage=True, first_part_tokens=1)
@@ -125,7 +144,7 @@ def test_a_responses_splice_keeps_the_item_and_numbers_and_closes_over_the_whole
                                             "item_id": "msg_1", "output_index": 0, "content_index": 0,
                                             "delta": "Hel"}),
     ]
-    progress = resume.read_back("responses", {"input": "hi"}, first, None)
+    progress = _read_back("responses", {"input": "hi"}, first, None)
     assert progress.item["id"] == "msg_1" and progress.sequence == 2 and progress.blocked is None
     path, body = resume.continuation(progress, {"input": "hi", "previous_response_id": "r0"}, "served", 9)
     sent = json.loads(body)
