@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import openai
-from gateway.wire import events
+from gateway.wire import events, responses
 
 # The token ids vLLM adds to each streamed chunk when asked (and the prompt's, to the first): the gateway asks
 # for them to resume exactly and takes them out before the client sees the chunk (unless it asked itself).
@@ -322,7 +322,7 @@ class Splice:
         own = openai.usage_of(data)
         if own is not None and not data.get("choices"):
             self.usage = own
-            return self._usage_chunk(own) if self.client_wants_usage else b""
+            return self._usage_chunk() if self.client_wants_usage else b""
         choices = [c for c in data.get("choices") or () if isinstance(c, dict)]
         if not choices:
             return b""
@@ -341,13 +341,18 @@ class Splice:
         return b"data: " + openai.encode(out) + b"\n\n"
 
     def _client_chunk(self, text: str, reason: Any) -> dict[str, Any]:
+        if self.progress.api == "completions":
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+                      "finish_reason": reason}
+        return self._named_chunk([choice])
+
+    def _named_chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chunk of the client's API under the first part's id, creation time and model."""
         p = self.progress
-        if p.api == "completions":
-            return {"id": p.answer_id, "object": "text_completion", "created": p.created, "model": p.model,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
-        return {"id": p.answer_id, "object": "chat.completion.chunk", "created": p.created, "model": p.model,
-                "choices": [{"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
-                             "finish_reason": reason}]}
+        kind = "text_completion" if p.api == "completions" else "chat.completion.chunk"
+        return {"id": p.answer_id, "object": kind, "created": p.created, "model": p.model, "choices": choices}
 
     def client_usage(self) -> openai.Usage:
         """The usage the client sees: its prompt once, and every part's generated tokens."""
@@ -355,13 +360,11 @@ class Splice:
         prompt = self.progress.prompt_tokens or len(self.progress.prompt_ids or ())
         return openai.Usage(prompt, self.before + own)
 
-    def _usage_chunk(self, own: openai.Usage) -> bytes:
+    def _usage_chunk(self) -> bytes:
         usage = self.client_usage()
-        p = self.progress
-        kind = "text_completion" if p.api == "completions" else "chat.completion.chunk"
-        chunk = {"id": p.answer_id, "object": kind, "created": p.created, "model": p.model, "choices": [],
-                 "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                           "total_tokens": usage.prompt_tokens + usage.completion_tokens}}
+        chunk = {**self._named_chunk([]), "usage": {
+            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens}}
         return b"data: " + openai.encode(chunk) + b"\n\n"
 
     # The Responses API: the continuation's opening events are dropped, its text deltas moved onto the item
@@ -391,7 +394,7 @@ class Splice:
         response = data.get("response")
         if isinstance(response, dict) and kind.startswith(b"response."):
             self.done = kind in (b"response.completed", b"response.incomplete", b"response.failed")
-            self.usage = _responses_usage(response) if self.done else self.usage
+            self.usage = responses.usage_of(response) if self.done else self.usage
             rewritten = self._response(response, whole)
             if self.done:
                 self.final = rewritten
@@ -428,13 +431,6 @@ def _text_part(part: Any, whole: str) -> dict[str, Any]:
     found = dict(part) if isinstance(part, dict) else {"type": "output_text", "annotations": []}
     found["text"] = whole
     return found
-
-
-def _responses_usage(response: Mapping[str, Any]) -> openai.Usage | None:
-    usage = response.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    return openai.Usage(events.integer(usage.get("input_tokens")), events.integer(usage.get("output_tokens")))
 
 
 def _text(data: Mapping[str, Any], key: str) -> str:
