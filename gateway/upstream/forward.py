@@ -57,17 +57,35 @@ class Reply:
     async def read_object(self, limit: int) -> tuple[bytes, dict[str, Any]]:
         """The whole body, which must be one JSON object of at most `limit` bytes, else UpstreamError.
 
-        Read piece by piece: a body that does not start like an object is refused at its first byte and
-        one over the limit at the limit, the connection dropped, so neither is ever held whole.
+        One declared over the limit is refused before any of it is read.
         """
         declared = self.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             self.close()
             raise self._too_large(limit)
+        raw, _ = await self._read_whole(limit, object_only=True)
+        found = openai.response_object(raw)
+        if found is None:
+            size = len(raw)
+            del raw
+            self._drop([], size)
+            raise self._not_an_object()
+        return raw, found
+
+    async def read_bounded(self, limit: int) -> tuple[bytes, float | None]:
+        """The whole body, of any kind (JSON, an event stream), but never past `limit` bytes (UpstreamError
+        upstream_body_too_large, the connection dropped); with the perf_counter time its first byte came."""
+        return await self._read_whole(limit, object_only=False)
+
+    async def _read_whole(self, limit: int, *, object_only: bool) -> tuple[bytes, float | None]:
+        """The body read piece by piece to its end, and when its first byte came; one over `limit` is refused at
+        the limit (and, with `object_only`, one that does not start like a JSON object at its first byte), the
+        connection dropped, so neither is ever held whole."""
         parts: list[bytes] = []
-        size, started = 0, False
+        size, first_at, started = 0, None, not object_only
         try:
             async for chunk in self._response.iter_chunks():
+                first_at = first_at or time.perf_counter()
                 if not started and (text := chunk.lstrip(b" \t\r\n")):
                     if text[:1] != b"{":
                         raise self._not_an_object()
@@ -79,34 +97,7 @@ class Reply:
         except (TimeoutError, ClientError) as exc:
             self._drop(parts, size)
             raise _translate(exc, self.deployment) from exc
-        except UpstreamError:
-            self._drop(parts, size)
-            raise
-        self.release()
-        raw = b"".join(parts)
-        found = openai.response_object(raw)
-        if found is None:
-            del raw
-            self._drop(parts, size)
-            raise self._not_an_object()
-        return raw, found
-
-    async def read_bounded(self, limit: int) -> tuple[bytes, float | None]:
-        """The whole body, of any kind (JSON, an event stream), but never past `limit` bytes (UpstreamError
-        upstream_body_too_large, the connection dropped); with the perf_counter time its first byte came."""
-        parts: list[bytes] = []
-        size, first_at = 0, None
-        try:
-            async for chunk in self._response.iter_chunks():
-                first_at = first_at or time.perf_counter()
-                size += len(chunk)
-                if size > limit:
-                    raise self._too_large(limit)
-                parts.append(chunk)
-        except (TimeoutError, ClientError) as exc:
-            self._drop(parts, size)
-            raise _translate(exc, self.deployment) from exc
-        except (UpstreamError, asyncio.CancelledError):  # cancelled: its deadline passed mid-body
+        except (UpstreamError, asyncio.CancelledError):  # cancelled: its deadline passed, or its client left
             self._drop(parts, size)
             raise
         self.release()
