@@ -3,8 +3,9 @@ for the admin API writes nothing."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-import yaml
 
 from gateway.experiments.rollout_counters import RolloutCounters
 from gateway.experiments.rollout_leader import RolloutLeader
@@ -16,26 +17,17 @@ from gateway.rollout.step import abort, pause, start
 from gateway.store.rollout_memory import MemoryRolloutStore
 from gateway.store.rollouts import RolloutKeys
 from gateway.telemetry.metrics import make_metrics
+from tests.fixtures.enrolled import policy_of
 from tests.fixtures.rollout_scripts import spec_of
-from tests.fixtures.stack import three_deployments
 
-ROLLOUT = """
-rollouts:
-  - id: {id}
-    route: hq
-    candidate: deployment:hq-v2
-    stable: deployment:hq
-    guards: {{error_rate: {{slo: 0.05}}}}
-    steps:
-      - set_weight: 50
-      - pause: {{}}
-"""
+
+def _rollout(rollout_id: str) -> dict[str, Any]:
+    return {"id": rollout_id, "route": "hq", "candidate": "deployment:hq-v2", "stable": "deployment:hq",
+            "guards": {"error_rate": {"slo": 0.05}}, "steps": [{"set_weight": 50}, {"pause": {}}]}
 
 
 def _policy(rollout_id: str) -> Policy:
-    text = three_deployments("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3",
-                             ROLLOUT.format(id=rollout_id))
-    return Policy.model_validate(yaml.safe_load(text))
+    return policy_of({"rollouts": [_rollout(rollout_id)]})
 
 
 def _leader(store: MemoryRolloutStore, policy: Policy, now: float = 100.0) -> tuple[RolloutLeader, RolloutView]:

@@ -6,30 +6,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-import yaml
-
 from gateway.experiments.rollout_view import STALE_AFTER_S, RolloutView
 from gateway.policy.model import Policy
 from gateway.rollout.step import abort, start
 from gateway.store.rollout_memory import MemoryRolloutStore
 from gateway.telemetry.metrics import make_metrics
 from tests.fixtures.conditions import until
-from tests.fixtures.stack import three_deployments
+from tests.fixtures.enrolled import policy_of
 
-ROLLOUT = """
-rollouts:
-  - id: r1
-    route: hq
-    candidate: deployment:hq-v2
-    stable: deployment:hq
-    steps:
-      - set_weight: 50
-"""
+ROLLOUT = {"rollouts": [{"id": "r1", "route": "hq", "candidate": "deployment:hq-v2", "stable": "deployment:hq",
+                         "steps": [{"set_weight": 50}]}]}
 
 
 def _policy() -> Policy:
-    text = three_deployments("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", ROLLOUT)
-    return Policy.model_validate(yaml.safe_load(text))
+    return policy_of(ROLLOUT)
 
 
 async def test_the_view_serves_its_rollouts_state_only_while_fresh() -> None:

@@ -5,32 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 
-import yaml
-
 from gateway.experiments.rollouts import Rollouts
 from gateway.policy.model import Policy
 from gateway.rollout.samples import Cohort, Sample
 from gateway.rollout.state import Phase
 from gateway.store.rollout_memory import MemoryRolloutStore
 from gateway.telemetry.metrics import make_metrics
-from tests.fixtures.stack import three_deployments
+from tests.fixtures.enrolled import policy_of
 
-ROLLOUT = """
-rollouts:
-  - id: r1
-    route: hq
-    candidate: deployment:hq-v2
-    stable: deployment:hq
-    guards: {error_rate: {slo: 0.05}}
-    steps:
-      - set_weight: 50
-      - pause: {}
-"""
+ROLLOUT = {"rollouts": [{"id": "r1", "route": "hq", "candidate": "deployment:hq-v2", "stable": "deployment:hq",
+                         "guards": {"error_rate": {"slo": 0.05}}, "steps": [{"set_weight": 50}, {"pause": {}}]}]}
 
 
 def _policy() -> Policy:
-    text = three_deployments("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", ROLLOUT)
-    return Policy.model_validate(yaml.safe_load(text))
+    return policy_of(ROLLOUT)
 
 
 async def test_a_flush_that_proves_a_breach_aborts_the_rollout_served_by() -> None:
