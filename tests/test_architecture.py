@@ -18,7 +18,7 @@ PURE = {"frozen", "errors", "openai", "features", "steps", "wire", "classifier",
 # the pure core also runs no tasks, threads, sockets or processes of its own: that belongs to the runtime
 IO_LIBRARIES = ("aiohttp", "redis", "opentelemetry", "prometheus_client", "asyncio", "os", "socket", "threading")
 # One module per foreign library translates its errors and owns its objects.
-OWNERS = {"redis": {"gateway.store.redis_store", "gateway.store.rollouts"},
+OWNERS = {"redis": {"gateway.store.redis_store"},
           "prometheus_client": {"gateway.telemetry.metrics"}}
 
 

@@ -2,8 +2,7 @@
 
 from typing import Final
 
-import numpy as np
-import numpy.typing as npt
+from typing_extensions import Buffer
 
 MAX_NGRAM: Final[int]
 
@@ -12,10 +11,10 @@ class Table:
 
     def __new__(
         cls,
-        ascii_ids: npt.NDArray[np.uint16],
-        alphabet: npt.NDArray[np.uint32],
-        keys: npt.NDArray[np.uint64],
-        weights: npt.NDArray[np.float64],
+        ascii_ids: Buffer,
+        alphabet: Buffer,
+        keys: Buffer,
+        weights: Buffer,
         ngram_min: int,
         ngram_max: int,
     ) -> Table: ...

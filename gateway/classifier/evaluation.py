@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
-from gateway.classifier.scoring import FloatArray
+FloatArray = npt.NDArray[np.float64]
 
 CURVE_POINTS = 10  # RouteLLM: thresholds at the score's deciles
 RANDOM_SEEDS = 10

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.classifier.inputs import INPUTS
-from gateway.classifier.ngrams import CharNgrams
+from gateway.classifier.vocabulary import CharNgrams
 
 # Left out: the whole-prompt total (on single-turn data it equals last_user_tokens, and sharing weight with
 # it would push every agent turn with a long system prompt to HQ; the parts are learned separately), and

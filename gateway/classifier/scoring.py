@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from gateway.classifier.cues import NO_CUES, Cues, read_cues
 from gateway.classifier.inputs import FEATURES_ONLY, INPUTS
-from gateway.classifier.ngrams import CharNgrams, NgramWeights
+from gateway.classifier.ngrams import NgramWeights
+from gateway.classifier.vocabulary import CharNgrams
 from gateway.features import Features
 
 FORMAT = "agent-gateway/classifier"
@@ -25,7 +24,11 @@ CALIBRATION_VERSION = 1
 DEFAULT_MODEL_PATH = Path(__file__).parent / "models" / "default.json"
 DEFAULT_CALIBRATION_PATH = Path(__file__).parent / "models" / "default.calibration.json"
 
-FloatArray = npt.NDArray[np.float64]
+if TYPE_CHECKING:  # numpy is for training and evaluation; the serving path never imports it (~15 MiB)
+    import numpy as np
+    import numpy.typing as npt
+
+    FloatArray = npt.NDArray[np.float64]
 
 
 class ModelFileError(ValueError):
@@ -251,6 +254,8 @@ class Calibration:
         cls, scores: Sequence[float], meta: Mapping[str, Any] | None = None, points: int = 1001
     ) -> Calibration:
         """Keep `points` quantiles of the scores: enough resolution, a small file."""
+        import numpy as np
+
         quantiles = np.quantile(np.asarray(scores, dtype=np.float64), np.linspace(0.0, 1.0, points))
         return cls(tuple(float(f"{q:.6g}") for q in quantiles), dict(meta or {}))
 
@@ -270,9 +275,18 @@ class Calibration:
         share = min(max(hq_share, 0.0), 1.0)
         if share <= 0.0:
             return math.nextafter(self.scores[-1], math.inf)  # nothing reaches it
-        return float(np.quantile(np.asarray(self.scores), 1.0 - share))
+        return quantile(self.scores, 1.0 - share)
 
     def share_for_threshold(self, threshold: float) -> float:
         """The share of reference traffic whose score is >= threshold."""
-        scores = np.asarray(self.scores)
-        return float(np.mean(scores >= threshold))
+        return (len(self.scores) - bisect.bisect_left(self.scores, threshold)) / len(self.scores)
+
+
+def quantile(ascending: Sequence[float], q: float) -> float:
+    """The q-quantile of sorted values, interpolated exactly as numpy.quantile's default ("linear") does."""
+    position = q * (len(ascending) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ascending) - 1)
+    low, high, t = ascending[below], ascending[above], position - below
+    # numpy's lerp: from the nearer end, so that t = 1 gives `high` exactly
+    return low + (high - low) * t if t < 0.5 else high - (high - low) * (1 - t)

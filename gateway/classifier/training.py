@@ -14,11 +14,11 @@ from sklearn.model_selection import GroupKFold
 from sklearn.preprocessing import normalize
 
 from gateway.classifier.cues import read_cues
-from gateway.classifier.evaluation import routing_curve, summarize
+from gateway.classifier.evaluation import FloatArray, routing_curve, summarize
 from gateway.classifier.inputs import INPUTS
-from gateway.classifier.ngrams import CharNgrams
 from gateway.classifier.options import DEFAULT_OPTIONS, TrainingOptions
-from gateway.classifier.scoring import Classifier, FloatArray, NumericInput
+from gateway.classifier.scoring import Classifier, NumericInput
+from gateway.classifier.vocabulary import CharNgrams
 from gateway.features import Features
 
 MIN_STD = 1e-9  # a structured input that varies less than this in training is a constant there

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -101,7 +101,7 @@ def number_cell(path: str, line: int, cells: dict[str, str], column: str) -> flo
         number = float(value) if value is not None else float("nan")
     except ValueError:
         number = float("nan")
-    if not np.isfinite(number):
+    if not math.isfinite(number):
         raise DataError(f"{path}: row {line}: column {column!r}: value {value!r} is not a number")
     return number
 

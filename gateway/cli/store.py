@@ -8,11 +8,14 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gateway.accounting import keys
 from gateway.accounting.budgets import usage_report
 from gateway.store.contract import StoreError, UsageRow
-from gateway.store.redis_store import RedisStore
+
+if TYPE_CHECKING:  # imported when a command runs: `serve` parses this CLI and must not load redis
+    from gateway.store.redis_store import RedisStore
 
 REDIS_URL_ENV = "AGENT_GATEWAY_REDIS_URL"
 
@@ -56,6 +59,8 @@ def _with_store(
         return 2
 
     async def run() -> int:
+        from gateway.store.redis_store import RedisStore
+
         store = RedisStore(args.redis_url, timeout_s=args.timeout_s)
         try:
             return await command(store, args)

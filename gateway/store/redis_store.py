@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from types import ModuleType
 from typing import Any, TypeVar
-
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 
 from gateway.decision.admission import SessionState, TenantSnapshot, window_bucket
 from gateway.policy.tenancy import WINDOWS
@@ -54,7 +50,31 @@ PUBSUB_CONNECTIONS = 2  # held outside the command slots (the rollout store's ch
 # Refusals that mean the server cannot serve writes right now (a replica after failover, out of memory,
 # loading, busy with a script, cluster down): an outage to wait out, unlike a refused command.
 _OUTAGE_REPLIES = ("MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "MISCONF", "NOREPLICAS", "LOADING")
-_OUTAGE_ERRORS = (ReadOnlyError, OutOfMemoryError)
+
+
+@dataclass(frozen=True, slots=True)
+class RedisLibrary:
+    """The parts of redis-py a store uses, imported when the first Redis store opens: redis-py weighs ~22 MiB
+    of memory, and a gateway on its embedded store (the default) never loads it."""
+
+    client: ModuleType  # redis.asyncio
+    retry: type
+    no_backoff: type
+    connection_error: type[Exception]
+    response_error: type[Exception]
+    failures: tuple[type[BaseException], ...]  # a command that did not complete: the server, the socket, the clock
+    outage_errors: tuple[type[Exception], ...]
+
+
+@functools.cache
+def redis_library() -> RedisLibrary:
+    import redis.asyncio
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
+
+    return RedisLibrary(redis.asyncio, Retry, NoBackoff, ConnectionError, ResponseError,
+                        (RedisError, OSError, TimeoutError), (ReadOnlyError, OutOfMemoryError))
 
 
 class RedisStore:
@@ -73,16 +93,17 @@ class RedisStore:
         # redis.asyncio reconnects per command; one immediate retry covers a pooled connection that died
         # with a restarted server, and only on connection errors: a retried timeout could apply twice.
         # A full pool makes a command wait (never fail) for a connection: see _run.
-        pool = aioredis.BlockingConnectionPool.from_url(
+        lib = self._lib = redis_library()
+        pool = lib.client.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections + PUBSUB_CONNECTIONS,
             timeout=pool_timeout_s,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            retry=lib.retry(lib.no_backoff(), 1, supported_errors=(lib.connection_error,)),
             decode_responses=True,
         )
-        self._redis = aioredis.Redis.from_pool(pool)
+        self._redis = lib.client.Redis.from_pool(pool)
         self._slots = asyncio.Semaphore(max_connections)
         self._pool_timeout_s = pool_timeout_s
         self._outages = 0  # commands that failed for an outage; a waiter seeing it move gives up at once
@@ -114,12 +135,12 @@ class RedisStore:
                 raise StoreError("redis: failed while this command waited for a connection")
             async with asyncio.timeout(self._deadline_s):
                 return await op
-        except ResponseError as exc:
-            if not _outage(exc):
+        except self._lib.response_error as exc:
+            if not _outage(exc, self._lib):
                 raise StoreFault(f"redis refused the command: {exc}") from exc
             self._outages += 1
             raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
-        except (RedisError, OSError, TimeoutError) as exc:
+        except self._lib.failures as exc:
             self._outages += 1
             raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
         finally:
@@ -260,8 +281,8 @@ def _discard(op: Awaitable[Any]) -> None:
         op.close()
 
 
-def _outage(exc: ResponseError) -> bool:
-    return isinstance(exc, _OUTAGE_ERRORS) or str(exc).startswith(_OUTAGE_REPLIES)
+def _outage(exc: Exception, lib: RedisLibrary) -> bool:
+    return isinstance(exc, lib.outage_errors) or str(exc).startswith(_OUTAGE_REPLIES)
 
 
 def _session(session_id: str, row: list[Any], rate_window_s: float) -> SessionState:

@@ -25,8 +25,6 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError
-
 from gateway.rollout.state import RolloutState
 from gateway.store.contract import StoreError
 from gateway.store.redis_store import RedisStore
@@ -164,12 +162,12 @@ class RedisRolloutStore(RedisStore):
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     yield None if message is None else str(message["data"])
-            except (RedisError, OSError, TimeoutError) as exc:
+            except self._lib.failures as exc:
                 raise StoreError(f"redis pub/sub: {type(exc).__name__}: {exc}") from exc
         finally:
-            await _quietly_close(pubsub)
+            await _quietly_close(pubsub, self._lib.failures)
 
 
-async def _quietly_close(pubsub: Any) -> None:
-    with contextlib.suppress(RedisError, OSError, TimeoutError):  # the connection may already be gone
+async def _quietly_close(pubsub: Any, failures: tuple[type[BaseException], ...]) -> None:
+    with contextlib.suppress(*failures):  # the connection may already be gone
         await pubsub.aclose()

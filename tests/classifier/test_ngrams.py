@@ -14,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.classifier import ngrams
-from gateway.classifier.ngrams import SHORT_TEXT_CHARS, CharNgrams, NgramWeights, home_slots, open_addressing
+from gateway.classifier.ngrams import NgramWeights
+from gateway.classifier.packed import home_slots, open_addressing
 from gateway.classifier.scoring import Classifier
+from gateway.classifier.vocabulary import SHORT_TEXT_CHARS, CharNgrams
 
 needs_native = pytest.mark.skipif(ngrams.native is None, reason="the optional C extension did not build")
 

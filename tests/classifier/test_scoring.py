@@ -13,8 +13,9 @@ import pytest
 from sklearn.feature_extraction.text import CountVectorizer
 
 from gateway.classifier.evaluation import compare_routers, routing_curve, summarize
-from gateway.classifier.ngrams import SHORT_TEXT_CHARS, CharNgrams, NgramWeights, PackedVocabulary
+from gateway.classifier.ngrams import NgramWeights
 from gateway.classifier.options import TrainingOptions
+from gateway.classifier.packed import PackedVocabulary
 from gateway.classifier.scoring import Calibration, Classifier, ModelFileError
 from gateway.classifier.training import (
     Example,
@@ -25,6 +26,7 @@ from gateway.classifier.training import (
     tune_length_boost,
     with_length_boost,
 )
+from gateway.classifier.vocabulary import SHORT_TEXT_CHARS, CharNgrams
 from gateway.features import Features, extract
 from tests.fixtures.classifier_data import synthetic_rows
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import aiohttp
 
-from gateway.classifier.ngrams import CharNgrams
 from gateway.classifier.scoring import Classifier
+from gateway.classifier.vocabulary import CharNgrams
 from tests.fixtures.stack import ADMIN_TOKEN
 
 HELLO = [{"role": "user", "content": "hello there"}]

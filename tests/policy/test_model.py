@@ -141,8 +141,8 @@ def test_missing_calibration_file_is_located(tmp_path: Path) -> None:
 
 def _constant_model(path: Path, logit: float) -> Path:
     """A classifier artifact whose score is sigmoid(logit) for every request."""
-    from gateway.classifier.ngrams import CharNgrams
     from gateway.classifier.scoring import Classifier
+    from gateway.classifier.vocabulary import CharNgrams
 
     Classifier(CharNgrams(ngram_min=4, ngram_max=4), {}, [], logit).save(path)
     return path
