@@ -46,7 +46,7 @@ class Experiments:
     ) -> None:
         self.rollouts, self.shadows, self.log, self.classifier = rollouts, shadows, request_log, classifier
         candidates = Candidates(classifier)
-        self.mirror = Mirror(shadows, candidates, rollouts.fresh)
+        self.mirror = Mirror(shadows, candidates, rollouts.view.fresh)
         self.arm = RolloutArm(rollouts, candidates, self.mirror, metrics)
         self.policy_shadow = PolicyShadow(candidates, metrics)
 
@@ -66,7 +66,7 @@ class Experiments:
         enrollment = Enrollment(ex, call, decision, ctx.complexity)
         if not policy.experimental:
             return enrollment
-        index = self.rollouts.index(policy)
+        index = self.rollouts.view.index(policy)
         route = call.features.requested_model
         spec, shadows = index.rollouts.get(route), index.shadows.get(route, ())
         key = request_key(spec.key if spec else DEFAULT_KEY, call) if spec or shadows else None

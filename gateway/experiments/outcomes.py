@@ -18,13 +18,13 @@ from gateway.telemetry import metrics as t
 
 
 class CohortCounts(Protocol):
-    """Where a session's outcome counts toward its rollout's guards (experiments.rollouts.Rollouts)."""
+    """Where a session's outcome counts toward its rollout's guards (experiments.rollout_counters.RolloutCounters)."""
 
     def count_outcome(self, rollout_id: str, run: int, window: int, fields: dict[str, int]) -> None: ...
 
 
 class Outcomes:
-    """Writes reports and counts them; `rollouts` is wired once the experiments exist (None: no rollouts).
+    """Writes reports and counts them; `counters` is wired once the experiments exist (None: no rollouts).
 
     An agent reports right after its last step, before the recorder has written that step (it flushes every
     FLUSH_S): a report first waits for this process's queued steps (`settle`), so the outcome is given the
@@ -35,7 +35,7 @@ class Outcomes:
     def __init__(self, store: TrajectoryStore, metrics: t.Metrics, clock: Callable[[], float] = time.time,
                  settle: Callable[[], Awaitable[None]] | None = None, flush_s: float = 0.1) -> None:
         self.store, self.series, self.clock, self.settle, self.flush_s = store, metrics.agents, clock, settle, flush_s
-        self.rollouts: CohortCounts | None = None
+        self.counters: CohortCounts | None = None
 
     async def report(self, tenant: str, session_ids: list[str], outcome: Outcome, *,
                      wait: bool = True) -> Summary | None:
@@ -71,7 +71,7 @@ class Outcomes:
             self.series.outcome_steps.labels(*labels).inc(outcome.steps)
         else:
             self.series.outcomes_replaced.labels(route, replaced.word, outcome.word).inc()
-        if self.rollouts is None:
+        if self.counters is None:
             return
         if replaced is not None:  # the earlier report's counts are taken back where they were given
             self._to_cohort(replaced, -1)
@@ -79,7 +79,7 @@ class Outcomes:
 
     def _to_cohort(self, outcome: Outcome, sign: int) -> None:
         membership = Membership.decode(outcome.rollout) if outcome.rollout else None
-        if membership is None or self.rollouts is None or membership.cohort not in Cohort._value2member_map_:
+        if membership is None or self.counters is None or membership.cohort not in Cohort._value2member_map_:
             return
         fields = outcome_fields(Cohort(membership.cohort), OutcomeSample(outcome.success, outcome.cost_usd), sign)
-        self.rollouts.count_outcome(membership.rollout_id, membership.run, membership.window, fields)
+        self.counters.count_outcome(membership.rollout_id, membership.run, membership.window, fields)

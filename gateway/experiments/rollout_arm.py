@@ -27,14 +27,14 @@ class RolloutArm:
         self.arms = metrics.rollout_requests
 
     async def assign(self, enrollment: Enrollment, spec: RolloutSpec, key: str | None, ctx: Context) -> None:
-        rollouts = self._rollouts
-        state = rollouts.state(spec)
+        view = self._rollouts.view
+        state = view.state(spec)
         if state is None:  # no rollout running, or this replica's view is stale: stable, unmeasured
-            known = rollouts.view.known(spec.route or "")
-            if known is not None and known.shadow_pct > 0 and not rollouts.fresh():
+            known = view.known(spec.route or "")
+            if known is not None and known.shadow_pct > 0 and not view.fresh():
                 self._mirror.shadows.drop(spec.candidate, "stale_state")
             return
-        arm = (await rollouts.arms.arm(state, key)).arm
+        arm = (await self._rollouts.arms.arm(state, key)).arm
         # A request the candidate may not serve (admission, health, context window…) stays on stable in
         # either arm, unmeasured: both cohorts then hold only requests the candidate could have taken.
         candidate = self._candidates.serving(enrollment, spec.candidate, ctx) if arm is not Arm.STABLE else None
@@ -46,7 +46,8 @@ class RolloutArm:
         elif arm is Arm.CONTROL and candidate is not None:
             enrollment.measure(spec, state, Cohort.CONTROL)
         if shadow_sampled(state, arm, key):
-            self._mirror.prepare(enrollment, spec.candidate, ctx, ShadowLimits(), rollouts.samples_key(state))
+            samples_key = self._rollouts.counters.samples_key(state)
+            self._mirror.prepare(enrollment, spec.candidate, ctx, ShadowLimits(), samples_key)
 
     def sample(self, enrollment: Enrollment, finish: Finish) -> None:
         """Count a served request of a measured cohort into it (a candidate call that failed over is an error)."""
@@ -60,7 +61,7 @@ class RolloutArm:
         ttft_ms, total_ms = finish.ttft_ms, finish.total_ms
         tpot = (total_ms - ttft_ms) / (tokens - 1) if ttft_ms is not None and tokens >= 2 else None
         sample = Sample(error, enrollment.features.prompt_tokens, ttft_ms if ttft_ms is not None else total_ms, tpot)
-        self._rollouts.record(spec.route or "", spec, state, cohort, sample)
+        self._rollouts.counters.record(spec.route or "", spec, state, cohort, sample)
 
 
 def request_key(chain: tuple[str, ...], call: Call) -> str | None:

@@ -1,10 +1,12 @@
 """The live rollouts of one gateway process: its view of the states, the sessions' arms, the cohort counters and
-the leader, and the three background tasks that keep them going.
+the leader, composed, and the three background tasks that keep them going. Callers reach each part by its
+attribute and call it there (`rollouts.view.state(spec)`, `rollouts.counters.record(...)`); `Rollouts` itself
+only starts, flushes and closes.
 
-    rollout_view.py      every route's state as last read (decoded once a read), served from without I/O
-    session_arms.py      a request's arm; a session's first arm recorded and renewed by its steps
-    rollout_counters.py  each cohort's outcome counters, batched into the store
-    rollout_leader.py    the writes: the leader's tick, the instant abort, the manual operations (CAS)
+    view      rollout_view.py      every route's state as last read (decoded once a read), served from without I/O
+    arms      session_arms.py      a request's arm; a session's first arm recorded and renewed by its steps
+    counters  rollout_counters.py  each cohort's outcome counters, batched into the store
+    leader    rollout_leader.py    the writes: the leader's tick, the instant abort, the manual operations (CAS)
 
 Every replica follows the states (on each pub/sub message and at least once a second) and serves from its
 last good read; only the leader steps; any replica may abort at once when the counters it has just written
@@ -21,13 +23,9 @@ from collections.abc import Awaitable, Callable
 
 from gateway.experiments.rollout_counters import RolloutCounters
 from gateway.experiments.rollout_leader import RolloutLeader
-from gateway.experiments.rollout_view import Index, RolloutView
+from gateway.experiments.rollout_view import RolloutView
 from gateway.experiments.session_arms import SessionArms
 from gateway.policy.model import Policy
-from gateway.rollout.assignment import Assignment
-from gateway.rollout.samples import Cohort, Observations, PairOutcome, ProcessSample, Sample
-from gateway.rollout.spec import RolloutSpec
-from gateway.rollout.state import RolloutState
 from gateway.rollout.step import TICK_S
 from gateway.store.contract import StoreError
 from gateway.store.rollouts import RolloutKeys, RolloutStore
@@ -39,7 +37,8 @@ FLUSH_S = 0.1  # counters are batched this long: the instant abort sees a breach
 
 
 class Rollouts:
-    """The composition the request path, the admin API and the recorders call; owns the background tasks."""
+    """The four parts, composed, and the owner of their background tasks. Callers use the part that does the
+    job: `view` (state, fresh, index), `arms` (arm), `counters` (record, observe…), `leader` (current, operate)."""
 
     def __init__(
         self,
@@ -50,71 +49,12 @@ class Rollouts:
         prefix: str = "ag",
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.keys = RolloutKeys(prefix)
+        keys = RolloutKeys(prefix)
         self.view = RolloutView(store, current, metrics)
-        self.arms = SessionArms(store, self.keys)
-        self.counters = RolloutCounters(store, self.keys)
+        self.arms = SessionArms(store, keys)
+        self.counters = RolloutCounters(store, keys)
         self.leader = RolloutLeader(store, self.view, self.counters, current, metrics, clock)
         self._tasks: list[asyncio.Task[None]] = []
-
-    # --- reading (the view) ---
-
-    def index(self, policy: Policy) -> Index:
-        return self.view.index(policy)
-
-    def fresh(self) -> bool:
-        return self.view.fresh()
-
-    def state(self, spec: RolloutSpec) -> RolloutState | None:
-        return self.view.state(spec)
-
-    async def arm(self, state: RolloutState, key: str | None) -> Assignment:
-        return await self.arms.arm(state, key)
-
-    # --- counting ---
-
-    def samples_key(self, state: RolloutState) -> str:
-        return self.counters.samples_key(state)
-
-    def record(self, route: str, spec: RolloutSpec, state: RolloutState, cohort: Cohort, sample: Sample) -> None:
-        self.counters.record(route, spec, state, cohort, sample)
-
-    def record_process(
-        self, route: str, spec: RolloutSpec, state: RolloutState, cohort: Cohort, sample: ProcessSample
-    ) -> None:
-        self.counters.record_process(route, spec, state, cohort, sample)
-
-    def count_outcome(self, rollout_id: str, run: int, window: int, fields: dict[str, int]) -> None:
-        self.counters.count_outcome(rollout_id, run, window, fields)
-
-    def record_outcome(self, samples_key: str, outcome: PairOutcome) -> None:
-        self.counters.record_outcome(samples_key, outcome)
-
-    async def observe(self, state: RolloutState) -> Observations:
-        return await self.counters.observe(state)
-
-    # --- the admin API's reads and writes (the leader) ---
-
-    @property
-    def owner(self) -> str:
-        return self.leader.owner
-
-    @property
-    def leading(self) -> bool:
-        return self.leader.leading
-
-    async def current(self, route: str, spec: RolloutSpec) -> RolloutState:
-        return await self.leader.current(route, spec)
-
-    async def operate(
-        self, route: str, spec: RolloutSpec, change: Callable[[RolloutState], RolloutState]
-    ) -> RolloutState:
-        return await self.leader.operate(route, spec, change)
-
-    # --- background tasks ---
-
-    async def tick(self) -> None:
-        await self.leader.tick()
 
     async def flush(self) -> None:
         """Renew the arms stepped on and write the batched counters; a batch that proves a hard error-rate
@@ -126,7 +66,7 @@ class Rollouts:
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self.view.follow(), name="rollout-sync"),
-            loop.create_task(_every(TICK_S, self.tick), name="rollout-ticker"),
+            loop.create_task(_every(TICK_S, self.leader.tick), name="rollout-ticker"),
             loop.create_task(_every(FLUSH_S, self.flush), name="rollout-flush"),
         ]
 

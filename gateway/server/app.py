@@ -221,7 +221,8 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
     # Labels keep prompts only with the request log's own opt-in (AGENT_GATEWAY_REQUEST_LOG_PROMPTS=1).
     labeller = Labeller(app[POOL], app[STORES].labels, metrics, lambda: policy_file.current,
                         prompts=bool(settings.request_log_prompts))
-    shadows = Shadows(app[POOL], app[STORES].pairs, metrics, on_outcome=rollouts.record_outcome, on_pair=labeller.offer)
+    shadows = Shadows(app[POOL], app[STORES].pairs, metrics, on_outcome=rollouts.counters.record_outcome,
+                      on_pair=labeller.offer)
     request_log = None
     if settings.request_log:
         request_log = RequestLog(settings.request_log, prompts=bool(settings.request_log_prompts))
@@ -239,7 +240,8 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
 async def _trajectories(app: web.Application) -> AsyncIterator[None]:
     settings, telemetry, policy_file = app[SETTINGS], app[TELEMETRY], app[POLICY_FILE]
     trajectories = Trajectories(app[STORES].trajectories, lambda: policy_file.current, telemetry.metrics,
-                                app[EXPERIMENTS].rollouts.record_process, keep_text=bool(settings.request_log_prompts))
+                                app[EXPERIMENTS].rollouts.counters.record_process,
+                                keep_text=bool(settings.request_log_prompts))
     app[TRAJECTORIES] = trajectories
     trajectories.start()
     yield

@@ -88,10 +88,10 @@ def _share_targets(request: web.Request, policy: Policy) -> list[dict[str, Any]]
 
 def _rollout_targets(request: web.Request, policy: Policy, arms: Counts) -> list[dict[str, Any]]:
     """Each rollout's candidate weight (as this server applies it) against the candidate arm's share."""
-    rollouts = request.app[EXPERIMENTS].rollouts
+    view = request.app[EXPERIMENTS].rollouts.view
     found = []
-    for route, spec in rollouts.index(policy).rollouts.items():
-        state = rollouts.state(spec)
+    for route, spec in view.index(policy).rollouts.items():
+        state = view.state(spec)
         counted = arms.by("arm", where={"route": route})
         total = sum(counted.values())
         found.append({"kind": "rollout", "route": route, "candidate": spec.candidate,

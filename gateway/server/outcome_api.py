@@ -68,7 +68,7 @@ async def figures(request: web.Request) -> web.Response:
 
 async def _wire(app: web.Application) -> None:
     """Outcomes of sessions measured in a rollout cohort count toward its guards."""
-    app[TRAJECTORIES].outcomes.rollouts = app[EXPERIMENTS].rollouts
+    app[TRAJECTORIES].outcomes.counters = app[EXPERIMENTS].rollouts.counters
 
 
 def install(app: web.Application) -> None:

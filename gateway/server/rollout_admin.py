@@ -40,7 +40,7 @@ def _experiments(request: web.Request) -> Experiments:
 
 def _spec(request: web.Request, route: str) -> RolloutSpec:
     policy = request.app[POLICY_FILE].current
-    spec = _experiments(request).rollouts.index(policy).rollouts.get(route)
+    spec = _experiments(request).rollouts.view.index(policy).rollouts.get(route)
     if spec is None:
         routes = ", ".join(r.route or "" for r in policy.rollouts) or "none"
         raise NotFound(
@@ -52,8 +52,8 @@ def _spec(request: web.Request, route: str) -> RolloutSpec:
 
 async def _status(experiments: Experiments, route: str, spec: RolloutSpec) -> dict[str, Any]:
     with reported_as_unavailable("The rollout store"):
-        state = await experiments.rollouts.current(route, spec)
-        obs = await experiments.rollouts.observe(state)
+        state = await experiments.rollouts.leader.current(route, spec)
+        obs = await experiments.rollouts.counters.observe(state)
     return {
         "route": route,
         **rollout.status(spec, state, obs, time.time()),
@@ -63,12 +63,12 @@ async def _status(experiments: Experiments, route: str, spec: RolloutSpec) -> di
 
 def _applied(experiments: Experiments, spec: RolloutSpec) -> dict[str, Any]:
     """What this replica serves by right now (its last read of the state), to check replicas agree."""
-    ro = experiments.rollouts
-    served = ro.state(spec)
+    view, leader = experiments.rollouts.view, experiments.rollouts.leader
+    served = view.state(spec)
     return {
-        "id": ro.owner,
-        "leading": ro.leading,
-        "fresh": ro.fresh(),
+        "id": leader.owner,
+        "leading": leader.leading,
+        "fresh": view.fresh(),
         "generation": None if served is None else served.generation,
         "phase": None if served is None else served.phase.value,
         "weight_pct": 0.0 if served is None else served.weight_pct,
@@ -77,7 +77,7 @@ def _applied(experiments: Experiments, spec: RolloutSpec) -> dict[str, Any]:
 
 async def list_rollouts(request: web.Request) -> web.Response:
     experiments = _experiments(request)
-    specs = experiments.rollouts.index(request.app[POLICY_FILE].current).rollouts
+    specs = experiments.rollouts.view.index(request.app[POLICY_FILE].current).rollouts
     return web.json_response({route: await _status(experiments, route, spec) for route, spec in specs.items()})
 
 
@@ -90,7 +90,7 @@ async def history(request: web.Request) -> web.Response:
     route = request.match_info["route"]
     spec = _spec(request, route)
     with reported_as_unavailable("The rollout store"):
-        state = await _experiments(request).rollouts.current(route, spec)
+        state = await _experiments(request).rollouts.leader.current(route, spec)
     return web.json_response([t.to_dict() for t in state.history])
 
 
@@ -106,7 +106,7 @@ async def act(request: web.Request) -> web.Response:
     actor, reason, generation = _action_body(await request.read())
     experiments = _experiments(request)
     with reported_as_unavailable("The rollout store"):
-        await experiments.rollouts.operate(
+        await experiments.rollouts.leader.operate(
             route, spec, lambda st: operation(spec, st, actor, reason, generation, time.time())
         )
     return web.json_response(await _status(experiments, route, spec))

@@ -44,7 +44,7 @@ async def test_a_request_gets_its_arm_shadow_and_policy_shadow_then_its_sample_a
     enrollment.forwarded, enrollment.ex.deployment = True, "hq-v2"
     experiments.finished(enrollment, 200)
     await rollouts.flush()
-    assert (await rollouts.observe(state)).candidate.requests == 1
+    assert (await rollouts.counters.observe(state)).candidate.requests == 1
     await log.flush()
     line = json.loads((tmp_path / "requests.jsonl").read_text())
     assert (line["arm"], line["served_by"], line["status"]) == ("candidate", "hq-v2", 200)

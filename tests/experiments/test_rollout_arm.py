@@ -30,12 +30,12 @@ ROLLOUT = {"rollouts": [{"id": "r1", "route": "hq", "candidate": "deployment:hq-
 async def _arm(weight_pct: float) -> tuple[RolloutArm, Rollouts, Policy, RolloutSpec, RolloutState]:
     policy, store, metrics = policy_of(ROLLOUT), MemoryRolloutStore(), make_metrics()
     rollouts = Rollouts(store, lambda: policy, metrics)
-    spec = rollouts.index(policy).rollouts["hq"]
+    spec = rollouts.view.index(policy).rollouts["hq"]
     state = dataclasses.replace(start("r1", 0.0), weight_pct=weight_pct)
     await store.write_state("hq", -1, state, 0)
     await rollouts.view.refresh()
     candidates = Candidates(None)
-    mirror = Mirror(Shadows(Pool(), MemoryShadowPairStore(), metrics), candidates, rollouts.fresh)
+    mirror = Mirror(Shadows(Pool(), MemoryShadowPairStore(), metrics), candidates, rollouts.view.fresh)
     return RolloutArm(rollouts, candidates, mirror, metrics), rollouts, policy, spec, state
 
 
@@ -83,7 +83,7 @@ async def test_only_a_served_request_is_counted_and_a_failover_counts_as_an_erro
         enrollment.ex.deployment = answered_by or ""
         arm.sample(enrollment, Finish.of(enrollment, status))
         await rollouts.flush()
-        obs = await rollouts.observe(state)
+        obs = await rollouts.counters.observe(state)
         counted.append((obs.candidate.requests, obs.candidate.errors))
     assert counted == [(1, 0), (2, 1), (2, 1)]  # the failed-over one is an error; the refused one not counted
 
@@ -105,5 +105,5 @@ async def test_a_call_whose_stream_another_deployment_finished_is_an_error_of_it
     enrollment.ex.parts = [("hq-v2", None, Usage(11, 4))]  # it broke mid-answer; a resume finished the stream
     arm.sample(enrollment, Finish.of(enrollment, 200))
     await rollouts.flush()
-    obs = await rollouts.observe(state)
+    obs = await rollouts.counters.observe(state)
     assert (obs.candidate.requests, obs.candidate.errors) == (1, 1)

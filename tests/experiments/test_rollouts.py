@@ -24,16 +24,16 @@ def _policy() -> Policy:
 async def test_a_flush_that_proves_a_breach_aborts_the_rollout_served_by() -> None:
     store, policy = MemoryRolloutStore(), _policy()
     rollouts = Rollouts(store, lambda: policy, make_metrics())
-    spec = rollouts.index(policy).rollouts["hq"]
-    await rollouts.tick()  # started
-    await rollouts.tick()  # at 50 %
+    spec = rollouts.view.index(policy).rollouts["hq"]
+    await rollouts.leader.tick()  # started
+    await rollouts.leader.tick()  # at 50 %
     await rollouts.view.refresh()
-    state = rollouts.state(spec)
+    state = rollouts.view.state(spec)
     assert state is not None and state.weight_pct == 50.0
     for i in range(200):
-        rollouts.record("hq", spec, state, Cohort.CANDIDATE, Sample(i % 2 == 0, 10, 50.0, None))
+        rollouts.counters.record("hq", spec, state, Cohort.CANDIDATE, Sample(i % 2 == 0, 10, 50.0, None))
     await rollouts.flush()
-    aborted = await rollouts.current("hq", spec)
+    aborted = await rollouts.leader.current("hq", spec)
     assert aborted.phase is Phase.ABORTED
     assert "error_rate_slo" in aborted.history[-1].reason
 
@@ -41,8 +41,8 @@ async def test_a_flush_that_proves_a_breach_aborts_the_rollout_served_by() -> No
 async def test_close_writes_the_counts_still_pending() -> None:
     store, policy = MemoryRolloutStore(), _policy()
     rollouts = Rollouts(store, lambda: policy, make_metrics())
-    spec = rollouts.index(policy).rollouts["hq"]
-    state = dataclasses.replace(await rollouts.current("hq", spec), weight_pct=50.0)
-    rollouts.record("hq", spec, state, Cohort.CONTROL, Sample(False, 10, 50.0, None))
+    spec = rollouts.view.index(policy).rollouts["hq"]
+    state = dataclasses.replace(await rollouts.leader.current("hq", spec), weight_pct=50.0)
+    rollouts.counters.record("hq", spec, state, Cohort.CONTROL, Sample(False, 10, 50.0, None))
     await rollouts.close()
-    assert (await rollouts.observe(state)).control.requests == 1
+    assert (await rollouts.counters.observe(state)).control.requests == 1
