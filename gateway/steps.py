@@ -24,6 +24,8 @@ ERROR_MARKERS = re.compile(
     r"\b(error|exception|traceback|failed|failure|not found|denied|forbidden|timed out|invalid)\b|\"error\"\s*:",
     re.IGNORECASE,
 )
+# JSON bodies hold dicts: isinstance tests dict first, and only anything else reaches the Mapping ABC's slow check.
+_MAPPING = (dict, Mapping)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,7 @@ def read_step(body: Mapping[str, Any]) -> AgentStep | None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return None
-    recent = [m for m in messages[-MAX_MESSAGES:] if isinstance(m, (dict, Mapping))]  # dict: no ABC check
+    recent = [m for m in messages[-MAX_MESSAGES:] if isinstance(m, _MAPPING)]
     if not recent:
         return None
     assistant_turns = sum(1 for m in recent if m.get("role") == "assistant")
@@ -66,25 +68,37 @@ def _tool_error(messages: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _repeats(messages: Sequence[Mapping[str, Any]]) -> int:
-    """The run length of the latest tool call at the end of the trajectory (0: the agent called no tool)."""
+    """The run length of the latest tool call at the end of the trajectory (0: the agent called no tool).
+
+    Walked back from the latest call, each one made canonical only when its name matches and its arguments
+    differ as written: an agent's history of dozens of calls costs two or three JSON round trips, not one each.
+    """
     calls = [call for m in messages if m.get("role") == "assistant" for call in _calls(m)]
     if not calls:
         return 0
-    latest, run = calls[-1], 0
-    for call in reversed(calls):
-        if call != latest:
+    name, arguments = calls[-1]
+    latest: str | None = None  # the latest call's canonical arguments, once a call needs them
+    run = 0
+    for other_name, other_arguments in reversed(calls):
+        if other_name != name:
             break
+        written_alike = isinstance(arguments, str) and other_arguments == arguments  # a dict equal by == may not be:
+        if not written_alike:  # 1, 1.0 and True are equal values that JSON writes apart
+            latest = canonical(arguments) if latest is None else latest
+            if canonical(other_arguments) != latest:
+                break
         run += 1
     return run
 
 
-def _calls(message: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """An assistant message's tool calls as (name, arguments as sent)."""
     calls = message.get("tool_calls")
     found = []
     for call in calls if isinstance(calls, list) else ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            found.append((str(function.get("name")), canonical(function.get("arguments"))))
+        function = call.get("function") if isinstance(call, _MAPPING) else None
+        if isinstance(function, _MAPPING):
+            found.append((str(function.get("name")), function.get("arguments")))
     return found
 
 
@@ -111,5 +125,5 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, _MAPPING))
     return "" if content is None else str(content)

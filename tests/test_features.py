@@ -275,3 +275,25 @@ def test_a_record_of_the_features_keeps_what_a_user_wrote_only_when_asked() -> N
     record = features.as_record()
     assert "last_user_text" not in record and record["message_count"] == 1 and record["endpoint"] == "chat"
     assert features.as_record(with_prompt=True)["last_user_text"] == "my secret plan"
+
+
+TOOLS = [{"type": "function", "function": {"name": "réserver", "description": "Book a table — 2 people, 8 pm ✓",
+                                          "parameters": {"type": "object", "required": ["at"], "properties": {
+                                              "at": {"type": "integer", "minimum": 0}, "vip": {"type": "boolean"},
+                                              "note": {"type": ["string", "null"]}}}}}]
+
+
+def test_tool_schemas_are_counted_as_their_compact_json() -> None:
+    f = extract(chat({"role": "user", "content": "hi"}, tools=TOOLS), "chat")
+    text = json.dumps([TOOLS, None], separators=(",", ":"), ensure_ascii=False)
+    assert f.prompt_tokens == features.count_exact("hi") + features.count_exact(text)
+
+
+def test_tool_schemas_json_cannot_encode_are_still_counted_and_never_raise() -> None:
+    surrogate = [{"type": "function", "function": {"name": "f\udc80"}}]  # json.loads accepts a lone surrogate
+    assert extract(chat({"role": "user", "content": "hi"}, tools=surrogate), "chat").prompt_tokens > 1
+    odd = [{"type": "function", "function": {"name": "f", "parameters": {1, 2}}}]  # built in-process, not JSON
+    assert extract(chat({"role": "user", "content": "hi"}, tools=odd), "chat").prompt_tokens > 1
+    circular: dict[str, Any] = {"type": "function"}
+    circular["self"] = circular
+    assert extract(chat({"role": "user", "content": "hi"}, tools=[circular]), "chat").prompt_tokens == 1

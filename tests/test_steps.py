@@ -51,6 +51,25 @@ def test_the_same_call_in_a_row_counts_however_its_json_is_spelled() -> None:
     assert read_step({"messages": changed}).repeated_calls == 1  # type: ignore[union-attr]
 
 
+# Arguments as agents send them: JSON text in other spellings, objects (the Anthropic view's input), and values that
+# are equal in Python but not in JSON (1, 1.0, True), which must not count as the same call.
+_ARGUMENTS = st.sampled_from(['{"q": "x", "n": 1}', '{"n":1,"q":"x"}', '{"q": "x", "n": 1.0}', '{"q": "x", "n": true}',
+                              '{"q": "y"}', "not json", " not json ", {"q": "x", "n": 1}, {"n": True, "q": "x"}, None])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["search", "open"]), _ARGUMENTS), max_size=12))
+def test_the_run_of_repeated_calls_is_the_run_of_equal_canonical_calls(calls: list[tuple[str, Any]]) -> None:
+    """The run walked back lazily equals the run over every call made canonical (its definition)."""
+    messages: list[dict[str, Any]] = [ASK]
+    for i, (name, arguments) in enumerate(calls):
+        messages += [{"role": "assistant", "tool_calls": [{"id": f"c{i}", "type": "function",
+                                                          "function": {"name": name, "arguments": arguments}}]},
+                     _result("ok", f"c{i}")]
+    every = [(name, canonical(arguments)) for name, arguments in calls]
+    expected = next((i for i, call in enumerate(reversed(every)) if call != every[-1]), len(every)) if every else 0
+    assert read_step({"messages": messages}).repeated_calls == expected  # type: ignore[union-attr]
+
+
 @given(st.lists(st.one_of(st.none(), st.integers(), st.text(), st.dictionaries(st.text(), st.text())), max_size=5))
 def test_odd_messages_never_raise(messages: list[Any]) -> None:
     found = read_step({"messages": messages})
