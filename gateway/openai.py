@@ -71,14 +71,18 @@ def check(body: dict[str, Any], endpoint: str) -> None:
         expect(body, "prompt", (str, list), required=True)
     else:
         expect(body, "input", (str, list), required=True)
-    expect(body, "stream", bool)
-    expect(body, "stream_options", dict)
-    expect(body, "tools", list)
-    for name in ("max_tokens", "max_completion_tokens", "n"):
-        value = expect(body, name, int)
-        if value is not None and value < 1:
-            raise BadRequest(f"'{name}' must be at least 1, got {value}", param=name)
-    expect(body, "temperature", (int, float))
+    for name, kind in _OPTIONAL_FIELDS.items():
+        if name in body:  # most are absent: only a field that is there costs a call
+            value = expect(body, name, kind)
+            if kind is int and value is not None and value < 1:
+                raise BadRequest(f"'{name}' must be at least 1, got {value}", param=name)
+
+
+# The optional fields the gateway reads, in the order they are checked; the integers are counts, at least 1.
+_OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "stream": bool, "stream_options": dict, "tools": list, "max_tokens": int, "max_completion_tokens": int, "n": int,
+    "temperature": (int, float),
+}
 
 
 def expect(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:

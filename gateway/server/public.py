@@ -1,4 +1,5 @@
-"""The public endpoints, no token needed: liveness, readiness, the Prometheus scrape and the model list."""
+"""The public endpoints: liveness, readiness and the Prometheus scrape need no token; the model list is a /v1 call,
+behind tenant keys when `auth` is on (like every /v1 call)."""
 
 from __future__ import annotations
 

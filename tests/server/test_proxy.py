@@ -118,14 +118,12 @@ async def test_streaming_keeps_usage_when_asked(stack: Stack) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 11
 
 
-async def test_completions_and_embeddings_and_models(stack: Stack) -> None:
+async def test_completions_and_embeddings(stack: Stack) -> None:
     async with stack.client() as client:
         completion = await client.completions.create(model="hq", prompt="Say hi")
         embedding = await client.embeddings.create(model="fast", input="hi")
-        models = await client.models.list()
     assert completion.model == "fake-hq"
     assert embedding.model == "fake-fast" and embedding.data[0].embedding == [0.1, 0.2]
-    assert {m.id for m in models.data} == {"auto", "hq", "fast"}
 
 
 async def test_embeddings_to_a_deployment_without_them_is_a_clear_404(stack: Stack) -> None:
@@ -269,10 +267,6 @@ async def test_no_healthy_deployment_is_503(stack: Stack) -> None:
         with pytest.raises(openai.APIStatusError) as caught:
             await client.chat.completions.create(model="auto", messages=HELLO)
     assert caught.value.status_code == 503
-    async with aiohttp.ClientSession() as http:
-        async with http.get(stack.gateway.make_url("/readyz")) as resp:
-            assert resp.status == 503
-            assert "no deployment is healthy" in (await resp.json())["problems"][0]
 
 
 async def test_deep_queue_on_fast_spills_to_hq(stack: Stack) -> None:

@@ -10,7 +10,9 @@ from typing import Any
 
 import openai
 import pytest
+from multidict import CIMultiDict
 
+from gateway.upstream.forward import forwardable
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack
 from tests.server.test_proxy import _metric
@@ -89,3 +91,12 @@ async def test_a_refused_body_is_not_kept_after_the_failover(make_stack: Any) ->
             tracemalloc.stop()
             gc.enable()
     assert grown < 2 * limit  # five bodies of a limit each were read and refused
+
+
+def test_only_end_to_end_headers_without_credentials_go_upstream_lower_cased() -> None:
+    client = CIMultiDict([("Authorization", "Bearer sk-tenant"), ("X-Api-Key", "k"), ("Cookie", "c=1"),
+                          ("Connection", "keep-alive"), ("Host", "gw"), ("Content-Length", "12"),
+                          ("Transfer-Encoding", "chunked"), ("Accept-Encoding", "gzip"), ("X-Session-Id", "s1"),
+                          ("OpenAI-Beta", "assistants=v2"), ("traceparent", "00-ab-cd-01")])
+    assert forwardable(client) == {"x-session-id": "s1", "openai-beta": "assistants=v2",
+                                   "traceparent": "00-ab-cd-01"}
