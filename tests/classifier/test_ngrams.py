@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from gateway.classifier import ngrams
 from gateway.classifier.ngrams import NgramWeights
-from gateway.classifier.packed import home_slots, open_addressing
+from gateway.classifier.packed import open_addressing
 from gateway.classifier.scoring import Classifier
 from gateway.classifier.vocabulary import SHORT_TEXT_CHARS, CharNgrams
+from tests.classifier.test_packed import sharing_a_home
 
 needs_native = pytest.mark.skipif(ngrams.native is None, reason="the optional C extension did not build")
 
@@ -148,45 +149,6 @@ def test_repeats_add_up_and_unknown_ngrams_count_for_nothing() -> None:
     assert block.logit("ababab!?") == pytest.approx(2.5 / math.sqrt(5), abs=1e-15)
     assert block.logit("ABAB") == pytest.approx(1.0, abs=1e-15)
     assert block.logit("nothing known here") == block.logit("") == block.logit("aba") == 0.0
-
-
-def probe(table_keys: np.ndarray, key: int) -> int | None:
-    """Where a linear-probing lookup from the key's home slot finds it, as the C lookup walks."""
-    slot = int(home_slots(np.array([key], dtype=np.uint64), len(table_keys).bit_length() - 1)[0])
-    while table_keys[slot] != 0:
-        if table_keys[slot] == key:
-            return slot
-        slot = (slot + 1) % len(table_keys)
-    return None
-
-
-def sharing_a_home(count: int, bits: int, home: int) -> np.ndarray:
-    """count distinct keys below 2**16 whose home slot in a table of 2**bits slots is home."""
-    candidates = np.arange(1, 1 << 16, dtype=np.uint64)
-    return candidates[home_slots(candidates, bits) == home][:count]
-
-
-@pytest.mark.parametrize("home", [0, 13, 31])  # 31, the last slot: the probes wrap around
-def test_table_holds_keys_that_share_a_home_slot(home: int) -> None:
-    rng = np.random.default_rng(home)
-    keys = np.concatenate([sharing_a_home(12, 5, home), sharing_a_home(4, 5, (home + 3) % 32)])
-    weights = rng.normal(size=len(keys))
-    table_keys, table_weights = open_addressing(keys, weights)
-    assert len(table_keys) == 32  # 16 keys, half full
-    for key, weight in zip(keys, weights, strict=True):
-        slot = probe(table_keys, int(key))
-        assert slot is not None and table_weights[slot] == weight
-    assert probe(table_keys, int(sharing_a_home(13, 5, home)[-1])) is None
-
-
-def test_table_of_many_random_keys_finds_each_and_only_them() -> None:
-    rng = np.random.default_rng(0)
-    keys = np.unique(rng.integers(1, 2**63, size=5_000, dtype=np.uint64))
-    table_keys, table_weights = open_addressing(keys, keys.astype(np.float64))
-    assert len(table_keys) == 16_384 and np.count_nonzero(table_keys) == len(keys)
-    assert all(table_weights[probe(table_keys, int(k))] == float(k) for k in keys)
-    assert probe(table_keys, 12345) is None
-    assert len(open_addressing(keys[:0], table_weights[:0])[0]) == 8  # an empty vocabulary still has slots
 
 
 @needs_native

@@ -15,7 +15,6 @@ from sklearn.feature_extraction.text import CountVectorizer
 from gateway.classifier.evaluation import compare_routers, routing_curve, summarize
 from gateway.classifier.ngrams import NgramWeights
 from gateway.classifier.options import TrainingOptions
-from gateway.classifier.packed import PackedVocabulary
 from gateway.classifier.scoring import Calibration, Classifier, ModelFileError
 from gateway.classifier.training import (
     Example,
@@ -86,20 +85,6 @@ def test_scores_equal_sklearn_predict_proba(fitted: Fitted) -> None:
     assert sum(len(model.text.preprocess(t)) > SHORT_TEXT_CHARS for t in texts) >= 20
 
 
-@pytest.mark.parametrize("sizes", [(4, 4), (3, 4), (1, 2)])
-def test_numpy_walk_equals_dict_walk(sizes: tuple[int, int]) -> None:
-    """The packed-key lookup for long texts and the dict lookup for short ones give the same logit."""
-    ngrams = CharNgrams(*sizes, max_chars=5_000, tail_chars=0)
-    rng = random.Random(sum(sizes))
-    corpus = [random_text(rng) for _ in range(200)]
-    vocabulary = sorted({g for t in corpus[:100] for g in ngrams.ngrams(ngrams.preprocess(t))})
-    block = NgramWeights(ngrams, {g: rng.gauss(0.0, 1.0) for g in vocabulary})
-    assert block._packed is not None
-    for raw in [*corpus[100:], "", "a", "\ud800 lone surrogate", "日本" * 300, " ".join(corpus)]:
-        text = ngrams.preprocess(raw)
-        assert block._packed.logit(text) == pytest.approx(block._short_logit(text), abs=1e-12)
-
-
 def test_repeats_add_up_and_unknown_ngrams_count_for_nothing() -> None:
     block = NgramWeights(CharNgrams(4, 4), {"abab": 1.0, "baba": 0.5, "zzzz": 9.0})
     # abab twice, baba once: (2 * 1.0 + 0.5) / sqrt(2**2 + 1**2); "bab!", "ab!?" are not in the vocabulary
@@ -108,15 +93,6 @@ def test_repeats_add_up_and_unknown_ngrams_count_for_nothing() -> None:
     assert block.logit("nothing known here") == 0.0
     long_text = "ababab!?" + " " * 2 + "x" * (SHORT_TEXT_CHARS + 10)  # the numpy walk, same figure
     assert block.logit(long_text) == pytest.approx(2.5 / math.sqrt(5))
-
-
-def test_alphabet_too_large_for_packed_keys_falls_back_to_the_dict_walk() -> None:
-    ngrams = CharNgrams(2, 2)  # 16-bit character ids: at most 65,534 distinct characters
-    weights = {chr(0x20000 + i) * 2: 0.001 * (i % 100) for i in range(65_535)}
-    assert PackedVocabulary.build(ngrams, weights) is None
-    block = NgramWeights(ngrams, weights)
-    text = (chr(0x20000 + 7) * 2 + " ") * 200
-    assert block.logit(text) == pytest.approx(0.007, rel=1e-9)
 
 
 def test_inputs_constant_in_training_get_no_weight(fitted: Fitted) -> None:
@@ -288,12 +264,6 @@ def test_tuned_boost_never_lowers_apgr() -> None:
     plain = compare_routers(scores, examples)["classifier"][0].apgr
     assert compare_routers(tuned, examples)["classifier"][0].apgr >= plain
     assert boost > 0  # on this data longer prompts are the hard ones
-
-
-def test_long_text_keeps_head_and_tail() -> None:
-    ngrams = CharNgrams(3, 4, max_chars=100, tail_chars=30)
-    clipped = ngrams.clip("h" * 200 + "QUESTION" + "t" * 22)
-    assert len(clipped) == 100 and clipped.startswith("h" * 70) and clipped.endswith("QUESTION" + "t" * 22)
 
 
 def test_inputs_outside_the_training_range_read_as_its_ends(fitted: Fitted) -> None:
