@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gateway.classifier.vocabulary import SHORT_TEXT_CHARS, Alphabet, CharNgrams, home_slot, table_capacity
+from gateway.classifier.vocabulary import SHORT_TEXT_CHARS, Alphabet, CharNgrams, open_addressing
 
 if TYPE_CHECKING:
     from gateway.classifier.packed import PackedVocabulary
@@ -90,14 +90,6 @@ def native_table(text: CharNgrams, weights: Mapping[str, float]) -> native.Table
         alphabet = Alphabet(weights)
     except ValueError:
         return None
-    capacity = table_capacity(len(weights))
-    bits, mask = capacity.bit_length() - 1, capacity - 1
-    keys, values = array("Q", bytes(8 * capacity)), array("d", bytes(8 * capacity))
-    for gram, weight in weights.items():
-        key = alphabet.key(gram)
-        slot = home_slot(key, bits)
-        while keys[slot] not in (0, key):
-            slot = (slot + 1) & mask
-        keys[slot], values[slot] = key, weight
+    keys, values = open_addressing([alphabet.key(gram) for gram in weights], list(weights.values()))
     code_points = array("I", map(ord, alphabet.chars))
     return native.Table(alphabet.ascii_ids(), code_points, keys, values, text.ngram_min, text.ngram_max)

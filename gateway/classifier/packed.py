@@ -1,5 +1,5 @@
 """The vocabulary as sorted integer keys, scored with numpy: the classifier's walk for long texts when the C
-extension did not build, and the reference its table is tested against. Imported only then: numpy is ~15 MiB
+extension did not build, and a reference the C logit is tested against. Imported only then: numpy is ~15 MiB
 resident that a gateway scoring through the extension does not need.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import numpy.typing as npt
 
-from gateway.classifier.vocabulary import HASH_MULTIPLIER, MAX_NGRAM, Alphabet, CharNgrams
+from gateway.classifier.vocabulary import MAX_NGRAM, Alphabet, CharNgrams
 
 IdArray = npt.NDArray[np.uint64]
 FloatArray = npt.NDArray[np.float64]
@@ -86,34 +86,3 @@ class PackedVocabulary:
         if not len(counts):
             return 0.0
         return float(counts.dot(self.key_weights[position[known]])) / math.sqrt(float(counts.dot(counts)))
-
-
-HASH_MULTIPLIER_64 = np.uint64(HASH_MULTIPLIER)
-
-
-def home_slots(keys: IdArray, bits: int) -> IdArray:
-    """Where each key's lookup starts in a table of 2**bits slots, exactly as gateway/classifier/_ngram_score.c."""
-    return (keys * HASH_MULTIPLIER_64) >> np.uint64(64 - bits)
-
-
-def open_addressing(keys: IdArray, weights: FloatArray) -> tuple[IdArray, FloatArray]:
-    """Distinct nonzero keys and their weights as a linear-probing table at most half full (key 0: empty).
-
-    Placed in rounds: in round r each key still waiting tries its home slot + r, and each free slot takes
-    one of the keys that tried it. A key thus moves past taken slots only, as a lookup from its home expects.
-    """
-    capacity = 1 << max(3, (2 * len(keys) - 1).bit_length())
-    table_keys = np.zeros(capacity, dtype=np.uint64)
-    table_weights = np.zeros(capacity, dtype=np.float64)
-    home = home_slots(keys, capacity.bit_length() - 1)
-    waiting, step = np.arange(len(keys)), 0
-    while len(waiting):
-        slots = (home[waiting] + np.uint64(step)) & np.uint64(capacity - 1)
-        free = np.flatnonzero(table_keys[slots] == 0)
-        taken, first = np.unique(slots[free], return_index=True)  # one key per contested slot
-        placed = free[first]
-        table_keys[taken] = keys[waiting[placed]]
-        table_weights[taken] = weights[waiting[placed]]
-        waiting = np.delete(waiting, placed)
-        step += 1
-    return table_keys, table_weights

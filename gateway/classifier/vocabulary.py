@@ -7,7 +7,7 @@ import functools
 import operator
 import re
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 # sklearn's char analyzer collapses runs of whitespace (not single newlines) to one space.
@@ -106,3 +106,17 @@ def home_slot(key: int, bits: int) -> int:
 def table_capacity(keys: int) -> int:
     """Slots for this many keys: a power of two at least twice as many (the C table's load factor <= 0.5)."""
     return 1 << max(3, (2 * keys - 1).bit_length())
+
+
+def open_addressing(keys: Sequence[int], weights: Sequence[float]) -> tuple[array[int], array[float]]:
+    """Distinct nonzero keys and their weights as the C table's slots: linear probing, at most half full (key 0
+    marks an empty slot), each key at its home slot or the first free one after it, where a lookup finds it."""
+    capacity = table_capacity(len(keys))
+    bits, mask = capacity.bit_length() - 1, capacity - 1
+    table_keys, table_weights = array("Q", bytes(8 * capacity)), array("d", bytes(8 * capacity))
+    for key, weight in zip(keys, weights, strict=True):
+        slot = home_slot(key, bits)
+        while table_keys[slot] not in (0, key):
+            slot = (slot + 1) & mask
+        table_keys[slot], table_weights[slot] = key, weight
+    return table_keys, table_weights

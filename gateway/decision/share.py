@@ -88,7 +88,7 @@ class RouteScores:
         scores = sorted(self.scores)  # numpy's partition is faster, but numpy costs the process ~15 MiB
         low, high = interquartile(scores)
         for share, target in self.targets.items():
-            target.step = STEP_IQR * max(float(high - low), 1e-9)
+            target.step = STEP_IQR * max(high - low, 1e-9)
             if target.live_threshold is None:
                 target.live_threshold = top_share_threshold(scores, share)
             self.thresholds[share] = target.live_threshold

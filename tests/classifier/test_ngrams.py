@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 
 from gateway.classifier import ngrams
 from gateway.classifier.ngrams import NgramWeights
-from gateway.classifier.packed import open_addressing
 from gateway.classifier.scoring import Classifier
-from gateway.classifier.vocabulary import SHORT_TEXT_CHARS, CharNgrams
-from tests.classifier.test_packed import sharing_a_home
+from gateway.classifier.vocabulary import SHORT_TEXT_CHARS, CharNgrams, open_addressing
+from tests.classifier.test_vocabulary import sharing_a_home
 
 needs_native = pytest.mark.skipif(ngrams.native is None, reason="the optional C extension did not build")
 
@@ -156,20 +155,20 @@ def test_repeats_add_up_and_unknown_ngrams_count_for_nothing() -> None:
 def test_c_lookup_walks_past_colliding_keys(home: int) -> None:
     """1-grams whose keys are their ids: a text of those characters looks up each one past its collisions."""
     keys = sharing_a_home(16, 5, home)
-    weights = np.linspace(-1.0, 1.0, len(keys))
-    alphabet = np.arange(0x4E00, 0x4E00 + int(keys.max()), dtype=np.uint32)  # id i is chr(0x4E00 + i - 1)
+    weights = np.linspace(-1.0, 1.0, len(keys)).tolist()
+    alphabet = np.arange(0x4E00, 0x4E00 + max(keys), dtype=np.uint32)  # id i is chr(0x4E00 + i - 1)
     table = ngrams.native.Table(
         np.full(128, len(alphabet) + 1, np.uint16), alphabet, *open_addressing(keys, weights), 1, 1
     )
-    chars = [chr(0x4E00 + int(k) - 1) for k in keys]
-    text = "".join(chars * 2) + chars[3] + "abc" + chr(0x4E00 + int(keys.max()) + 5)
+    chars = [chr(0x4E00 + k - 1) for k in keys]
+    text = "".join(chars * 2) + chars[3] + "abc" + chr(0x4E00 + max(keys) + 5)
     counts = Counter(text)
     expected = sum(weights[i] * counts[c] for i, c in enumerate(chars)) / math.sqrt(sum(counts[c] ** 2 for c in chars))
     assert table.logit(text) == pytest.approx(expected, abs=1e-12)
 
 
-def valid_arrays() -> dict[str, np.ndarray]:
-    keys, weights = open_addressing(np.array([1, 2 | 3 << 16], np.uint64), np.array([0.5, -0.25]))
+def valid_arrays() -> dict[str, object]:
+    keys, weights = open_addressing([1, 2 | 3 << 16], [0.5, -0.25])
     ascii_ids = np.full(128, 4, np.uint16)  # ASCII characters take this table, not the alphabet's search
     ascii_ids[[97, 98, 99]] = [1, 2, 3]
     return {
