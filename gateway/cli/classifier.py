@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# numpy is imported inside the commands that use it: `serve` parses this CLI, and a serving gateway never needs
+# numpy (~15 MiB resident; tests/server/test_serving_imports.py).
 from gateway.classifier.inputs import INPUTS
 from gateway.classifier.options import DEFAULT_OPTIONS, TARGETS, TrainingOptions
 from gateway.classifier.scoring import Calibration, Classifier, ModelFileError
@@ -199,13 +201,6 @@ def _training_code() -> ModuleType:
     return classifier_train
 
 
-def _numpy() -> ModuleType:
-    """numpy, imported when a classifier command runs: not at parse time, so `serve` never loads it (~20 MiB)."""
-    import numpy
-
-    return numpy
-
-
 def _evaluation_code() -> ModuleType:
     from gateway.classifier import evaluation
 
@@ -306,7 +301,7 @@ def run_score(args: argparse.Namespace) -> int:
 
 @_guarded
 def run_eval(args: argparse.Namespace) -> int:
-    np = _numpy()
+    import numpy as np
     if sum((args.cv is not None, bool(args.model), args.leave_one_out)) > 1:
         raise DataError("use one of --model, --cv and --leave-one-out")
     if args.cv is not None and args.cv < 2:
@@ -329,7 +324,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _print_figures(examples: list[Example], scores: Any, plot_path: str | None) -> dict[str, Any]:
-    np = _numpy()
+    import numpy as np
     evaluation = _evaluation_code()
     results = evaluation.compare_routers(np.asarray(scores, dtype=np.float64), examples)
     strong = float(np.mean([e.q_strong for e in examples]))
@@ -343,8 +338,8 @@ def _print_figures(examples: list[Example], scores: Any, plot_path: str | None) 
 
 
 def _print_datasets(examples: list[Example], scores: Any, plot_path: str | None) -> dict[str, Any]:
-    np = _numpy()
     """The table per dataset and on the mixed stream (plotted when asked); the figures as a dict."""
+    import numpy as np
     evaluation = _evaluation_code()
     tables = evaluation.by_dataset(np.asarray(scores, dtype=np.float64), examples)
     for line in evaluation.dataset_report(tables):
@@ -362,7 +357,7 @@ def _print_datasets(examples: list[Example], scores: Any, plot_path: str | None)
 
 @_guarded
 def run_calibrate(args: argparse.Namespace) -> int:
-    np = _numpy()
+    import numpy as np
     if not 0.0 <= args.target_hq_share <= 1.0:
         raise DataError(f"--target-hq-share must be within [0, 1], got {args.target_hq_share}")
     model = load_model(args.model)
