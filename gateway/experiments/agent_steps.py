@@ -4,7 +4,6 @@ metrics per deployment and arm, its rollout cohort's process counters, flag logs
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,8 +65,8 @@ class PendingStep:
         self.kept_bytes = 0  # tool-call bytes kept for the flusher after `distill`
 
     def finished(self, ex: Exchange, status: int, elapsed_s: float, ttft_s: float | None,
-                 spans: Spans | None) -> None:
-        self.ex, self.elapsed_s, self.ttft_s, self.end_ns = ex, elapsed_s, ttft_s, time.time_ns()
+                 spans: Spans | None, end_ns: int) -> None:
+        self.ex, self.elapsed_s, self.ttft_s, self.end_ns = ex, elapsed_s, ttft_s, end_ns
         self.spans = spans
         self.status = ex.error.status if ex.error is not None and status == 200 else status
         self.queue(self)
