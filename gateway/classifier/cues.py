@@ -1,4 +1,9 @@
-"""What a request asks for, read from its features: the task cues the classifier weighs across kinds of task."""
+"""What a request asks for, read from its features: the task cues the classifier weighs across kinds of task.
+
+The optional C extension gateway.classifier._ask_cues reads an ASCII ask when it built: inside the running gateway
+the Python reading cost ~16 µs of CPU per request (cache misses across the small objects it makes and walks);
+read_ask_text here is the reference the extension is tested against, and reads every other ask.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,15 @@ from dataclasses import dataclass
 
 from gateway.features import Features
 
+try:
+    from gateway.classifier import _ask_cues as native
+except ImportError:  # the optional extension did not compile: read_ask_text reads every ask
+    native = None  # type: ignore[assignment]
+
 # The cues read the ask's last characters, where its question, options and instructions are.
 ASK_SCAN_CHARS = 600
 OPENING_CHARS = 40  # an open-ended ask opens with its verb ("Write", "Explain") in these characters
+OPENING_PADDING = " \t\n\"'*#-"  # what may come before the verb: quotes, a markdown bullet or heading
 # A closing line this short is an answer cue ("Answer:", "A:") only when it is one of these words.
 ANSWER_CUES = frozenset({"answer", "a", "answer is", "output", "solution", "response", "答案"})
 MIN_REPEATED_LINE_CHARS = 6
@@ -85,6 +96,12 @@ LETTER_ONLY = (
 LETTER_ONLY_WORDS = frozenset({"explanation", "single", "letter", "only", "true", "yes"})
 
 
+# Cues's fields that the ask's text gives, in Cues's order: options, letter_only, digits, latex, word_problem,
+# code_request, open_ended, reasoning, negation, question_mark, cjk_share, word_chars. A plain tuple: the C reader
+# builds one directly, and read_cues unpacks it at once.
+AskText = tuple[int, bool, int, bool, bool, bool, bool, bool, bool, bool, float, float]
+
+
 @dataclass(slots=True)
 class Cues:
     """The ask (the last user turn after its worked examples) and what it asks for.
@@ -132,6 +149,28 @@ NO_CUES = Cues(
 )
 
 
+# The C reader of ASCII asks, given the lists above once: they stay written in one place.
+_ascii_reader = None if native is None else native.AskReader(
+    code_words=CODE_WORDS,
+    code_verbs=CODE_VERBS,
+    code_nouns=CODE_NOUNS,
+    math_words=MATH_WORDS,
+    math_phrase_words=MATH_PHRASE_WORDS,
+    open_nouns=OPEN_NOUNS,
+    reasoning_words=REASONING_WORDS,
+    reasoning_phrase_words=REASONING_PHRASE_WORDS,
+    negations=NEGATIONS,
+    letter_only_words=LETTER_ONLY_WORDS,
+    math_phrases=MATH_PHRASES,
+    reasoning_phrases=REASONING_PHRASES,
+    letter_only=LETTER_ONLY,
+    latex=LATEX,
+    open_verbs=OPEN_VERBS,
+    separators=_SEPARATOR_CHARS,
+    opening_padding=OPENING_PADDING,
+)
+
+
 def split_ask(text: str) -> tuple[int, str]:
     """(worked examples, the ask): few-shot prompts repeat their closing line ("Answer:") after each example,
     and the ask is what follows the last repeat before the end."""
@@ -151,6 +190,40 @@ def read_cues(features: Features) -> Cues:
     """The cues of a request; bounded cost (the last user text is at most 2,000 characters, scans read 600)."""
     shots, ask = split_ask(features.last_user_text)
     tail = ask[-ASK_SCAN_CHARS:]
+    opening = ask[:OPENING_CHARS]  # the ask's first words, however long it is
+    if _ascii_reader is not None and tail.isascii() and opening.isascii():  # isascii() reads a flag
+        text = _ascii_reader.read(tail, opening)
+    else:
+        text = read_ask_text(tail, opening)
+    (options, letter_only, digits, latex, word_problem, code_request, open_ended, reasoning, negation,
+     question_mark, cjk_share, word_chars) = text
+    kind = _kind(features, options, code_request, latex or word_problem, open_ended)
+    expected = EXPECTED_ANSWER_TOKENS["letter" if kind == "choice" and letter_only else kind]
+    if features.max_tokens:
+        expected = min(expected, features.max_tokens)
+    return Cues(
+        shots=shots + (features.prior_answers or 0),
+        ask_chars=len(ask),
+        options=options,
+        letter_only=letter_only,
+        digits=digits,
+        latex=latex,
+        word_problem=word_problem,
+        code_request=code_request,
+        open_ended=open_ended,
+        reasoning=reasoning,
+        negation=negation,
+        question_mark=question_mark,
+        cjk_share=cjk_share,
+        word_chars=word_chars,
+        kind=kind,
+        expected_answer_tokens=expected,
+    )
+
+
+def read_ask_text(tail: str, opening: str) -> AskText:
+    """What the ask's scanned tail and opening say, in Python: the reference the C reader is tested against,
+    and the reader of asks that are not ASCII (or of every ask, where the extension did not build)."""
     lowered = tail.lower()
     words = _words(lowered)
     options = len({letter.upper() for letter in _OPTION.findall(tail)})
@@ -163,32 +236,15 @@ def read_cues(features: Features) -> Cues:
         or not MATH_WORDS.isdisjoint(words)
         or (not MATH_PHRASE_WORDS.isdisjoint(words) and _any(lowered, MATH_PHRASES))
     )
-    opening = ask[:OPENING_CHARS].lower().lstrip(" \t\n\"'*#-")  # the ask's first words, however long it is
-    open_ended = options < 2 and (opening.startswith(OPEN_VERBS) or not OPEN_NOUNS.isdisjoint(words))
+    opens_with_verb = opening.lower().lstrip(OPENING_PADDING).startswith(OPEN_VERBS)
+    open_ended = options < 2 and (opens_with_verb or not OPEN_NOUNS.isdisjoint(words))
     letter_only = not LETTER_ONLY_WORDS.isdisjoint(words) and _any(lowered, LETTER_ONLY)
-    kind = _kind(features, options, code_request, latex or word_problem, open_ended)
-    expected = EXPECTED_ANSWER_TOKENS["letter" if kind == "choice" and letter_only else kind]
-    if features.max_tokens:
-        expected = min(expected, features.max_tokens)
-    return Cues(
-        shots=shots + (features.prior_answers or 0),
-        ask_chars=len(ask),
-        options=options,
-        letter_only=letter_only,
-        digits=_digits(tail),
-        latex=latex,
-        word_problem=word_problem,
-        code_request=code_request,
-        open_ended=open_ended,
-        reasoning=not REASONING_WORDS.isdisjoint(words)
-        or (not REASONING_PHRASE_WORDS.isdisjoint(words) and _any(lowered, REASONING_PHRASES)),
-        negation=not NEGATIONS.isdisjoint(words),
-        question_mark="?" in tail,
-        cjk_share=0.0 if tail.isascii() else len(_CJK.findall(tail)) / len(tail),
-        word_chars=len(tail) / (tail.count(" ") + 1),
-        kind=kind,
-        expected_answer_tokens=expected,
+    reasoning = not REASONING_WORDS.isdisjoint(words) or (
+        not REASONING_PHRASE_WORDS.isdisjoint(words) and _any(lowered, REASONING_PHRASES)
     )
+    cjk_share = 0.0 if tail.isascii() else len(_CJK.findall(tail)) / len(tail)
+    return (options, letter_only, _digits(tail), latex, word_problem, code_request, open_ended, reasoning,
+            not NEGATIONS.isdisjoint(words), "?" in tail, cjk_share, len(tail) / (tail.count(" ") + 1))
 
 
 def _words(lowered: str) -> set[str]:
