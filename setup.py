@@ -1,9 +1,15 @@
-"""Only the classifier's C extension; everything else about the package is in pyproject.toml.
+"""Only the C extensions; everything else about the package is in pyproject.toml.
 
 Declared here rather than in pyproject.toml, where setuptools still calls ext-modules experimental.
-Optional: where it cannot compile, the install goes on and gateway/classifier/ngrams.py scores in Python.
+Optional: where one cannot compile, the install goes on and its Python twin does the work (same results, slower):
+gateway/classifier/ngrams.py scores without _ngram_score, gateway/features.py walks a chat without _features_walk.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("gateway.classifier._ngram_score", ["gateway/classifier/_ngram_score.c"], optional=True)])
+setup(
+    ext_modules=[
+        Extension("gateway.classifier._ngram_score", ["gateway/classifier/_ngram_score.c"], optional=True),
+        Extension("gateway._features_walk", ["gateway/_features_walk.c"], optional=True),
+    ]
+)
