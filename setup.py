@@ -1,8 +1,9 @@
-"""Only the classifier's C extensions; everything else about the package is in pyproject.toml.
+"""Only the C extensions; everything else about the package is in pyproject.toml.
 
 Declared here rather than in pyproject.toml, where setuptools still calls ext-modules experimental.
-Optional: where one cannot compile, the install goes on and its Python twin serves instead
-(gateway/classifier/ngrams.py scores, gateway/classifier/cues.py reads the ask).
+Optional: where one cannot compile, the install goes on and its Python twin does the work (same results, slower):
+gateway/classifier/ngrams.py scores without _ngram_score, gateway/classifier/cues.py reads the ask without
+_ask_cues, gateway/features.py walks a chat without _features_walk.
 """
 
 from setuptools import Extension, setup
@@ -11,5 +12,6 @@ setup(
     ext_modules=[
         Extension("gateway.classifier._ngram_score", ["gateway/classifier/_ngram_score.c"], optional=True),
         Extension("gateway.classifier._ask_cues", ["gateway/classifier/_ask_cues.c"], optional=True),
+        Extension("gateway._features_walk", ["gateway/_features_walk.c"], optional=True),
     ]
 )
