@@ -14,11 +14,12 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import pydantic_core
 
 from gateway.openai import output_cap
+from gateway.token_pieces import Encoding, PieceCounter
 
 try:
     from gateway import _features_walk
@@ -102,12 +103,6 @@ native: _features_walk.Walker | None = (
     if _features_walk is not None
     else None
 )
-
-
-class Encoding(Protocol):
-    """The slice of tiktoken.Encoding we use."""
-
-    def encode_ordinary(self, text: str) -> list[int]: ...
 
 
 @dataclass(slots=True)
@@ -250,8 +245,14 @@ def _prompt_parts(body: Mapping[str, Any], endpoint: str) -> Iterator[str | int]
 @functools.lru_cache(maxsize=1024)  # at most ~8 MB of keys: 1024 texts of EXACT_CHARS_PER_MESSAGE
 def count_exact(text: str) -> int:
     """Exact cl100k token count; memoized because system prompts and agent histories recur each turn."""
+    counter = _piece_counter()
+    return counter.count(text) if counter is not None else estimate_tokens(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _piece_counter() -> PieceCounter | None:
     encoding = load_encoding()
-    return len(encoding.encode_ordinary(text)) if encoding is not None else estimate_tokens(text)
+    return PieceCounter(encoding) if encoding is not None else None
 
 
 def text_of(content: Any) -> str:
