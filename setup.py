@@ -3,8 +3,8 @@
 Declared here rather than in pyproject.toml, where setuptools still calls ext-modules experimental.
 Optional: where one cannot compile, the install goes on and its Python twin does the work (same results, slower):
 gateway/classifier/ngrams.py scores without _ngram_score, gateway/classifier/cues.py reads the ask without
-_ask_cues, gateway/features.py walks a chat without _features_walk, gateway/telemetry/otlp.py encodes span
-attributes without _otlp_attributes.
+_ask_cues, gateway/features.py walks a chat without _features_walk, gateway/telemetry/otlp.py encodes spans
+without _otlp_text.
 """
 
 from setuptools import Extension, setup
@@ -14,6 +14,6 @@ setup(
         Extension("gateway.classifier._ngram_score", ["gateway/classifier/_ngram_score.c"], optional=True),
         Extension("gateway.classifier._ask_cues", ["gateway/classifier/_ask_cues.c"], optional=True),
         Extension("gateway._features_walk", ["gateway/_features_walk.c"], optional=True),
-        Extension("gateway.telemetry._otlp_attributes", ["gateway/telemetry/_otlp_attributes.c"], optional=True),
+        Extension("gateway.telemetry._otlp_text", ["gateway/telemetry/_otlp_text.c"], optional=True),
     ]
 )

@@ -15,8 +15,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.telemetry.metrics import CLIENT_REQUEST_ID, REQUEST_ID
 
-try:  # the optional C encoder of a request span's attributes (setup.py); the Python one below where it did not build
-    from gateway.telemetry import _otlp_attributes as native
+try:  # the optional C encoder of a request span (setup.py); the Python one below where it did not build
+    from gateway.telemetry import _otlp_text as native
 except ImportError:
     native = None  # type: ignore[assignment]
 
@@ -57,8 +57,22 @@ def span_json(span: ReadableSpan) -> str:
 def span_text(trace_id: int, span_id: int, name: str, kind: SpanKind, start_ns: int, end_ns: int,
               attributes: Mapping[str, Any], parent_span_id: int | None = None, error: str | None = None,
               events: Sequence[SpanEvent] = ()) -> str:
+    """One span as OTLP JSON text: by the C encoder where it built and takes the span, else in Python."""
+    if native is not None and not events:
+        # The API's SpanKind starts at INTERNAL=0; OTLP's at UNSPECIFIED=0 (`_value_`: `value` is a property call).
+        encoded = native.span_text(trace_id, span_id, name, kind._value_ + 1, start_ns, end_ns, attributes,
+                                   parent_span_id, error, _json_str)
+        if encoded is not None:
+            return encoded
+    return _python_span_text(trace_id, span_id, name, kind, start_ns, end_ns, attributes, parent_span_id, error,
+                             events)
+
+
+def _python_span_text(trace_id: int, span_id: int, name: str, kind: SpanKind, start_ns: int, end_ns: int,
+                      attributes: Mapping[str, Any], parent_span_id: int | None = None, error: str | None = None,
+                      events: Sequence[SpanEvent] = ()) -> str:
     """One span, as text built from cached fragments rather than dicts and json.dumps: a request span's
-    attributes mostly repeat (operation, models, rule, reasons, deployment)."""
+    attributes mostly repeat (operation, models, rule, reasons, deployment). The C encoder's reference."""
     # The API's SpanKind starts at INTERNAL=0; OTLP's at UNSPECIFIED=0. Ids are hex in OTLP's JSON.
     out = (f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}","name":{_json_str(name)},'
            f'"kind":{kind.value + 1},"startTimeUnixNano":"{start_ns}","endTimeUnixNano":"{end_ns}",'

@@ -1,4 +1,4 @@
-"""The C encoder of span attributes (gateway/telemetry/_otlp_attributes.c) against otlp.py's Python encoder."""
+"""The C encoder of spans (gateway/telemetry/_otlp_text.c) against otlp.py's Python encoder."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry.trace import SpanKind
 
 from gateway.telemetry import metrics as t
 from gateway.telemetry import otlp
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(otlp.native is None and os.environ.get("CI") != 
 
 
 def native(attributes: Any) -> str | None:
-    assert otlp.native is not None, "gateway/telemetry/_otlp_attributes.c did not build: setup.py build_ext"
+    assert otlp.native is not None, "gateway/telemetry/_otlp_text.c did not build: setup.py build_ext"
     return otlp.native.attributes_json(attributes, encode_basestring_ascii)
 
 
@@ -98,3 +99,53 @@ def test_an_encoder_that_returns_no_ascii_text_is_an_error_not_bad_json() -> Non
     assert otlp.native is not None
     with pytest.raises(TypeError, match="ASCII"):
         otlp.native.attributes_json({"x": "needs \"escape\""}, lambda text: "ü")
+
+
+ids = st.integers(min_value=0, max_value=2**128 - 1) | st.sampled_from([0, 1, 2**64 - 1, 2**64, 2**128 - 1])
+times = st.integers(min_value=0, max_value=2**63 - 1)
+
+
+@settings(max_examples=2_000, deadline=None)
+@given(ids, st.integers(min_value=0, max_value=2**64 - 1), st.text(), st.sampled_from(list(SpanKind)), times, times,
+       st.dictionaries(st.text(), values, max_size=6), st.none() | st.integers(min_value=0, max_value=2**64 - 1),
+       st.none() | st.text())
+def test_any_span_without_events_encodes_as_the_python_encoder_does(
+    trace_id: int, span_id: int, name: str, kind: SpanKind, start_ns: int, end_ns: int, attributes: dict[str, Any],
+    parent_span_id: int | None, error: str | None,
+) -> None:
+    args = (trace_id, span_id, name, kind, start_ns, end_ns, attributes, parent_span_id, error)
+    assert otlp.native is not None
+    assert otlp.native.span_text(*args[:3], kind.value + 1, *args[4:], encode_basestring_ascii) is not None
+    encoded = otlp.span_text(*args)
+    assert encoded == otlp._python_span_text(*args)
+    json.loads(encoded)
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param((2**128, 1, None), id="a trace id past 128 bits"),
+    pytest.param((-1, 1, None), id="a negative trace id"),
+    pytest.param((1, 2**64, None), id="a span id past 64 bits"),
+    pytest.param((1, 1, 2**64), id="a parent id past 64 bits"),
+    pytest.param((Number(1), 1, None), id="an int subclass id"),
+])
+def test_ids_it_does_not_take_are_left_to_the_python_encoder(args: tuple[Any, Any, Any]) -> None:
+    trace_id, span_id, parent = args
+    assert otlp.native is not None
+    assert otlp.native.span_text(trace_id, span_id, "n", 2, 5, 6, {}, parent, None, encode_basestring_ascii) is None
+    assert otlp.span_text(trace_id, span_id, "n", SpanKind.SERVER, 5, 6, {}, parent) == otlp._python_span_text(
+        trace_id, span_id, "n", SpanKind.SERVER, 5, 6, {}, parent)
+
+
+def test_times_past_64_bits_and_attributes_it_does_not_take_are_left_to_the_python_encoder() -> None:
+    assert otlp.native is not None
+    for start_ns, attributes in ((2**64, {}), (5, {"x": None})):
+        assert otlp.native.span_text(1, 1, "n", 2, start_ns, 6, attributes, None, None, encode_basestring_ascii) is None
+        assert otlp.span_text(1, 1, "n", SpanKind.SERVER, start_ns, 6, attributes) == otlp._python_span_text(
+            1, 1, "n", SpanKind.SERVER, start_ns, 6, attributes)
+
+
+def test_a_span_with_events_is_encoded_in_python_with_them() -> None:
+    events = [(7, "agent.loop", {"gateway.loop": "repeated"})]
+    encoded = json.loads(otlp.span_text(1, 2, "gateway chat", SpanKind.SERVER, 5, 9, {"a": 1}, None, None, events))
+    assert encoded["events"] == [{"timeUnixNano": "7", "name": "agent.loop",
+                                  "attributes": [{"key": "gateway.loop", "value": {"stringValue": "repeated"}}]}]

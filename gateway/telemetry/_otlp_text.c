@@ -1,9 +1,11 @@
-/* A span's attributes as OTLP JSON text in C: the hot half of _attributes_json in gateway/telemetry/otlp.py.
+/* A request span as OTLP JSON text in C: span_text and _attributes_json of gateway/telemetry/otlp.py.
  *
- * Why: a request span's ~14 attributes cost ~50k instructions to encode in Python (a dict lookup, a tuple hash
- * and an f-string each), most of what a span costs the gateway; here one pass writes them into one buffer.
+ * Why: encoding a request span in Python cost ~100k instructions (per attribute a dict lookup, a tuple hash
+ * and an f-string; the ids' hex, the kind's enum property), more than the rest of what a span costs the gateway;
+ * here one pass writes the span into one buffer.
  *
- * otlp._python_attributes_json is the reference this must agree with exactly (tests/telemetry/test_otlp_native.py):
+ * otlp._python_span_text and _python_attributes_json are the references this must agree with exactly
+ * (tests/telemetry/test_otlp_native.py). Attributes:
  * str values as stringValue, bool as boolValue, int as intValue (a string, as protobuf's JSON mapping has it),
  * float as doubleValue (repr, or "NaN"/"Infinity"/"-Infinity"), tuples and lists as arrayValue. A mapping with
  * any other key or value type (a subclass included) gets None: the Python encoder then writes all of it.
@@ -161,59 +163,168 @@ static int put_value(Buffer *b, Encoder *enc, PyObject *value, int depth) {
     return UNSUPPORTED;
 }
 
-static PyObject *attributes_json(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "attributes_json(attributes, encoder) takes 2 arguments");
-        return NULL;
-    }
-    PyObject *attributes = args[0];
-    Encoder enc = {args[1]};
+/* The attributes array into b: WRITTEN, FAILED (an exception is set) or UNSUPPORTED. */
+static int put_attributes(Buffer *b, Encoder *enc, PyObject *attributes) {
     if (!PyDict_CheckExact(attributes)) {
-        Py_RETURN_NONE;
+        return UNSUPPORTED;
     }
-    Buffer b = {NULL, 0, 0};
-    int status = PUT_LITERAL(&b, "[") < 0 ? FAILED : WRITTEN;
+    if (PUT_LITERAL(b, "[") < 0) {
+        return FAILED;
+    }
+    int status = WRITTEN;
     Py_ssize_t position = 0, written = 0;
     PyObject *key, *value;
     while (status == WRITTEN && PyDict_Next(attributes, &position, &key, &value)) {
         if (Py_TYPE(key) != &PyUnicode_Type) {
-            status = UNSUPPORTED;
-            break;
+            return UNSUPPORTED;
         }
         Py_INCREF(key);
         Py_INCREF(value);
-        if ((written++ > 0 && PUT_LITERAL(&b, ",") < 0) || PUT_LITERAL(&b, "{\"key\":") < 0 ||
-            put_json_string(&b, &enc, key) < 0 || PUT_LITERAL(&b, ",\"value\":") < 0) {
+        if ((written++ > 0 && PUT_LITERAL(b, ",") < 0) || PUT_LITERAL(b, "{\"key\":") < 0 ||
+            put_json_string(b, enc, key) < 0 || PUT_LITERAL(b, ",\"value\":") < 0) {
             status = FAILED;
         } else {
-            status = put_value(&b, &enc, value, 0);
-            if (status == WRITTEN && PUT_LITERAL(&b, "}") < 0) {
+            status = put_value(b, enc, value, 0);
+            if (status == WRITTEN && PUT_LITERAL(b, "}") < 0) {
                 status = FAILED;
             }
         }
         Py_DECREF(key);
         Py_DECREF(value);
     }
+    return status != WRITTEN ? status : PUT_LITERAL(b, "]");
+}
+
+/* The buffer as a str when written, None when unsupported, NULL on an error; the buffer is freed. */
+static PyObject *finish(Buffer *b, int status) {
     PyObject *result = NULL;
-    if (status == WRITTEN && PUT_LITERAL(&b, "]") == 0) {
-        result = PyUnicode_DecodeASCII(b.data, b.size, "strict");
+    if (status == WRITTEN) {
+        result = PyUnicode_DecodeASCII(b->data, b->size, "strict");
     } else if (status == UNSUPPORTED) {
         result = Py_NewRef(Py_None);
     }
-    PyMem_Free(b.data);
+    PyMem_Free(b->data);
     return result;
+}
+
+static PyObject *attributes_json(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "attributes_json(attributes, encoder) takes 2 arguments");
+        return NULL;
+    }
+    Encoder enc = {args[1]};
+    Buffer b = {NULL, 0, 0};
+    return finish(&b, put_attributes(&b, &enc, args[0]));
+}
+
+/* An id as `digits` lower-case hex digits, as Python's format(id, "0<digits>x") writes one below 16**digits;
+ * UNSUPPORTED for anything else (an id that is not an exact int, negative or too wide). */
+static int put_hex_id(Buffer *b, PyObject *id, int digits) {
+    if (Py_TYPE(id) != &PyLong_Type || _PyLong_Sign(id) < 0 || _PyLong_NumBits(id) > (size_t)digits * 4) {
+        if (PyErr_Occurred()) {
+            return FAILED;
+        }
+        return UNSUPPORTED;
+    }
+    unsigned long long low = PyLong_AsUnsignedLongLongMask(id), high = 0;
+    if (digits > 16) {
+        PyObject *shift = PyLong_FromLong(64), *upper = shift ? PyNumber_Rshift(id, shift) : NULL;
+        Py_XDECREF(shift);
+        if (upper == NULL) {
+            return FAILED;
+        }
+        high = PyLong_AsUnsignedLongLongMask(upper);
+        Py_DECREF(upper);
+    }
+    char text[40];
+    int length = digits > 16 ? snprintf(text, sizeof text, "%016llx%016llx", high, low)
+                             : snprintf(text, sizeof text, "%0*llx", digits, low);
+    return put(b, text, length) < 0 ? FAILED : WRITTEN;
+}
+
+/* An exact int that fits a long long, in decimal; UNSUPPORTED otherwise. */
+static int put_decimal(Buffer *b, PyObject *number) {
+    if (Py_TYPE(number) != &PyLong_Type) {
+        return UNSUPPORTED;
+    }
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (overflow || (value == -1 && PyErr_Occurred())) {
+        return PyErr_Occurred() ? FAILED : UNSUPPORTED;
+    }
+    char text[24];
+    int length = snprintf(text, sizeof text, "%lld", value);
+    return put(b, text, length) < 0 ? FAILED : WRITTEN;
+}
+
+#define STEP(call)                  \
+    do {                            \
+        int step_status = (call);   \
+        if (step_status != WRITTEN) \
+            return step_status;     \
+    } while (0)
+#define LITERAL(b, literal) STEP(PUT_LITERAL((b), (literal)) < 0 ? FAILED : WRITTEN)
+
+static int put_span(Buffer *b, Encoder *enc, PyObject *const *args) {
+    PyObject *trace_id = args[0], *span_id = args[1], *name = args[2], *kind = args[3], *start_ns = args[4],
+             *end_ns = args[5], *attributes = args[6], *parent_span_id = args[7], *error = args[8];
+    if (Py_TYPE(name) != &PyUnicode_Type || (error != Py_None && Py_TYPE(error) != &PyUnicode_Type)) {
+        return UNSUPPORTED;
+    }
+    LITERAL(b, "{\"traceId\":\"");
+    STEP(put_hex_id(b, trace_id, 32));
+    LITERAL(b, "\",\"spanId\":\"");
+    STEP(put_hex_id(b, span_id, 16));
+    LITERAL(b, "\",\"name\":");
+    STEP(put_json_string(b, enc, name) < 0 ? FAILED : WRITTEN);
+    LITERAL(b, ",\"kind\":");
+    STEP(put_decimal(b, kind));
+    LITERAL(b, ",\"startTimeUnixNano\":\"");
+    STEP(put_decimal(b, start_ns));
+    LITERAL(b, "\",\"endTimeUnixNano\":\"");
+    STEP(put_decimal(b, end_ns));
+    LITERAL(b, "\",\"attributes\":");
+    STEP(put_attributes(b, enc, attributes));
+    if (parent_span_id != Py_None) {
+        LITERAL(b, ",\"parentSpanId\":\"");
+        STEP(put_hex_id(b, parent_span_id, 16));
+        LITERAL(b, "\"");
+    }
+    if (error != Py_None) {
+        LITERAL(b, ",\"status\":{\"code\":2,\"message\":");
+        STEP(put_json_string(b, enc, error) < 0 ? FAILED : WRITTEN);
+        LITERAL(b, "}");
+    }
+    LITERAL(b, "}");
+    return WRITTEN;
+}
+
+static PyObject *span_text(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "span_text(trace_id, span_id, name, kind, start_ns, end_ns, attributes, parent_span_id, "
+                        "error, encoder) takes 10 arguments");
+        return NULL;
+    }
+    Encoder enc = {args[9]};
+    Buffer b = {NULL, 0, 0};
+    return finish(&b, put_span(&b, &enc, args));
 }
 
 static PyMethodDef methods[] = {
     {"attributes_json", (PyCFunction)(void (*)(void))attributes_json, METH_FASTCALL,
      "attributes_json(attributes, encoder) -> str | None: OTLP JSON of a dict of attributes, equal to\n"
      "otlp._python_attributes_json; None for a mapping or value type only the Python encoder writes."},
+    {"span_text", (PyCFunction)(void (*)(void))span_text, METH_FASTCALL,
+     "span_text(trace_id, span_id, name, kind, start_ns, end_ns, attributes, parent_span_id, error, encoder)\n"
+     "-> str | None: one span without events as OTLP JSON, equal to otlp._python_span_text (kind is OTLP's\n"
+     "number); None for an argument only the Python encoder writes."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_otlp_attributes",
-    "A span's attributes as OTLP JSON text (gateway/telemetry/_otlp_attributes.c).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_otlp_text",
+    "A request span as OTLP JSON text (gateway/telemetry/_otlp_text.c).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__otlp_attributes(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__otlp_text(void) { return PyModule_Create(&module); }
