@@ -88,7 +88,7 @@ class Reply:
         parts: list[bytes] = []
         size, first_at, started = 0, None, not object_only
         try:
-            async for chunk in self._response.iter_chunks():
+            while (chunk := await self._response.next_chunk()) is not None:
                 first_at = first_at or time.perf_counter()
                 if not started and (text := chunk.lstrip(b" \t\r\n")):
                     if text[:1] != b"{":

@@ -125,6 +125,20 @@ async def test_a_stream_is_delivered_chunk_by_chunk_as_it_is_written(pool: Pool,
     assert arrivals[-1][0] - arrivals[0][0] > 0.4
 
 
+async def test_next_chunk_hands_over_what_arrived_then_none_at_the_end(pool: Pool, echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, peers, _ = echo_server
+    response = await pool.request("GET", f"{base}/stream?n=3&gap=0.05", read_s=5)
+    chunks = []
+    while (chunk := await response.next_chunk()) is not None:
+        chunks.append(chunk)
+    assert b"".join(chunks) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n" and len(chunks) >= 2  # as they came
+    assert await response.next_chunk() is None  # the end stays the end
+    response.release()
+    again = await pool.request("POST", f"{base}/echo", b"{}")
+    assert await again.read() == b"{}"
+    assert len(set(peers)) == 1  # the finished connection went back to the pool
+
+
 async def test_a_stalled_stream_times_out_after_read_s(pool: Pool, echo_server) -> None:  # type: ignore[no-untyped-def]
     base, _, _ = echo_server
     response = await pool.request("GET", f"{base}/stream?n=2&gap=3", read_s=0.3)
