@@ -97,12 +97,14 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     """The one view of the call: the body read within its limit, checked, its features and agent step."""
     raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
     body = adapter.parse(raw)
-    tenant, chain = request.get(TENANT), None
+    policy = request.app[POLICY_FILE].current
+    # Only tenant auth names a tenant: without it, no lookup (a missing key costs the mapping a KeyError).
+    tenant, chain = request.get(TENANT) if policy.auth.enabled else None, None
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
         body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
     view = adapter.view(body)
-    return read_call(request.app[POLICY_FILE].current, adapter.endpoint, body, view, len(raw),
-                     adapter.features(view), request.headers, tenant, chain)
+    return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
+                     tenant, chain)
 
 
 async def verdict(app: web.Application, call: Call, ex: Exchange, recording: bool) -> AgentVerdict | None:
