@@ -481,6 +481,8 @@ def _tool_definitions_text(tools: Any, functions: Any) -> str:
 
 
 def _response_format(value: Any) -> str | None:
+    if value is None:  # most calls: None is no Mapping, but asking Mapping takes a Python-level ABC check
+        return None
     if isinstance(value, _MAPPING):
         kind = value.get("type")
         return kind if isinstance(kind, str) else None
