@@ -267,21 +267,29 @@ class Response:
         return body
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (next_chunk until the end). The caller releases or closes the response."""
-        while (chunk := await self.next_chunk()) is not None:
-            yield chunk
+        """Body bytes as they arrive, at most about HIGH_WATER_BYTES + READ_BYTES at a time: reading pauses
+        while the caller has not come back for more. The caller releases or closes the response when done."""
+        while True:
+            if self._chunks:
+                yield self._take()
+                continue
+            if self.complete:
+                return
+            await self._wait_body()
 
     async def next_chunk(self) -> bytes | None:
-        """The body bytes that arrived since the last call (waiting for some), None at its end; at most about
-        HIGH_WATER_BYTES + READ_BYTES at a time: reading pauses while the caller has not come back for more.
-        A plain coroutine, for a reader of the whole body: an async generator costs a hook call and a weak
-        reference each (the event loop tracks every one, to close it at shutdown)."""
+        """iter_chunks' next piece, None at the end, as a plain coroutine for a reader of the whole body: an async
+        generator costs a hook call and a weak reference each (the event loop tracks every one, to close it at
+        shutdown)."""
         while not self._chunks:
             if self.complete:
                 return None
             await self._wait_body()
-        # All that arrived since the last turn in one piece: a chunked body's many small chunks from one
-        # socket read become one write to the client, not one each.
+        return self._take()
+
+    def _take(self) -> bytes:
+        """All that arrived since the last turn in one piece: a chunked body's many small chunks from one socket
+        read become one write to the client, not one each."""
         chunk = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
         self._buffered = 0
