@@ -19,6 +19,7 @@ from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.errors import GatewayError, UpstreamError
 from gateway.features import count_tokens
+from gateway.policy.model import Deployment
 from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, RECENT, SETTINGS, TELEMETRY
 from gateway.telemetry.exchange import Resume
 from gateway.upstream import forward as upstream
@@ -26,6 +27,8 @@ from gateway.wire import resume
 
 # the APIs whose deployments return token ids with the stream when asked (an exact resume)
 _TOKEN_APIS = ("chat", "completions")
+# A detokenize call decodes a few ids: one slower than this is a deployment in trouble, not a big answer.
+DETOKENIZE_TIMEOUT_S = 5.0
 
 
 @dataclass(slots=True)
@@ -72,11 +75,15 @@ async def go_on(
         progress.prompt_tokens = len(progress.prompt_ids) if progress.prompt_ids else ex.prompt_tokens
     target = _next(app, decision, broken)
     cap = resume.output_cap(adapter.endpoint, call.body, plan.caps.get(broken) if plan.caps else None)
-    remaining = (cap or call.policy.deployments[broken].default_max_tokens) - at
-    why = _why_not(call, plan, progress, target, remaining, adapter.endpoint)
+    cap = cap or call.policy.deployments[broken].default_max_tokens
+    why = _why_not(call, plan, progress, target, cap - at, adapter.endpoint)
+    if why is None and target is not None and progress.exact:
+        why = await _keep_shown_ids(app, target, call.policy.deployments[target], progress, plan.headers)
+        at = progress.generated_tokens
     if why is not None or target is None:
         _record(request, Resume(broken, None, at, "refused", why or ""))
         return None
+    remaining = cap - at
     dep = call.policy.deployments[target]
     path, body = resume.continuation(progress, call.body, dep.served_model, remaining)
     ex.tried.append(target)
@@ -95,6 +102,34 @@ async def go_on(
     _record(request, Resume(broken, target, at, "resumed", err.message))
     text_of = getattr(part.streamed, "text_of", None)
     return sibling, resume.Splice(progress, plan.client_wants_usage, at, text_of)
+
+
+async def _keep_shown_ids(app: web.Application, target: str, dep: Deployment, progress: resume.Progress,
+                          headers: dict[str, str]) -> str | None:
+    """Cut the generated ids back to those whose text the client has; None, else why that could not be found.
+
+    A sibling handed ids that end inside a character would never send the client those bytes' text: vLLM primes
+    its detokenizer with the prompt, and one that ends mid-character lets out the whole prompt's text with its
+    first character. Where the last event with text carried several ids, the sibling's tokenizer says which of
+    them ends on a whole character."""
+    ends = progress.shown_ends()
+    for end in ends[:-1]:  # the last candidate needs no asking: some id of that event let its text out
+        try:
+            fetched = await upstream.fetch(app[POOL], target, dep, resume.DETOKENIZE_PATH,
+                                           resume.detokenize_body(progress, end, dep.served_model), headers,
+                                           timeout_s=DETOKENIZE_TIMEOUT_S,
+                                           limit_bytes=app[SETTINGS].max_upstream_body_bytes)
+        except GatewayError as exc:
+            return f"where the client's text ends could not be found: {exc.message}"
+        whole = resume.ends_on_character(fetched.body) if fetched.status == 200 else None
+        if whole is None:
+            return f"where the client's text ends could not be found: {target} answered {fetched.status} to " \
+                   f"{resume.DETOKENIZE_PATH}"
+        if whole:
+            progress.keep_shown(end)
+            return None
+    progress.keep_shown(ends[-1])
+    return None
 
 
 def _count_part(progress: resume.Progress, part: StreamReader | resume.Splice) -> None:

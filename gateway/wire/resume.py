@@ -77,6 +77,13 @@ class Progress:
     # the Responses API: the output message being written, and the last event's sequence number
     item: dict[str, Any] = field(default_factory=dict)
     sequence: int = -1
+    # Where the client's text ends among the generated ids. A deployment's detokenizer holds back the text of
+    # ids that end inside a character (or on an invalid byte) until later ids complete it, so the ids streamed
+    # can run past the text sent: `shown` is the ids of the last event that carried text, and `boundary` the
+    # ids up to the end of the last one-id event with text, a point where the decoded text is known to end on
+    # a whole character.
+    shown: tuple[int, int] = (0, 0)
+    boundary: int = 0
 
     @property
     def exact(self) -> bool:
@@ -92,6 +99,29 @@ class Progress:
 
     def block(self, why: str) -> None:
         self.blocked = self.blocked or why
+
+    def took(self, ids: list[int], text: str) -> None:
+        """One event's generated ids and the text it carried to the client."""
+        start = len(self.generated_ids)
+        self.generated_ids += ids
+        if ids and text:
+            self.shown = (start, len(self.generated_ids))
+            if len(ids) == 1:  # its detokenizer let the text out after this id: a whole character ends here
+                self.boundary = len(self.generated_ids)
+
+    def shown_ends(self) -> list[int]:
+        """Where the ids whose text the client has may end, latest first. The ids after the last event with text
+        are held-back bytes, so never; within that event, after any of its ids when it carried several (the
+        last one's text may be held); after its one id when it carried one."""
+        start, end = self.shown
+        return list(range(end, start, -1)) if end - start > 1 else [end]
+
+    def keep_shown(self, count: int) -> None:
+        """Continue from the first `count` generated ids: the client has their text, and none of the rest's.
+        The sibling generates the rest again (at temperature 0, the same ids), and is charged for them."""
+        del self.generated_ids[count:]
+        self.generated_tokens = count
+        self.shown, self.boundary = (count, count), count  # the client's text ends exactly here now
 
 
 # the APIs whose streams can be continued (vLLM's /v1/messages cannot continue a partial message)
@@ -189,11 +219,12 @@ def _read_choice(progress: Progress, choice: dict[str, Any]) -> None:
         text = delta.get("content")
     else:
         text = choice.get("text")
-    if isinstance(text, str) and text:
+    text = text if isinstance(text, str) else ""
+    if text:
         progress.text.append(text)
     ids = choice.get("token_ids")
     if isinstance(ids, list):
-        progress.generated_ids += [i for i in ids if isinstance(i, int)]
+        progress.took([i for i in ids if isinstance(i, int)], text)
 
 
 def _read_responses_event(progress: Progress, event: bytes) -> None:
@@ -271,6 +302,23 @@ def _token_continuation(
     out.update(model=served_model, prompt=[*progress.prompt_ids, *progress.generated_ids], max_tokens=remaining,
                stream=True, stream_options={"include_usage": True}, return_token_ids=True)
     return out
+
+
+# vLLM's route that decodes token ids to text with the model's tokenizer (the sibling's is the family's)
+DETOKENIZE_PATH = "/detokenize"
+
+
+def detokenize_body(progress: Progress, end: int, served_model: str) -> bytes:
+    """The request that decodes the generated ids from the last known character boundary up to `end`."""
+    return openai.encode({"model": served_model, "tokens": progress.generated_ids[progress.boundary:end]})
+
+
+def ends_on_character(body: bytes) -> bool | None:
+    """Whether a detokenize answer's text ends on a whole character, not on bytes a detokenizer holds back
+    (the replacement character, U+FFFD); None when the body is not a detokenize answer."""
+    found = openai.response_object(body)
+    text = found.get("prompt") if found is not None else None
+    return not text.endswith("\ufffd") if isinstance(text, str) else None
 
 
 def resumable_text(api: str, body: Mapping[str, Any]) -> bool:

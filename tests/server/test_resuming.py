@@ -261,3 +261,64 @@ def test_a_sibling_without_room_for_the_answer_so_far_is_not_sent_it() -> None:
     assert why is not None and "no room left in its context window (100 tokens)" in why
     plan.left = 0
     assert resuming._why_not(call, plan, fits, "hq", 10, "chat") == "no resumes left for this request"  # type: ignore[arg-type]
+
+
+def _split_words(pair: Pair, ids_per_event: int) -> None:
+    """Both members' words take two ids (the text comes with the second), `ids_per_event` ids an event."""
+    for member in (pair.fast, pair.hq):
+        member.ids_per_word, member.ids_per_event = 2, ids_per_event
+
+
+async def test_a_break_after_held_back_ids_resumes_from_the_text_the_client_has(make_pair: Any) -> None:
+    pair: Pair = await make_pair()
+    _split_words(pair, ids_per_event=1)
+    # role; [100] ""; [101] "w0 "; [102] "" (w1's first id, its text held) and then the break
+    pair.fast.faults.append(Break(after=4))
+    events = await _chat_events(pair, {"model": "fast", "messages": HELLO, "stream": True,
+                                       "stream_options": {"include_usage": True}})
+    # handed [100, 101, 102], the sibling would open with the prompt's text and w0 again, as vLLM does
+    assert _text(events) == WHOLE
+    path, sent = pair.hq.received[-1]
+    assert path == "/v1/completions" and sent["prompt"] == [*PROMPT_IDS, 100, 101]
+    assert [p for p, _ in pair.hq.received] == ["/v1/completions"]  # one id an event: no need to ask where
+    usage = [e["usage"] for e in events if e.get("usage")]
+    assert usage[0]["completion_tokens"] == 2 * ANSWER_WORDS
+
+
+async def test_a_break_after_an_event_of_several_ids_asks_the_sibling_where_the_text_ends(make_pair: Any) -> None:
+    pair: Pair = await make_pair()
+    _split_words(pair, ids_per_event=3)
+    # role; [100, 101, 102] "w0 " (w1's first id held); then the break
+    pair.fast.faults.append(Break(after=2))
+    events = await _chat_events(pair, {"model": "fast", "messages": HELLO, "stream": True})
+    assert _text(events) == WHOLE
+    asked = [body["tokens"] for path, body in pair.hq.received if path == "/detokenize"]
+    # after 102 the text would end inside w1; after 101 on a whole word (had it not, 100 would be the end, unasked)
+    assert asked == [[100, 101, 102], [100, 101]]
+    assert pair.hq.received[-1][1]["prompt"] == [*PROMPT_IDS, 100, 101]
+
+
+async def test_an_event_of_several_ids_that_ends_on_a_whole_word_is_continued_after_all_of_them(
+    make_pair: Any,
+) -> None:
+    pair: Pair = await make_pair()
+    _split_words(pair, ids_per_event=3)
+    pair.fast.faults.append(Break(after=3))  # role; [100, 101, 102] "w0 "; [103, 104, 105] "w1 w2 "; the break
+    events = await _chat_events(pair, {"model": "fast", "messages": HELLO, "stream": True})
+    assert _text(events) == WHOLE
+    # asked from after a one-id event's text (none here: from the start) to the last event's end
+    assert [b["tokens"] for p, b in pair.hq.received if p == "/detokenize"] == [[100, 101, 102, 103, 104, 105]]
+    assert pair.hq.received[-1][1]["prompt"] == [*PROMPT_IDS, *range(100, 106)]
+
+
+async def test_a_sibling_that_cannot_say_where_the_text_ends_is_not_sent_a_guess(make_pair: Any) -> None:
+    pair: Pair = await make_pair()
+    _split_words(pair, ids_per_event=3)
+    pair.hq.detokenizes = False
+    pair.fast.faults.append(Break(after=2))
+    events = await _error_stream(pair, {"model": "fast", "messages": HELLO, "stream": True})
+    assert "error" in events[-1] and _text(events[:-1]) == word(0)
+    assert [p for p, _ in pair.hq.received] == ["/detokenize"]  # no continuation was sent
+    assert 'gateway_stream_resumes_total{from="fast",outcome="refused",to="none"} 1.0' in await pair.metrics()
+    assert "where the client's text ends could not be found: hq answered 404 to /detokenize" in \
+        _explained_resumes(pair)

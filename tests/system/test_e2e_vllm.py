@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving.launcher import ServerCommand, free_port, stop_groups
 from serving.up import fill_policy
 from tests.fixtures import vllm_pair as vllm_fixtures
+from tests.fixtures.cutting_proxy import CuttingProxy
 from tests.fixtures.vllm_pair import PairSupervisor, VllmPair
 
 # Fixtures used here by name (assigned rather than imported so parameters may share the names).
@@ -167,10 +169,15 @@ class Gateway:
 @pytest.fixture(scope="module")
 def gateway(vllm_supervisor: PairSupervisor, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A gateway process (`python -m gateway serve`) in front of the session's pair."""
-    pair = vllm_supervisor.ensure()
-    folder = tmp_path_factory.mktemp("gateway")
+    with _serving(gateway_policy(vllm_supervisor.ensure()), tmp_path_factory.mktemp("gateway")) as gateway:
+        yield gateway
+
+
+@contextlib.contextmanager
+def _serving(policy: dict[str, Any], folder: Path) -> Iterator[Gateway]:
+    """A gateway process serving `policy` (written to folder/policy.yaml), until the block ends."""
     policy_path = folder / "policy.yaml"
-    policy_path.write_text(yaml.safe_dump(gateway_policy(pair), sort_keys=False))
+    policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
     port = free_port()
     log = folder / "gateway.log"
     with log.open("wb") as out:
@@ -450,6 +457,65 @@ async def test_codex_and_claude_code_complete_a_turn_through_the_gateway(
 
 
 GREEDY = {"temperature": 0, "max_tokens": 300, "extra_body": {"ignore_eos": True}}
+
+
+def _streamed_ids(deployment: vllm_fixtures.VllmDeployment) -> list[tuple[list[int], str]]:
+    """Each event of deployment's greedy answer, as the gateway asks for it: its token ids and its text."""
+    body = {"model": deployment.served_model, "messages": MESSAGES, "stream": True, "return_token_ids": True,
+            "temperature": 0, "max_tokens": GREEDY["max_tokens"], **GREEDY["extra_body"]}
+    request = urllib.request.Request(deployment.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    events = []
+    with urllib.request.urlopen(request, timeout=120.0) as response:
+        for line in response:
+            if line.startswith(b"data: {"):
+                (choice,) = json.loads(line[6:])["choices"]
+                events.append((choice.get("token_ids") or [], choice["delta"].get("content") or ""))
+    return events
+
+
+def _cut_points(events: list[tuple[list[int], str]], model_dir: Path) -> dict[str, int]:
+    """The events to cut fast's stream after (counted from its first), found with the family's own tokenizer."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(next(model_dir.rglob("tokenizer.json"))))
+    found: dict[str, int] = {}
+    ids: list[int] = []
+    for n, (more, text) in enumerate(events[:-1], start=1):  # not after the finish
+        ids += more
+        inside = tokenizer.decode(ids, skip_special_tokens=True).endswith("\ufffd")  # a character's bytes held
+        kind = ("held back ids" if not text else "several ids ending inside a character") if inside else \
+            "several ids ending on a whole character"
+        if more and (len(more) > 1 or not text):
+            found.setdefault(kind, n)
+    assert len(found) == 3, f"the tiny model's answer no longer has each kind of break point: {found}"
+    return found
+
+
+def test_breaks_inside_a_character_or_after_several_ids_are_finished_by_hq_exactly(
+    vllm_pair: VllmPair, tmp_path: Path
+) -> None:
+    """fast's real stream cut at chosen events (a proxy drops the connection): after ids whose text its
+    detokenizer still holds (they end inside a character), after an event of several ids (speculation) whose last
+    ends inside a character, and after one that ends on a whole character. Handed ids that end inside a character,
+    vLLM opens its continuation with the whole prompt's text; hq must continue from the text the client has."""
+    events = _streamed_ids(vllm_pair.fast)
+    whole = "".join(text for _, text in events)
+    cuts = _cut_points(events, vllm_pair.model_dir)
+    policy = gateway_policy(vllm_pair)
+    with CuttingProxy(int(vllm_pair.fast.url.rsplit(":", 1)[1])).running() as proxy:
+        policy["deployments"]["fast"]["url"] = proxy.url
+        policy["deployments"]["fast"]["health"]["eject_after_failures"] = 100  # each cut counts as a failure
+        with _serving(policy, tmp_path) as gateway:
+            client = _client(gateway.base_url)
+            for kind, after in cuts.items():
+                proxy.cut_next_stream_after(after)
+                stream = client.chat.completions.create(model="fast", messages=MESSAGES, stream=True, **GREEDY)
+                text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+                assert text == whole, f"cut after event {after} ({kind})"
+            assert proxy.cuts == len(cuts)
+            resumed = _sum(_metrics(gateway.url), "gateway_stream_resumes_total", "to=hq", "outcome=resumed")
+            assert resumed == len(cuts)
 
 
 def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(

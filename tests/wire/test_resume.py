@@ -55,6 +55,31 @@ def test_the_token_ids_the_gateway_asked_for_never_reach_the_client() -> None:
     assert resume.strip_token_ids(plain) is plain  # unchanged, not copied
 
 
+def test_where_the_clients_text_ends_among_the_ids_streamed() -> None:
+    # "Hel" with one id: a whole character ends there; [12, 13] carried "lo" (13's bytes may be held back);
+    # [14] carried no text: a held id, never where the client's text ends
+    chunks = [_chat("", prompt_token_ids=[1]), _chat("Hel", ids=[10]), _chat("lo", ids=[11, 12, 13]),
+              _chat("", ids=[14])]
+    progress = _read_back("chat", {"messages": HELLO}, chunks, None)
+    assert progress.generated_ids == [10, 11, 12, 13, 14]
+    assert progress.shown_ends() == [4, 3, 2] and progress.boundary == 1
+    assert json.loads(resume.detokenize_body(progress, 4, "served")) == {"model": "served", "tokens": [11, 12, 13]}
+    progress.keep_shown(3)
+    assert (progress.generated_ids, progress.generated_tokens) == ([10, 11, 12], 3)
+    assert progress.shown_ends() == [3] and progress.boundary == 3  # a later break starts from here
+    after_one_id = _read_back("chat", {"messages": HELLO}, [_chat("", prompt_token_ids=[1]), _chat("a", ids=[10]),
+                                                            _chat("", ids=[11])], None)
+    assert after_one_id.shown_ends() == [1]  # no asking: the text came with 10, none with 11
+
+
+@pytest.mark.parametrize(("body", "whole"), [
+    (b'{"prompt": "w0 w1"}', True), (b'{"prompt": "w0 \\ufffd"}', False), (b'{"prompt": ""}', True),
+    (b'{"detail": "Not Found"}', None), (b"<html>", None), (b'{"prompt": 3}', None),
+])
+def test_a_detokenize_answer_says_whether_the_text_ends_on_a_whole_character(body: bytes, whole: bool | None) -> None:
+    assert resume.ends_on_character(body) is whole
+
+
 def test_a_deployment_error_event_ends_what_is_relayed() -> None:
     error = b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
     before, failed = resume.before_error(_chat("a") + error + b"data: [DONE]\n\n")
