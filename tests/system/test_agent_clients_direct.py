@@ -191,3 +191,15 @@ async def test_claude_code_runs_scripted_tools_and_continues(
     assert final and final[0]["result"] == "Done: clue-42, and the notes say 42."
     headers = model.headers_seen[model.paths.index("/v1/messages")]
     assert headers["x-api-key"] == "none" and headers["X-Claude-Code-Session-Id"] == final[0]["session_id"]
+
+
+async def test_a_client_past_its_timeout_is_killed_with_every_process_it_started(tmp_path: Path) -> None:
+    """`codex` is a node wrapper around a native binary: killing only the wrapper left the binary holding the
+    pipes (and its deployment busy) until it ended on its own, and the run with it."""
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 3600 & echo $! > {pid_file}; echo started; wait"
+    run = await agent_clients.run(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, tmp_path, timeout_s=1.0)
+    assert run.exit_code == -9 and run.stdout == "started\n"
+    assert run.seconds < 60, run.describe()  # the child's hour, had it kept the pipes open
+    child = int(pid_file.read_text())
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
