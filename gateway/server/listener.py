@@ -20,6 +20,7 @@ from aiohttp.web_request import BaseRequest
 from gateway import openai
 from gateway.errors import BadRequest, GatewayError, HeaderTooLarge, RequestTimeout
 from gateway.settings import Settings
+from gateway.upstream.deadline import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -82,38 +83,31 @@ class Connection(web.RequestHandler):
     def __init__(self, manager: web.Server, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._header_timeout_s = header_timeout_s
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_deadline = Deadline(self._loop, self._head_timed_out)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._start_head_timer()
+        self._start_head_deadline()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._stop_head_timer()
+        self._head_deadline.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._head_timer is None and self._between_requests():
-            self._start_head_timer()
+        if not self._head_deadline.pending and self._between_requests():
+            self._start_head_deadline()
         super().data_received(data)
         if self._messages:  # a whole head arrived (or a parse error that is answered now)
-            self._stop_head_timer()
+            self._head_deadline.clear()
 
     def _between_requests(self) -> bool:
         waiter = self._waiter
         return not self._messages and waiter is not None and not waiter.done()
 
-    def _start_head_timer(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._head_timer = loop.call_later(self._header_timeout_s, self._head_timed_out)
-
-    def _stop_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _start_head_deadline(self) -> None:
+        self._head_deadline.set_at(self._loop.time() + self._header_timeout_s)
 
     def _head_timed_out(self) -> None:
-        self._head_timer = None
         if self.transport is None or self._messages or self._request_in_progress:
             return
         err = RequestTimeout(f"The request's headers did not arrive within {self._header_timeout_s:g} s")

@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.upstream.deadline import Deadline
+
 # Per response, reading the deployment's socket stops once this much of the body waits for its consumer
 # and resumes when the consumer has taken it: a slow client then costs a bounded amount of memory here,
 # and the deployment's own writes wait (TCP back-pressure) instead of the gateway buffering its answer.
@@ -319,19 +321,18 @@ class Response:
         if self._error is not None:
             raise self._error
         self._waiter = self._loop.create_future()
-        now = self._loop.time()
-        at = self._deadline if self._read_s is None else min(self._deadline, now + self._read_s)
-        timer = self._loop.call_at(at, self._timed_out) if at != math.inf else None
+        at = self._deadline if self._read_s is None else min(self._deadline, self._loop.time() + self._read_s)
+        deadline = self._connection.deadline
+        deadline.set_at(at)
         try:
             await self._waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+            deadline.clear()
         if self._error is not None:
             raise self._error
 
-    def _timed_out(self) -> None:
+    def timed_out(self) -> None:
         self.fail(ResponseTimeout("The deployment did not answer in time"))
         self._connection.abort()
 
@@ -372,6 +373,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.closed = False
         self.idle_since = 0.0
         self._reading_paused = False
+        # the current response's read deadline while it waits for bytes (one timer for many waits)
+        self.deadline = Deadline(loop, self._timed_out)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
@@ -391,6 +394,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.deadline.cancel()
         if self.response is not None:
             self.response.connection_lost()
         self.pool.forget(self)
@@ -415,8 +419,13 @@ class _Connection(asyncio.BufferedProtocol):
         self.resume_reading()
         self.pool.put_back(self)
 
+    def _timed_out(self) -> None:
+        if self.response is not None:
+            self.response.timed_out()
+
     def abort(self) -> None:
         self.response = None
+        self.deadline.cancel()
         if not self.closed:
             self.closed = True
             if self.transport is not None:

@@ -90,3 +90,39 @@ async def test_bytes_that_are_not_http_get_400_in_the_envelope(stack: Stack) -> 
         writer.close()
     status, error = _envelope(answer)
     assert status == 400 and error["code"] == "invalid_http_request"
+
+
+async def test_requests_on_a_kept_alive_connection_arm_no_timer_each(make_stack: Any,
+                                                                     monkeypatch: Any) -> None:
+    """With uvloop a timer armed and cancelled costs ~7,600 instructions: neither the head deadline nor the
+    upstream read deadline is armed per request on a kept-alive connection (gateway/upstream/deadline.py).
+    The client here writes raw HTTP/1.1, so every timer counted is the gateway's or its fake deployment's."""
+    stack: Stack = await make_stack()
+    loop = asyncio.get_running_loop()
+    armed: list[str] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        armed.append(getattr(callback, "__qualname__", repr(callback)))
+        return call_at(when, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    reader, writer = await _raw(stack)
+    body = json.dumps({"model": "fast", "messages": HELLO}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    try:
+        for i in range(25):
+            if i == 5:  # the connections' own deadlines and the pool's sweep are armed by now
+                before = list(armed)
+            writer.write(head + body)
+            status_line = await reader.readline()
+            assert status_line.startswith(b"HTTP/1.1 200"), status_line
+            length = 0
+            while (line := await reader.readline()) != b"\r\n":
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+    finally:
+        writer.close()
+    assert armed[len(before):] == []

@@ -75,6 +75,7 @@ async def echo_server() -> AsyncIterator[tuple[str, list[str], list[Mapping[str,
         return web.Response(body=await request.read(), content_type="application/json")
 
     async def stream(request: web.Request) -> web.StreamResponse:
+        peers.append(str(request.transport.get_extra_info("peername")) if request.transport else "")
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for i in range(int(request.query.get("n", "3"))):
@@ -99,6 +100,44 @@ async def test_sequential_requests_reuse_one_keep_alive_connection(pool: Pool, e
         assert response.status == 200
         assert await response.read() == f'{{"i": {i}}}'.encode()
     assert len(set(peers)) == 1
+
+
+async def test_requests_on_a_kept_alive_connection_arm_one_read_timer_not_one_per_wait(
+    pool: Pool, echo_server, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    """With uvloop a timer armed and cancelled costs ~7,600 instructions: the read deadline is re-armed only
+    when it fires early (gateway/upstream/deadline.py), not at each wait for bytes."""
+    base, _, _ = echo_server
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, *args, **kwargs):  # type: ignore[no-untyped-def]
+        armed.append(when)
+        return call_at(when, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    for i in range(25):
+        if i == 5:  # the connection's own (its connect, its read deadline, the pool's idle sweep) are armed
+            before = len(armed)
+        response = await pool.request("POST", f"{base}/echo", b"{}", read_s=30, total_s=60)
+        assert await response.read() == b"{}"
+    assert len(armed) == before
+
+
+async def test_a_shorter_read_timeout_after_longer_ones_on_the_same_connection_still_holds(
+    pool: Pool, echo_server  # type: ignore[no-untyped-def]
+) -> None:
+    base, peers, _ = echo_server
+    for _ in range(3):
+        response = await pool.request("POST", f"{base}/echo", b"{}", read_s=60)
+        await response.read()
+    response = await pool.request("GET", f"{base}/stream?n=2&gap=30", read_s=0.3)
+    async with asyncio.timeout(10):  # not the earlier requests' 60 s
+        with pytest.raises(ResponseTimeout):
+            async for _ in response.iter_chunks():
+                pass
+    assert len(peers) == 4 and len(set(peers)) == 1  # the stream went on the connection the others used
 
 
 async def test_headers_are_sent_and_a_header_with_a_line_break_cannot_inject_another(pool: Pool, echo_server) -> None:  # type: ignore[no-untyped-def]
