@@ -457,6 +457,11 @@ async def test_codex_and_claude_code_complete_a_turn_through_the_gateway(
 
 
 GREEDY = {"temperature": 0, "max_tokens": 300, "extra_body": {"ignore_eos": True}}
+# The SIGKILL must land before fast has sent its last event: in a CI run, a client 8 events into a 300-token
+# answer (2.3 s of fast's here) found it already whole. 2,000 tokens take fast 3.5 s here (its ngram drafts
+# accepted more as the random model loops) and the kill, 2 events in, lands ~0.3 s into the stream.
+LONG_GREEDY = {**GREEDY, "max_tokens": 2000}
+KILL_AFTER_EVENTS = 2
 
 
 def _streamed_ids(deployment: vllm_fixtures.VllmDeployment) -> list[tuple[list[int], str]]:
@@ -527,15 +532,18 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
     and finished by hq (from the token ids streamed so far) must equal the uninterrupted answer, character for
     character; after the kill, hq answers every call."""
     client = _client(gateway.base_url)
+    started = time.monotonic()
     whole = _client(vllm_pair.fast.url + "/v1").chat.completions.create(
-        model=vllm_pair.fast.served_model, messages=MESSAGES, **GREEDY)  # type: ignore[call-overload]
+        model=vllm_pair.fast.served_model, messages=MESSAGES, **LONG_GREEDY)  # type: ignore[call-overload]
+    fast_s = time.monotonic() - started
     same = _client(vllm_pair.hq.url + "/v1").chat.completions.create(
-        model=vllm_pair.hq.served_model, messages=MESSAGES, **GREEDY)  # type: ignore[call-overload]
+        model=vllm_pair.hq.served_model, messages=MESSAGES, **LONG_GREEDY)  # type: ignore[call-overload]
     assert same.choices[0].message.content == whole.choices[0].message.content  # the family's property
     stream = client.chat.completions.create(model="fast", messages=MESSAGES, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY)
+                                            stream_options={"include_usage": True}, **LONG_GREEDY)
+    started = time.monotonic()
     parts: list[str] = []
-    finishes, usage, killed_at = [], None, None
+    finishes, usage, killed_after_s = [], None, None
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
@@ -543,14 +551,16 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
             parts.append(choice.delta.content or "")
             if choice.finish_reason:
                 finishes.append(choice.finish_reason)
-        if killed_at is None and len(parts) >= 8:
-            killed_at = len(parts)
+        if killed_after_s is None and len(parts) >= KILL_AFTER_EVENTS:
+            killed_after_s = time.monotonic() - started
             os.killpg(vllm_pair.fast.pid, signal.SIGKILL)  # mid-answer: fast has more to say
-    assert killed_at is not None
+    assert killed_after_s is not None
     assert "".join(parts) == whole.choices[0].message.content  # no text repeated or missing
-    assert finishes == ["length"] and usage is not None and usage.completion_tokens == 300
+    assert finishes == ["length"] and usage is not None and usage.completion_tokens == LONG_GREEDY["max_tokens"]
     resumed = _sum(_metrics(gateway.url), "gateway_stream_resumes_total", "from=fast", "to=hq", "outcome=resumed")
-    assert resumed == 1
+    print(f"fast answers in {fast_s:.1f} s; killed {killed_after_s:.2f} s into the stream")
+    assert resumed == 1, (f"no break to resume: fast's whole answer takes {fast_s:.1f} s and it was killed "
+                          f"{killed_after_s:.2f} s into the stream, after it had sent its last event")
     # after the kill every call is answered by hq: failed over, or routed around fast once it is ejected
     for _ in range(3):
         reply = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
