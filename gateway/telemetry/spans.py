@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import os
 import random
 import re
@@ -160,7 +161,7 @@ def make_spans(exporter_name: str, pool: Pool) -> Spans | None:
 def _processor(name: str, pool: Pool, resource: Resource) -> SpanProcessor | None:
     if name == "otlp":
         endpoint, headers = otlp_destination()
-        return LoopExport(pool, endpoint, headers, resource=resource)
+        return LoopExport(pool, endpoint, headers, resource=resource, **batching())
     exporter: SpanExporter | None = None
     if name == "console":
         exporter = ConsoleSpanExporter()
@@ -182,6 +183,30 @@ def otlp_destination() -> tuple[str, dict[str, str]]:
     raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", "")
     pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
     return endpoint or DEFAULT_OTLP_TRACES_ENDPOINT, {unquote(k.strip()): unquote(v.strip()) for k, v in pairs}
+
+
+# OpenTelemetry's batch processor variables, read as the SDK reads them (ms for times), and LoopExport's option each
+# sets; unset (or not a positive number: logged), LoopExport's own default holds.
+BATCH_VARIABLES = {"OTEL_BSP_SCHEDULE_DELAY": "delay_s", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "batch_size",
+                   "OTEL_BSP_MAX_QUEUE_SIZE": "max_queue", "OTEL_BSP_EXPORT_TIMEOUT": "timeout_s"}
+
+
+def batching() -> dict[str, Any]:
+    """LoopExport's options from the OTEL_BSP_* variables that are set."""
+    options: dict[str, Any] = {}
+    for variable, option in BATCH_VARIABLES.items():
+        raw = os.environ.get(variable)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = 0.0
+        if not math.isfinite(value) or value <= 0:
+            log.warning("%s=%r is not a positive number; using the default", variable, raw)
+            continue
+        options[option] = value / 1000 if option.endswith("_s") else int(value)
+    return options
 
 
 ENCODE_SLICE = 64  # spans encoded between two yields to the event loop: about half a millisecond

@@ -23,7 +23,7 @@ from gateway.settings import Settings
 from gateway.telemetry import otlp
 from gateway.telemetry.metrics import CLIENT_REQUEST_ID, FOLD_EVERY, REQUEST_ID, make_metrics
 from gateway.telemetry.otlp import otlp_json
-from gateway.telemetry.spans import LoopExport, Spans
+from gateway.telemetry.spans import LoopExport, Spans, make_spans
 from gateway.upstream.client import Pool
 from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
@@ -373,6 +373,25 @@ def test_a_sampler_from_the_environment_is_honoured() -> None:
     for _ in range(2000):
         spans.record("gateway chat", 1, {})
     assert 350 < len(exporter.get_finished_spans()) < 650
+
+
+async def test_the_batch_processors_variables_set_the_exporters_batching(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # ms, as the SDK reads it
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "64")
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "-5")
+    pool = Pool()
+    try:
+        spans = make_spans("otlp", pool)
+        assert spans is not None and isinstance(spans.processor, LoopExport)
+        export = spans.processor
+        assert (export._delay_s, export._batch_size) == (600.0, 64)
+        assert export._max_queue == 8192  # the default: -5 is no queue size
+        assert "OTEL_BSP_MAX_QUEUE_SIZE='-5' is not a positive number" in caplog.text
+    finally:
+        await pool.close()
 
 
 def test_an_unknown_trace_exporter_is_a_clear_settings_error() -> None:
