@@ -56,13 +56,16 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def gateway_policy(upstream: str, directory: str, source: Path, without_classifier: bool, name: str) -> str:
+def gateway_policy(upstream: str, directory: str, source: Path, without_classifier: bool, name: str,
+                   health_interval_s: float = 1) -> str:
     policy = yaml.safe_load(source.read_text())
     if without_classifier:  # to measure what the classifier costs: the same policy minus score rules
         policy["rules"] = [r for r in policy.get("rules", []) if "complexity" not in r.get("when", {})]
     for dep in policy["deployments"].values():
         dep["url"] = upstream
-        dep["health"]["interval_s"] = 1
+        dep["health"]["interval_s"] = health_interval_s
+        if health_interval_s > 1:  # the load is read as often as the health (the watch's period is the lesser)
+            dep.setdefault("load", {})["scrape_interval_s"] = health_interval_s
     path = Path(directory) / f"bench-policy-{name.replace(' ', '-').replace('/', '')}.yaml"
     path.write_text(yaml.safe_dump(policy))
     return str(path)
