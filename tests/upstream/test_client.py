@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.upstream.client import ConnectError, Disconnected, Pool, ResponseTimeout
+from gateway.upstream.client import ConnectError, Disconnected, Pool, ResponseTimeout, _request_head, _target
 from tests.fixtures.conditions import until
 from tests.fixtures.processes import free_port
 
@@ -138,6 +138,17 @@ async def test_a_shorter_read_timeout_after_longer_ones_on_the_same_connection_s
             async for _ in response.iter_chunks():
                 pass
     assert len(peers) == 4 and len(set(peers)) == 1  # the stream went on the connection the others used
+
+
+@pytest.mark.parametrize("breaking", ["\r", "\n", "\r\n", "\n\r", "\r\nx-injected: 1"])
+@pytest.mark.parametrize("where", ["name", "value"])
+def test_a_header_with_any_line_break_is_left_out_and_the_others_are_written(breaking: str, where: str) -> None:
+    bad = {"name": (f"x-b{breaking}ad", "1"), "value": ("x-bad", f"a{breaking}b")}[where]
+    headers = {"x-first": "1", bad[0]: bad[1], "x-last": "2"}
+    head = _request_head("POST", _target("http://h:1/v1/x"), b"{}", headers).decode()
+    assert head == "POST /v1/x HTTP/1.1\r\nhost: h:1\r\ncontent-length: 2\r\nx-first: 1\r\nx-last: 2\r\n\r\n"
+    clean = _request_head("GET", _target("http://h:1/"), b"", {"x-a": "é"})
+    assert clean == "GET / HTTP/1.1\r\nhost: h:1\r\nx-a: é\r\n\r\n".encode()
 
 
 async def test_headers_are_sent_and_a_header_with_a_line_break_cannot_inject_another(pool: Pool, echo_server) -> None:  # type: ignore[no-untyped-def]
