@@ -101,8 +101,10 @@ def test_an_encoder_that_returns_no_ascii_text_is_an_error_not_bad_json() -> Non
         otlp.native.attributes_json({"x": "needs \"escape\""}, lambda text: "ü")
 
 
-ids = st.integers(min_value=0, max_value=2**128 - 1) | st.sampled_from([0, 1, 2**64 - 1, 2**64, 2**128 - 1])
-times = st.integers(min_value=0, max_value=2**63 - 1)
+# the digits' edges too: a nibble of each word, each word's top, the carries of decimal digits
+ids = st.integers(min_value=0, max_value=2**128 - 1) | st.sampled_from(
+    [0, 1, 0xF, 0x10, 2**63, 2**64 - 1, 2**64, 2**64 + 0xA, 0xABCDEF << 100, 2**128 - 1])
+times = st.integers(min_value=0, max_value=2**63 - 1) | st.sampled_from([0, 9, 10, 99, 10**18, 2**63 - 1])
 
 
 @settings(max_examples=2_000, deadline=None)
