@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from tests.fixtures.stack import Stack
+from tests.fixtures.timers import armed_timers
 
 HELLO = [{"role": "user", "content": "hi"}]
 
@@ -98,15 +99,7 @@ async def test_requests_on_a_kept_alive_connection_arm_no_timer_each(make_stack:
     upstream read deadline is armed per request on a kept-alive connection (gateway/upstream/deadline.py).
     The client here writes raw HTTP/1.1, so every timer counted is the gateway's or its fake deployment's."""
     stack: Stack = await make_stack()
-    loop = asyncio.get_running_loop()
-    armed: list[str] = []
-    call_at = loop.call_at
-
-    def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
-        armed.append(getattr(callback, "__qualname__", repr(callback)))
-        return call_at(when, callback, *args, **kwargs)
-
-    monkeypatch.setattr(loop, "call_at", counting)
+    armed = armed_timers(asyncio.get_running_loop(), monkeypatch)
     reader, writer = await _raw(stack)
     body = json.dumps({"model": "fast", "messages": HELLO}).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"

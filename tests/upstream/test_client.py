@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestServer
 from gateway.upstream.client import ConnectError, Disconnected, Pool, ResponseTimeout, _request_head, _target
 from tests.fixtures.conditions import until
 from tests.fixtures.processes import free_port
+from tests.fixtures.timers import armed_timers
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -108,15 +109,7 @@ async def test_requests_on_a_kept_alive_connection_arm_one_read_timer_not_one_pe
     """With uvloop a timer armed and cancelled costs ~7,600 instructions: the read deadline is re-armed only
     when it fires early (gateway/upstream/deadline.py), not at each wait for bytes."""
     base, _, _ = echo_server
-    loop = asyncio.get_running_loop()
-    armed: list[float] = []
-    call_at = loop.call_at
-
-    def counting(when: float, *args, **kwargs):  # type: ignore[no-untyped-def]
-        armed.append(when)
-        return call_at(when, *args, **kwargs)
-
-    monkeypatch.setattr(loop, "call_at", counting)
+    armed = armed_timers(asyncio.get_running_loop(), monkeypatch)
     for i in range(25):
         if i == 5:  # the connection's own (its connect, its read deadline, the pool's idle sweep) are armed
             before = len(armed)
