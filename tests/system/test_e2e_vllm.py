@@ -480,19 +480,20 @@ def _streamed_ids(deployment: vllm_fixtures.VllmDeployment) -> list[tuple[list[i
 
 
 def _cut_points(events: list[tuple[list[int], str]], model_dir: Path) -> dict[str, int]:
-    """The events to cut fast's stream after (counted from its first), found with the family's own tokenizer."""
+    """How many generated ids to cut fast's stream after, found with the family's own tokenizer in one run's
+    events. Another run may merge events (a loaded server): its cut then ends a merged event, still mid-answer."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(next(model_dir.rglob("tokenizer.json"))))
     found: dict[str, int] = {}
     ids: list[int] = []
-    for n, (more, text) in enumerate(events[:-1], start=1):  # not after the finish
+    for more, text in events[:-1]:  # not after the finish
         ids += more
         inside = tokenizer.decode(ids, skip_special_tokens=True).endswith("\ufffd")  # a character's bytes held
         kind = ("held back ids" if not text else "several ids ending inside a character") if inside else \
             "several ids ending on a whole character"
         if more and (len(more) > 1 or not text):
-            found.setdefault(kind, n)
+            found.setdefault(kind, len(ids))
     assert len(found) == 3, f"the tiny model's answer no longer has each kind of break point: {found}"
     return found
 
