@@ -1,69 +1,113 @@
 """The structured inputs a classifier may use, by the name its artifact stores: each reads a request as one float.
 
-Each input is written once, as the source of a Python expression over the features `f` and the cues `c`. From
-that source come both the per-input functions (training, explanations) and a model's whole structured part
-compiled into one function (`compile_terms`): in the running gateway, 23 lambda calls and their helpers cost
-~10 µs a request, the compiled sum ~2.
+Each input is written once, as a Source: one attribute of the features `f` or the cues `c` and an operation on
+it. From that come both the per-input functions (training, explanations), as Python expressions, and a model's
+whole structured part summed by one call (`compile_terms`): in the running gateway 23 lambda calls and their
+helpers cost ~10 µs a request, one compiled Python sum ~25,000 instructions, the C table (_terms.c) ~2,500.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.classifier.cues import KINDS, Cues
 from gateway.features import Features
 
+try:
+    from gateway.classifier import _terms as _native_terms
+except ImportError:  # the optional extension did not compile: compile_terms writes the sum in Python
+    _native_terms = None  # type: ignore[assignment]
+
 Input = Callable[[Features, Cues], float]
 
 
-def _log1p(value: str) -> str:
-    """log1p of a count, negatives read as 0 (max(value, 0.0) without the builtin's call: the same value)."""
-    return f"log1p(0.0 if {value} < 0.0 else {value})"
+@dataclass(frozen=True, slots=True)
+class Source:
+    """How an input reads a request: one attribute of the features (`f`) or the cues (`c`), and what is made of
+    it (`op`, one of OPS). The Python expression and the C extension's row both come from it."""
+
+    reads: str  # "f" or "c"
+    attr: str
+    op: str
+    arg: Any = None
+
+    @property
+    def expression(self) -> str:
+        value = f"{self.reads}.{self.attr}"
+        return OPS[self.op].format(x=value, arg=self.arg)
+
+    def row(self) -> tuple[bool, str, int, Any]:
+        """(reads the cues, attribute, op code, argument): the start of the C extension's row (_terms.c)."""
+        return self.reads == "c", self.attr, OP_CODES[self.op], self.arg
+
+
+# Each operation's Python expression over the value x; the order is the op codes of gateway/classifier/_terms.c.
+OPS: dict[str, str] = {
+    "log1p": "log1p(0.0 if {x} < 0.0 else {x})",  # a count's log, negatives as 0 (max() without the call)
+    "log1p_or_zero": "log1p(0.0 if ({x} or 0) < 0.0 else ({x} or 0))",  # the same, None read as 0
+    "float": "float({x})",
+    "in": "float({x} in {arg!r})",
+    "min": "float(min({x}, {arg!r}))",
+    "gte": "float({x} >= {arg!r})",
+    "value": "{x}",
+    "eq": "float({x} == {arg!r})",
+}
+OP_CODES = {op: code for code, op in enumerate(OPS)}
+
+
+def _f(attr: str, op: str = "log1p", arg: Any = None) -> Source:
+    return Source("f", attr, op, arg)
+
+
+def _c(attr: str, op: str = "log1p", arg: Any = None) -> Source:
+    return Source("c", attr, op, arg)
 
 
 # Read from the features: sizes of the conversation's parts, tools, markers, what the caller asked for.
-CONVERSATION: dict[str, str] = {
-    "prompt_tokens": _log1p("f.prompt_tokens"),
-    "last_user_tokens": _log1p("f.last_user_tokens"),
-    "history_tokens": _log1p("f.history_tokens"),
-    "system_tokens": _log1p("f.system_tokens"),
-    "message_count": _log1p("f.message_count"),
-    "tools_count": _log1p("f.tools_count"),
-    "tool_result_turns": _log1p("f.tool_result_turns"),
-    "has_code": "float(f.has_code)",
-    "has_math": "float(f.has_math)",
-    "json_output": "float(f.response_format in ('json_object', 'json_schema'))",
-    "max_tokens": _log1p("(f.max_tokens or 0)"),
+CONVERSATION: dict[str, Source] = {
+    "prompt_tokens": _f("prompt_tokens"),
+    "last_user_tokens": _f("last_user_tokens"),
+    "history_tokens": _f("history_tokens"),
+    "system_tokens": _f("system_tokens"),
+    "message_count": _f("message_count"),
+    "tools_count": _f("tools_count"),
+    "tool_result_turns": _f("tool_result_turns"),
+    "has_code": _f("has_code", "float"),
+    "has_math": _f("has_math", "float"),
+    "json_output": _f("response_format", "in", ("json_object", "json_schema")),
+    "max_tokens": _f("max_tokens", "log1p_or_zero"),
 }
 
 # Read from the cues: what the ask asks for, in terms that hold across kinds of task.
-TASK: dict[str, str] = {
-    "ask_chars": _log1p("c.ask_chars"),
-    "shots": _log1p("c.shots"),
-    "options": "float(min(c.options, 10))",
-    "choice": "float(c.options >= 2)",
-    "letter_only": "float(c.letter_only)",
-    "digits": _log1p("c.digits"),
-    "latex": "float(c.latex)",
-    "word_problem": "float(c.word_problem)",
-    "code_request": "float(c.code_request)",
-    "open_ended": "float(c.open_ended)",
-    "reasoning": "float(c.reasoning)",
-    "negation": "float(c.negation)",
-    "question_mark": "float(c.question_mark)",
-    "cjk_share": "c.cjk_share",
-    "word_chars": "min(c.word_chars, 20.0)",
-    "expected_answer_tokens": _log1p("c.expected_answer_tokens"),
+TASK: dict[str, Source] = {
+    "ask_chars": _c("ask_chars"),
+    "shots": _c("shots"),
+    "options": _c("options", "min", 10),
+    "choice": _c("options", "gte", 2),
+    "letter_only": _c("letter_only", "float"),
+    "digits": _c("digits"),
+    "latex": _c("latex", "float"),
+    "word_problem": _c("word_problem", "float"),
+    "code_request": _c("code_request", "float"),
+    "open_ended": _c("open_ended", "float"),
+    "reasoning": _c("reasoning", "float"),
+    "negation": _c("negation", "float"),
+    "question_mark": _c("question_mark", "float"),
+    "cjk_share": _c("cjk_share", "value"),
+    "word_chars": _c("word_chars", "min", 20.0),
+    "expected_answer_tokens": _c("expected_answer_tokens"),
 }
 
 # One level per kind of task. Per-kind slopes (the ask's length times each kind) were tried and dropped:
 # uncentred, they extrapolated a short chat turn ("hi") into the top fifth, and held-out figures were no
 # better with them.
-KIND: dict[str, str] = {f"kind_{kind}": f"float(c.kind == {kind!r})" for kind in KINDS}
+KIND: dict[str, Source] = {f"kind_{kind}": _c("kind", "eq", kind) for kind in KINDS}
 
-SOURCES: dict[str, str] = CONVERSATION | TASK | KIND
+READS: dict[str, Source] = CONVERSATION | TASK | KIND
+SOURCES: dict[str, str] = {name: source.expression for name, source in READS.items()}
 # The names the compiled expressions read besides `f` and `c`; inf and nan for a term's non-finite constants.
 _NAMESPACE = {"log1p": math.log1p, "float": float, "min": min, "inf": math.inf, "nan": math.nan}
 
@@ -80,10 +124,15 @@ FEATURES_ONLY = frozenset(CONVERSATION)
 Terms = Callable[[Features, Cues, float], float]
 
 
-def compile_terms(terms: Sequence[tuple[str, float, float, float, float]]) -> Terms:
+def compile_terms(terms: Sequence[tuple[str, float, float, float, float]], *, native: bool = True) -> Terms:
     """One function adding each term's `slope * (clamp(value, low, high) - mean)` to z, in the order given (so
     the sum is the same float as a loop over the terms would make): terms are (input name, mean, slope, low,
-    high), the constants written into the code as exact float literals."""
+    high). In C where gateway/classifier/_terms.c built (a table of the terms' rows, ~10x cheaper), else (or with
+    native=False) in Python, the constants written into the code as exact float literals."""
+    if native and _native_terms is not None:
+        rows = tuple((*READS[name].row(), mean, slope, low, high) for name, mean, slope, low, high in terms)
+        summed: Terms = _native_terms.Terms(rows).add
+        return summed
     lines = ["def terms(f, c, z):"]
     for name, mean, slope, low, high in terms:
         lines.append(f"    v = {SOURCES[name]}")
