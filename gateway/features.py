@@ -362,26 +362,28 @@ def extract(body: Mapping[str, Any], endpoint: str) -> Features:
     )
     tool_tokens = counter.count(_tool_definitions_text(tools, functions)) if tools_count else 0
     model = body.get("model")
+    # Positional, in the fields' order: a class called with keywords gets them as a dict built per call (~3 µs
+    # for these 19). tests/test_features.py reads each field of a request where they all differ.
     return Features(
-        endpoint=endpoint,
-        requested_model=model if isinstance(model, str) else "",
-        prompt_tokens=system + history + last_user + tool_tokens,
-        prompt_tokens_exact=counter.exact,
-        system_tokens=system,
-        history_tokens=history,
-        last_user_tokens=last_user,
-        message_count=message_count,
-        user_turns=user_turns,
-        tools_count=tools_count,
-        tool_result_turns=tool_results,
-        prior_answers=prior_answers,
-        has_code=code,
-        has_math=math,
-        response_format=_response_format(body.get("response_format")),
-        max_tokens=output_cap(body, endpoint),
-        temperature=_number(body.get("temperature")),
-        stream=body.get("stream") is True,
-        last_user_text=bound_text(last_text),
+        endpoint,
+        model if isinstance(model, str) else "",  # requested_model
+        system + history + last_user + tool_tokens,  # prompt_tokens
+        counter.exact,  # prompt_tokens_exact
+        system,  # system_tokens
+        history,  # history_tokens
+        last_user,  # last_user_tokens
+        message_count,
+        user_turns,
+        tools_count,
+        tool_results,  # tool_result_turns
+        prior_answers,
+        code,  # has_code
+        math,  # has_math
+        _response_format(body.get("response_format")),  # response_format
+        output_cap(body, endpoint),  # max_tokens
+        _number(body.get("temperature")),  # temperature
+        body.get("stream") is True,  # stream
+        bound_text(last_text),  # last_user_text
     )
 
 

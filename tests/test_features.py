@@ -67,6 +67,30 @@ def test_small_chat_counts_by_part() -> None:
     assert f.endpoint == "chat" and f.requested_model == "m"
 
 
+def test_every_field_holds_its_own_value() -> None:
+    # extract() builds Features positionally: a request where no two fields agree shows each in its place
+    body = chat(
+        {"role": "system", "content": "You are a terse assistant, please."},
+        {"role": "user", "content": "hello"},
+        {"role": "user", "content": "are you there?"},
+        {"role": "assistant", "content": "hi, how can I help you today?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "user", "content": "```python\ndef f():\n    return 1\n``` fix this function for me now, quickly"},
+    ) | {"tools": [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}] * 4,
+         "response_format": {"type": "json_object"}, "max_tokens": 77, "temperature": 0.25, "stream": True}
+    f = extract(body, "chat")
+    assert f.as_record(with_prompt=True) == {
+        "endpoint": "chat", "requested_model": "m", "prompt_tokens": 118, "prompt_tokens_exact": True,
+        "system_tokens": 8, "history_tokens": 18, "last_user_tokens": 20, "message_count": 7, "user_turns": 3,
+        "tools_count": 4,
+        "tool_result_turns": 1, "prior_answers": 2, "has_code": True, "has_math": False,
+        "response_format": "json_object", "max_tokens": 77, "temperature": 0.25, "stream": True,
+        "last_user_text": body["messages"][-1]["content"],
+    }
+
+
 CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     (
         "content parts: text kept, images dropped",

@@ -52,9 +52,10 @@ def gather(call: Call, scoring: Scoring, around: Surroundings) -> Context:
         route = features.requested_model
         if complexity is not None and policy.share_windows and route in policy.rule_routes:
             thresholds = scoring.thresholds(policy, route, complexity)
-    return Context(headers=read_headers(policy, call.headers), tenant=call.tenant, complexity=complexity,
-                   load=around.load, in_flight=around.in_flight, admission=around.admission,
-                   session=around.session, share_thresholds=thresholds, step=call.step, agent=around.agent)
+    # Positional, in Context's field order (headers, tenant, complexity, load, in_flight, admission, session,
+    # share_thresholds, step, agent): a class called with keywords gets them as a dict built per call.
+    return Context(read_headers(policy, call.headers), call.tenant, complexity, around.load, around.in_flight,
+                   around.admission, around.session, thresholds, call.step, around.agent)
 
 
 def read_headers(policy: Policy, headers: Mapping[str, str]) -> dict[str, str]:
