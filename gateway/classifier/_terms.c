@@ -137,7 +137,7 @@ input_value(const Term *term, PyObject *value, double *out)
     switch (term->op) {
     case OP_LOG1P_OR_ZERO: /* log1p(max((x or 0), 0)) */
         if (value == Py_None) {
-            *out = py_log1p(0.0);
+            *out = 0.0; /* log1p(0) */
             return 0;
         }
         /* fall through: a number's `or 0` is itself, 0 when it is 0 */
