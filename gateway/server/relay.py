@@ -21,7 +21,7 @@ from gateway.policy.model import Price
 from gateway.server import resuming
 from gateway.server.exchanges import add_gateway_headers
 from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, SETTINGS, TELEMETRY
-from gateway.telemetry.exchange import Exchange
+from gateway.telemetry.exchange import Exchange, Resume
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
 from gateway.upstream.deployments import Deployments
@@ -137,8 +137,8 @@ async def _relay_stream(
                     raise
                 progress = progress or resume.read_back(adapter.endpoint, call.body, transcript, plan.blocked)
                 nxt = await resuming.go_on(request, adapter, call, decision, plan, progress, reply, part, exc)
-                if nxt is None:
-                    raise
+                if isinstance(nxt, Resume):
+                    raise resuming.unresumed(exc, nxt) from exc
                 _release(reply, progress, ex, metrics)
                 reply, part = nxt
                 ex.answered(reply.deployment, ex.response_model, call.policy.deployments[reply.deployment].price)

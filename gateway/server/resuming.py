@@ -8,6 +8,7 @@ call to the sibling, and the record of every break (metrics, span, explain memor
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,9 +64,10 @@ def plan(adapter: Adapter, call: Call, caps: Mapping[str, int] | None, answer_id
 async def go_on(
     request: web.Request, adapter: Adapter, call: Call, decision: Decision, plan: Plan,
     progress: resume.Progress, reply: upstream.Reply, part: StreamReader | resume.Splice, err: GatewayError,
-) -> tuple[upstream.Reply, resume.Splice] | None:
-    """The sibling's continuation of a broken stream, its headers in; None when it is not faithful or fails
-    before its first byte (the caller then ends the client's stream with the error event)."""
+) -> tuple[upstream.Reply, resume.Splice] | Resume:
+    """The sibling's continuation of a broken stream, its headers in; else the record of why there is none (not
+    faithful, nowhere to go, or the sibling failed before its first byte): the caller ends the client's stream
+    with the error event, saying why (`unresumed`)."""
     app, ex = request.app, request[EXCHANGE]
     broken = reply.deployment
     reply.close()  # a stalled deployment stops generating now, not when the continuation ends
@@ -81,8 +83,7 @@ async def go_on(
         why = await _keep_shown_ids(app, target, call.policy.deployments[target], progress, plan.headers)
         at = progress.generated_tokens
     if why is not None or target is None:
-        _record(request, Resume(broken, None, at, "refused", why or ""))
-        return None
+        return _record(request, Resume(broken, None, at, "refused", why or "no deployment to resume on"))
     remaining = cap - at
     dep = call.policy.deployments[target]
     path, body = resume.continuation(progress, call.body, dep.served_model, remaining)
@@ -95,8 +96,7 @@ async def go_on(
         await upstream.answer(sibling, True, app[SETTINGS].max_upstream_body_bytes)
     except UpstreamError as exc:
         app[DEPLOYMENTS].record_failure(target)
-        _record(request, Resume(broken, target, at, "failed", f"the continuation failed: {exc.message}"))
-        return None
+        return _record(request, Resume(broken, target, at, "failed", f"the continuation failed: {exc.message}"))
     plan.left -= 1
     progress.answer_id = progress.answer_id if adapter.endpoint in _TOKEN_APIS else plan.answer_id
     _record(request, Resume(broken, target, at, "resumed", err.message))
@@ -167,11 +167,21 @@ def _why_not(call: Call, plan: Plan, progress: resume.Progress, target: str | No
     return None
 
 
-def _record(request: web.Request, what: Resume) -> None:
+def _record(request: web.Request, what: Resume) -> Resume:
     ex = request[EXCHANGE]
     ex.resumed(what)
     request.app[TELEMETRY].metrics.stream_resumes.labels(what.from_deployment, what.to or "none", what.outcome).inc()
     request.app[RECENT].resumed(ex.request_id, what.describe())
+    return what
+
+
+def unresumed(err: GatewayError, what: Resume) -> GatewayError:
+    """The break's error, saying why no other deployment finished the answer: a red run or an unhappy client
+    reads the cause in the error event itself, not only in the gateway's metrics."""
+    said = copy.copy(err)
+    said.message = f"{err.message}; not resumed: {what.reason}"
+    said.args = (said.message,)
+    return said
 
 
 def error_event(reader: StreamReader, progress: resume.Progress | None, err: GatewayError) -> bytes:

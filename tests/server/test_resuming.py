@@ -149,6 +149,7 @@ async def test_a_stream_that_cannot_be_continued_faithfully_ends_with_the_error_
     pair.fast.faults.append(Break(after=3))
     events = await _error_stream(pair, {"model": "fast", "messages": HELLO, "stream": True, **body})
     assert "error" in events[-1] and _text(events[:-1]) == word(0) + word(1)
+    assert f"not resumed: {why}" in events[-1]["error"]["message"]  # the client's error says why
     assert not pair.hq.received  # no continuation was tried
     assert 'gateway_stream_resumes_total{from="fast",outcome="refused",to="none"} 1.0' in await pair.metrics()
     assert why in _explained_resumes(pair)
@@ -318,6 +319,7 @@ async def test_a_sibling_that_cannot_say_where_the_text_ends_is_not_sent_a_guess
     pair.fast.faults.append(Break(after=2))
     events = await _error_stream(pair, {"model": "fast", "messages": HELLO, "stream": True})
     assert "error" in events[-1] and _text(events[:-1]) == word(0)
+    assert "not resumed: where the client's text ends could not be found" in events[-1]["error"]["message"]
     assert [p for p, _ in pair.hq.received] == ["/detokenize"]  # no continuation was sent
     assert 'gateway_stream_resumes_total{from="fast",outcome="refused",to="none"} 1.0' in await pair.metrics()
     assert "where the client's text ends could not be found: hq answered 404 to /detokenize" in \
