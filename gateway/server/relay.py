@@ -136,6 +136,10 @@ async def _relay_stream(
                 if plan is None:
                     raise
                 progress = progress or resume.read_back(adapter.endpoint, call.body, transcript, plan.blocked)
+                if progress.finished:
+                    await response.write(resuming.end_finished(request, plan, progress, reply, part))
+                    finished = True
+                    break
                 nxt = await resuming.go_on(request, adapter, call, decision, plan, progress, reply, part, exc)
                 if isinstance(nxt, Resume):
                     raise resuming.unresumed(exc, nxt) from exc

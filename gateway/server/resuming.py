@@ -104,6 +104,17 @@ async def go_on(
     return sibling, resume.Splice(progress, plan.client_wants_usage, at, text_of)
 
 
+def end_finished(request: web.Request, plan: Plan, progress: resume.Progress, reply: upstream.Reply,
+                 part: StreamReader | resume.Splice) -> bytes:
+    """The end of a stream whose deployment broke off after the answer's own end (its finish reason, say, and
+    not the usage chunk or [DONE]): the client has the whole answer, so the gateway ends the stream, not an error."""
+    reply.close()
+    _count_part(progress, part)
+    _record(request, Resume(reply.deployment, None, progress.generated_tokens, "ended",
+                            "the answer had finished: the gateway ended its stream"))
+    return resume.end_of_finished(progress, plan.client_wants_usage)
+
+
 async def _keep_shown_ids(app: web.Application, target: str, dep: Deployment, progress: resume.Progress,
                           headers: dict[str, str]) -> str | None:
     """Cut the generated ids back to those whose text the client has; None, else why that could not be found.

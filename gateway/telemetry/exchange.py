@@ -41,7 +41,9 @@ class Resume:
     from_deployment: str
     to: str | None  # None: not resumed
     at_tokens: int  # tokens the client had been sent when the stream broke
-    outcome: str  # resumed | failed (the continuation broke or failed) | refused (not faithful, or off)
+    # resumed | failed (the continuation broke or failed) | refused (not faithful, or off) | ended (the answer had
+    # finished: the gateway sent the stream's end)
+    outcome: str
     reason: str = ""
 
     def describe(self) -> str:

@@ -73,6 +73,7 @@ class Progress:
     generated_tokens: int = 0  # the ids' count, else an estimate from the text
     prompt_tokens: int = 0  # the client's prompt as the first deployment counted it (0: not known)
     blocked: str | None = None  # why the answer cannot be continued faithfully
+    finished: bool = False  # the answer's own end (a finish reason, a terminal event) reached the client
     charged_tokens: int = 0  # generated tokens already charged to the parts before
     # the Responses API: the output message being written, and the last event's sequence number
     item: dict[str, Any] = field(default_factory=dict)
@@ -99,6 +100,23 @@ class Progress:
 
     def block(self, why: str) -> None:
         self.blocked = self.blocked or why
+
+    def finish(self) -> None:
+        """The answer ended as its API ends one: nothing is left to continue, only the stream's end to send."""
+        self.finished = True
+        self.block("the answer had already finished")
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chunk of the client's API (chat or completions) under the first part's id, creation time and model."""
+        kind = "text_completion" if self.api == "completions" else "chat.completion.chunk"
+        return {"id": self.answer_id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def usage_event(self, usage: openai.Usage) -> bytes:
+        """The stream's usage chunk, as chat and completions end a stream that asked for it."""
+        chunk = {**self.chunk([]), "usage": {
+            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens}}
+        return b"data: " + openai.encode(chunk) + b"\n\n"
 
     def took(self, ids: list[int], text: str) -> None:
         """One event's generated ids and the text it carried to the client."""
@@ -209,7 +227,7 @@ def _read_openai_event(progress: Progress, event: bytes) -> None:
 
 def _read_choice(progress: Progress, choice: dict[str, Any]) -> None:
     if choice.get("finish_reason") is not None:
-        progress.block("the answer had already finished")
+        progress.finish()
     delta = choice.get("delta")
     if isinstance(delta, dict):
         if delta.get("tool_calls") or delta.get("function_call"):
@@ -246,7 +264,7 @@ def _read_responses_event(progress: Progress, event: bytes) -> None:
         progress.text.append(data["delta"])
         progress.item["content_index"] = data.get("content_index", 0)
     elif kind in (b"response.output_item.done", b"response.completed", b"response.incomplete"):
-        progress.block("the answer had already finished")
+        progress.finish()
     elif kind == b"response.content_part.added" and progress.item.get("parts_seen"):
         progress.block("the answer had several content parts")
     if kind == b"response.content_part.added" and progress.item:
@@ -394,13 +412,7 @@ class Splice:
         else:
             choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
                       "finish_reason": reason}
-        return self._named_chunk([choice])
-
-    def _named_chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        """A chunk of the client's API under the first part's id, creation time and model."""
-        p = self.progress
-        kind = "text_completion" if p.api == "completions" else "chat.completion.chunk"
-        return {"id": p.answer_id, "object": kind, "created": p.created, "model": p.model, "choices": choices}
+        return self.progress.chunk([choice])
 
     def client_usage(self) -> openai.Usage:
         """The usage the client sees: its prompt once, and every part's generated tokens."""
@@ -409,11 +421,7 @@ class Splice:
         return openai.Usage(prompt, self.before + own)
 
     def _usage_chunk(self) -> bytes:
-        usage = self.client_usage()
-        chunk = {**self._named_chunk([]), "usage": {
-            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}}
-        return b"data: " + openai.encode(chunk) + b"\n\n"
+        return self.progress.usage_event(self.client_usage())
 
     # The Responses API: the continuation's opening events are dropped, its text deltas moved onto the item
     # the client has, and its closing events written over the whole text.
@@ -446,7 +454,7 @@ class Splice:
             rewritten = self._response(response, whole)
             if self.done:
                 self.final = rewritten
-                self.progress.block("the answer had already finished")
+                self.progress.finish()
             return self._named(kind, {**data, "response": rewritten})
         return self._named(kind, data) if kind else b""
 
@@ -489,3 +497,13 @@ def _text(data: Mapping[str, Any], key: str) -> str:
 def _number(data: Mapping[str, Any], key: str) -> int:
     found = data.get(key)
     return found if isinstance(found, int) and not isinstance(found, bool) else 0
+
+
+def end_of_finished(progress: Progress, client_wants_usage: bool) -> bytes:
+    """What the client is still owed when the deployment broke off after the answer's own end: for chat and
+    completions the usage chunk it asked for and [DONE]; a Responses stream's terminal event was the end."""
+    if progress.api == "responses":
+        return b""
+    prompt = progress.prompt_tokens or len(progress.prompt_ids or ())
+    usage = progress.usage_event(openai.Usage(prompt, progress.generated_tokens)) if client_wants_usage else b""
+    return usage + openai.DONE_EVENT

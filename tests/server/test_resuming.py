@@ -170,6 +170,29 @@ async def _error_stream(pair: Pair, body: dict[str, Any]) -> list[dict[str, Any]
     return [json.loads(e.removeprefix("data: ")) for e in text.split("\n\n") if e.strip() and "[DONE]" not in e]
 
 
+@pytest.mark.parametrize(("path", "body"), [
+    ("/chat/completions", {"messages": HELLO, "stream_options": {"include_usage": True}}),
+    ("/chat/completions", {"messages": HELLO}),
+    ("/completions", {"prompt": "hello", "stream_options": {"include_usage": True}}),
+])
+async def test_a_break_after_the_answers_end_is_ended_by_the_gateway_not_an_error(
+    make_pair: Any, path: str, body: dict[str, Any]
+) -> None:
+    """A loaded deployment can send the finish reason and break before its usage chunk and [DONE]: the client has
+    the whole answer, so it gets the stream's end (and the usage it asked for), never an error after the answer."""
+    pair: Pair = await make_pair()
+    pair.fast.faults.append(Break(after=ANSWER_WORDS + 1 + (path == "/chat/completions")))  # after the finish
+    events = await _chat_events(pair, {"model": "fast", "stream": True, **body}, path)  # ends with [DONE]
+    assert _text(events) == WHOLE and not any("error" in e for e in events)
+    assert [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")] == ["stop"]
+    usage = [e["usage"] for e in events if e.get("usage")]
+    wants_usage = "stream_options" in body
+    assert usage == ([{"prompt_tokens": len(PROMPT_IDS), "completion_tokens": ANSWER_WORDS,
+                       "total_tokens": len(PROMPT_IDS) + ANSWER_WORDS}] if wants_usage else [])
+    assert not pair.hq.received  # nothing to continue
+    assert 'gateway_stream_resumes_total{from="fast",outcome="ended",to="none"} 1.0' in await pair.metrics()
+
+
 async def test_resume_off_in_the_policy_ends_with_the_error_event(make_pair: Any) -> None:
     pair: Pair = await make_pair("resume: {enabled: false}\n")
     pair.fast.faults.append(Break(after=3))
