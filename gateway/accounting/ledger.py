@@ -97,7 +97,7 @@ class Accounting:
         What was generated is charged, also when the client left or the deployment died mid-stream (the relay
         then counts the streamed tokens); only a call no deployment took is released.
         """
-        if ex.usage is not None:
+        if ex.usage is not None or ex.side_parts:  # a summary made for the call is charged even if it failed after
             await self._settle(held, policy, ex)
         else:
             await self.budgets.release(held)
@@ -136,13 +136,14 @@ class Accounting:
         )
 
     async def _settle(self, held: Reservation, policy: Policy, ex: Exchange) -> None:
-        usage: Usage | None = ex.usage
+        usage: Usage = ex.usage or Usage(0, 0)
         answered = ex.deployment if ex.deployment in policy.deployments else held.deployment
-        assert usage is not None
         price = policy.deployments[answered].price
         tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
         # a stream another deployment finished: each earlier part at the price of the one that generated it
         before = [(part_price or price, part) for _, part_price, part in ex.parts or ()]
+        # calls made for the answer beside it (a compaction's summary), at the price of the deployment that made them
+        before += [(part_price or price, part) for _, part_price, part in ex.side_parts or ()]
         await self.budgets.settle(held, price, tokens_in, tokens_out, deployment=answered, before=before)
 
 

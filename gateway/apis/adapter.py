@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gateway.context.anthropic_edits import Managed
 from gateway.errors import GatewayError
 from gateway.features import Features
 from gateway.openai import StreamTally, Usage
@@ -48,6 +49,10 @@ class Adapter(Protocol):
         """The request body, checked leniently: a 400 names a field the gateway reads that has a wrong type."""
         ...
 
+    def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
+        """The body after the context edits the API asks the gateway to make (None: it asked for none)."""
+        ...
+
     def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """The body as the decision reads it: chat-shaped (`messages`, `tools`, …) or completions-shaped."""
         ...
@@ -60,15 +65,18 @@ class Adapter(Protocol):
 
     def usage_of(self, answer: Mapping[str, Any]) -> Usage | None: ...
 
-    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str) -> tuple[bytes, dict[str, Any]]:
-        """A non-streamed answer as the client gets it (a Responses answer renamed to the gateway's id)."""
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str,
+               managed: Managed | None = None) -> tuple[bytes, dict[str, Any]]:
+        """A non-streamed answer as the client gets it (a Responses answer renamed to the gateway's id, a Messages
+        answer with the context edits made to its prompt)."""
         ...
 
     def answer_view(self, found: Mapping[str, Any]) -> dict[str, Any] | None:
         """A non-streamed answer as a chat completion, for the agent step (None: the answer is one already)."""
         ...
 
-    def stream_reader(self, client_wants_usage: bool, answer_id: str) -> StreamReader: ...
+    def stream_reader(self, client_wants_usage: bool, answer_id: str, managed: Managed | None = None) -> StreamReader:
+        ...
 
     def new_id(self) -> str:
         """The id the gateway gives this call's answer ("" when the deployment's own is kept)."""

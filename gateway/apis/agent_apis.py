@@ -10,6 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway import openai
+from gateway.context import anthropic_answers
+from gateway.context.anthropic_config import FIELD, read_edits
+from gateway.context.anthropic_edits import Managed, manage
 from gateway.errors import GatewayError
 from gateway.features import Features, extract
 from gateway.wire import messages, responses
@@ -32,6 +35,9 @@ class ResponsesAdapter:
         responses.check(body)
         return body
 
+    def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
+        return body, None
+
     def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         return responses.view(body)
 
@@ -44,13 +50,15 @@ class ResponsesAdapter:
     def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
         return responses.usage_of(answer)
 
-    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str) -> tuple[bytes, dict[str, Any]]:
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str,
+               managed: Managed | None = None) -> tuple[bytes, dict[str, Any]]:
         return responses.adopt_answer(raw, found, answer_id)
 
     def answer_view(self, found: Mapping[str, Any]) -> dict[str, Any] | None:
         return responses.answer_view(found)
 
-    def stream_reader(self, client_wants_usage: bool, answer_id: str) -> responses.ResponsesReader:
+    def stream_reader(self, client_wants_usage: bool, answer_id: str,
+                      managed: Managed | None = None) -> responses.ResponsesReader:
         return responses.ResponsesReader(answer_id)
 
     def new_id(self) -> str:
@@ -76,6 +84,16 @@ class MessagesAdapter:
         messages.check(body, count_tokens=self.counting)
         return body
 
+    def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
+        """Anthropic's `context_management` done here, for vLLM ignores it: the edits made to the body, the field
+        taken out (count_tokens counts the edited prompt; it never compacts)."""
+        if FIELD not in body:
+            return body, None
+        managed = manage(body, read_edits(body))
+        if self.counting:
+            managed.compaction = None
+        return managed.body, managed
+
     def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         return messages.view(body)
 
@@ -88,14 +106,19 @@ class MessagesAdapter:
     def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
         return None if self.counting else messages.usage_of(answer)
 
-    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str) -> tuple[bytes, dict[str, Any]]:
-        return raw, found
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str,
+               managed: Managed | None = None) -> tuple[bytes, dict[str, Any]]:
+        if managed is None or self.counting:
+            return raw, found
+        found = anthropic_answers.answer(found, managed)
+        return openai.encode(found), found
 
     def answer_view(self, found: Mapping[str, Any]) -> dict[str, Any] | None:
         return None if self.counting else messages.answer_view(found)
 
-    def stream_reader(self, client_wants_usage: bool, answer_id: str) -> messages.MessagesReader:
-        return messages.MessagesReader()
+    def stream_reader(self, client_wants_usage: bool, answer_id: str,
+                      managed: Managed | None = None) -> messages.MessagesReader:
+        return messages.MessagesReader() if managed is None else anthropic_answers.EditedMessagesReader(managed)
 
     def new_id(self) -> str:
         return ""

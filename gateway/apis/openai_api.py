@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway import openai
+from gateway.context.anthropic_edits import Managed
 from gateway.errors import GatewayError
 from gateway.features import Features, extract
 
@@ -27,6 +28,9 @@ class OpenAIAdapter:
         openai.check(body, self.endpoint)
         return body
 
+    def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
+        return body, None
+
     def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         return body
 
@@ -39,13 +43,14 @@ class OpenAIAdapter:
     def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
         return openai.usage_of(answer)
 
-    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str) -> tuple[bytes, dict[str, Any]]:
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str,
+               managed: Managed | None = None) -> tuple[bytes, dict[str, Any]]:
         return raw, found
 
     def answer_view(self, found: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
 
-    def stream_reader(self, client_wants_usage: bool, answer_id: str) -> SseReader:
+    def stream_reader(self, client_wants_usage: bool, answer_id: str, managed: Managed | None = None) -> SseReader:
         return SseReader(client_wants_usage)
 
     def new_id(self) -> str:

@@ -49,17 +49,17 @@ def offline(
     adapter = BY_ENDPOINT.get(endpoint)
     if adapter is None:
         raise ExplainInputError(f"--endpoint {endpoint!r}: expected one of {', '.join(BY_ENDPOINT)}")
-    body = adapter.parse(raw)
+    body, managed = adapter.manage_context(adapter.parse(raw))
     view = adapter.view(body)
     given = _headers(headers)
-    call = read_call(policy, endpoint, body, view, len(raw), adapter.features(view), given, tenant)
+    call = read_call(policy, endpoint, body, view, len(raw), adapter.features(view), given, tenant, context=managed)
     verdict, state = _admission(policy, call, spent, session)
     scoring = ColdStart(_default_classifier)
     ctx = gather(call, scoring, Surroundings(load=_loads(policy.deployments, loads), admission=verdict,
                                              session=state))
     decision = decide(policy, call.features, ctx, explain=True)
 
-    report = explanation(decision, call.features, ctx)
+    report = explanation(decision, call.features, ctx, call.context)
     top = scoring.model(policy).explain(call.features) if ctx.complexity is not None else []
     report["top_features"] = [[name, round(weight, 4)] for name, weight in top]
     return report

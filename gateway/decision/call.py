@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.context.anthropic_edits import Managed
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.sessions import session_id
 from gateway.features import Features
@@ -17,17 +18,18 @@ class Call:
     loop, who sends it. Built once (by `read_call`, or from a log line); treated as immutable (slots, not
     frozen: a frozen class sets each field through object.__setattr__, which costs microseconds a request)."""
 
-    __slots__ = ("_session", "body", "body_bytes", "chain", "endpoint", "features", "headers", "policy", "step",
-                 "tenant", "view")
+    __slots__ = ("_session", "body", "body_bytes", "chain", "context", "endpoint", "features", "headers", "policy",
+                 "step", "tenant", "view")
 
     def __init__(self, policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any],
                  body_bytes: int, features: Features, headers: Mapping[str, str], tenant: str | None,
-                 step: AgentStep | None, chain: str | None = None) -> None:
+                 step: AgentStep | None, chain: str | None = None, context: Managed | None = None) -> None:
         self.policy, self.endpoint, self.body, self.view = policy, endpoint, body, view
         self.body_bytes, self.features, self.headers = body_bytes, features, headers
         self.tenant = tenant  # None when auth is off: no tenant rule can match it
         self.step = step
         self.chain = chain  # the session of the stored response this call continues (the Responses API)
+        self.context = context  # the API's context edits the gateway made to `body` (Anthropic's context_management)
         self._session: tuple[str | None] | None = None
 
     @property
@@ -44,7 +46,8 @@ class Call:
 
 
 def read_call(policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any], body_bytes: int,
-              features: Features, headers: Mapping[str, str], tenant: str | None, chain: str | None = None) -> Call:
+              features: Features, headers: Mapping[str, str], tenant: str | None, chain: str | None = None,
+              context: Managed | None = None) -> Call:
     """The call of a request body: its agent step read from the view when a rule of the policy reads it."""
     step = read_step(view) if policy.reads_steps else None
-    return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step, chain)
+    return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step, chain, context)

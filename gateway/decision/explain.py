@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.context.anthropic_edits import Managed
 from gateway.decision.routing import Context, Decision
 from gateway.features import Features
 
 
-def explanation(decision: Decision, features: Features, ctx: Context) -> dict[str, Any]:
-    """The decision trail as JSON: what was chosen, why, and every input the decision read."""
-    return {
+def explanation(decision: Decision, features: Features, ctx: Context,
+                context: Managed | None = None) -> dict[str, Any]:
+    """The decision trail as JSON: what was chosen, why, every input the decision read, and the context edits
+    that made the prompt it read (under `context`, when the API asked for any)."""
+    report: dict[str, Any] = {
         "deployment": decision.deployment,
         "rule": decision.rule,
         "attempts": list(decision.attempts),
@@ -25,3 +28,6 @@ def explanation(decision: Decision, features: Features, ctx: Context) -> dict[st
                         "requests_running": load.requests_running, "kv_cache_usage": load.kv_cache_usage}
                  for name, load in ctx.load.items()},
     }
+    if context is not None:
+        report["context"] = context.describe()
+    return report

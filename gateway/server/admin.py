@@ -26,7 +26,7 @@ async def explain_recent(request: web.Request) -> web.Response:
         raise NotFound(f"No recent request with id {request_id!r} (only the last "
                        f"{request.app[SETTINGS].explain_memory} are kept)")
     report = explanation(decide(remembered.policy, remembered.features, remembered.ctx, explain=True),
-                         remembered.features, remembered.ctx)
+                         remembered.features, remembered.ctx, remembered.context)
     served = remembered.served
     report["served"] = {"deployment": served.deployment, "rule": served.rule, "attempts": list(served.attempts),
                         "reasons": list(served.reasons), "resumes": list(remembered.resumes)}
@@ -42,7 +42,7 @@ async def explain_body(request: web.Request) -> web.Response:
     call = await pipeline.read(request, adapter)
     # the live path's own gathering, as a dry run: no share observed, no budget or session step counted
     ctx = gather(call, LiveScoring(request.app, observed=False), pipeline.surroundings(request.app, None, None))
-    report = explanation(decide(call.policy, call.features, ctx, explain=True), call.features, ctx)
+    report = explanation(decide(call.policy, call.features, ctx, explain=True), call.features, ctx, call.context)
     report["shares"] = request.app[SHARES].describe(call.features.requested_model)
     return web.json_response(report)
 

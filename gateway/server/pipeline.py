@@ -24,7 +24,7 @@ from gateway.decision.routing import Context, Decision, decide
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
 from gateway.policy.model import Policy
-from gateway.server import relay
+from gateway.server import compaction, relay
 from gateway.server.resources import (
     ACCOUNTING,
     CONVERSATIONS,
@@ -72,9 +72,14 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         except GatewayError:
             ex.decided(call.features, decision, ctx.complexity)  # refused by the budget: no deployment reached
             raise
+        call = await compaction.compact(request, adapter, call, decision)  # when the API's compaction is due
         record(app, ex, adapter, call, ctx, decision, enrollment, recording)
         if enrollment is not None:
             enrollment.sent()
+        if compaction.paused(call):
+            response = await compaction.answer_paused(request, call, decision)
+            status = response.status
+            return response
         keep = app[CONVERSATIONS].keeper(call) if adapter.chains else None
         response = await relay.forward(request, adapter, call, decision, admitted.caps if admitted else None, keep)
         status = response.status
@@ -102,9 +107,10 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     tenant, chain = request.get(TENANT) if policy.auth.enabled else None, None
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
         body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
+    body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
     view = adapter.view(body)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
-                     tenant, chain)
+                     tenant, chain, managed)
 
 
 async def verdict(app: web.Application, call: Call, ex: Exchange, recording: bool) -> AgentVerdict | None:
@@ -144,8 +150,13 @@ def record(
     app: web.Application, ex: Exchange, adapter: Adapter, call: Call, ctx: Context, decision: Decision,
     enrollment: Enrollment | None, recording: bool,
 ) -> None:
-    """The decision as admission left it goes on the request record, the explain memory and the agent step."""
+    """The decision as admission left it goes on the request record, the explain memory and the agent step, with
+    the context edits that made the prompt."""
     ex.decided(call.features, decision, ctx.complexity)
+    managed = call.context
+    if managed is not None and managed.applied:
+        ex.edited([(a.type, a.cleared, a.cleared_input_tokens) for a in managed.applied], managed.tokens_before,
+                  managed.tokens_after)
     app[RECENT].remember(ex.request_id, call, ctx, decision)
     if recording and adapter.generates and call.session_id is not None:
         app[TRAJECTORIES].begin(ex, call, enrollment.cohorted() if enrollment is not None else None)

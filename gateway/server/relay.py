@@ -71,14 +71,14 @@ async def forward(
                 raise
             if answer is None:
                 ex.answered(name, None, dep.price)  # the model it names is read from the stream's first event
-                reader = adapter.stream_reader(client_wants_usage, answer_id)
+                reader = adapter.stream_reader(client_wants_usage, answer_id, call.context)
                 if plan is not None:
                     plan.client_wants_usage = client_wants_usage
                 return await _relay_stream(request, adapter, call, decision, reply, reader, keep, plan)
             raw, found = answer
             ex.answered(name, found.get("model") if isinstance(found.get("model"), str) else None, dep.price)
             if reply.status == 200:
-                raw, found = adapter.answer(raw, found, answer_id)
+                raw, found = adapter.answer(raw, found, answer_id, call.context)
                 if keep is not None:
                     await keep(found)
             return _relay_body(request, adapter, deployments, metrics, reply, raw, found)

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
 from gateway.classifier.scoring import Classifier
+from gateway.context.anthropic_edits import Managed
 from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision
 from gateway.decision.share import ShareTracker
@@ -38,6 +39,7 @@ class Remembered:
     ctx: Context
     served: Decision  # after the rollout arm and the budget hold, which may narrow the failover
     resumes: list[str] = field(default_factory=list)  # each break of its stream, and what became of it
+    context: Managed | None = None  # the context edits that made the prompt (its body is not kept: see below)
 
 
 class Recent:
@@ -50,7 +52,8 @@ class Recent:
     def remember(self, request_id: str, call: Call, ctx: Context, served: Decision) -> None:
         # The context holds only the headers the policy reads (decision/context.gather), never the request's
         # own: the last 2,048 requests' could hold gigabytes.
-        self._items[request_id] = Remembered(call.policy, call.features, ctx, served)
+        self._items[request_id] = Remembered(call.policy, call.features, ctx, served,
+                                             context=None if call.context is None else call.context.without_body())
         if len(self._items) > self._size:
             self._items.popitem(last=False)
 

@@ -60,6 +60,7 @@ class Exchange:
     __slots__ = (
         "attributes",
         "client_request_id",
+        "context_edits",
         "deployment",
         "endpoint",
         "error",
@@ -72,6 +73,7 @@ class Exchange:
         "resumes",
         "rule",
         "sent",
+        "side_parts",
         "started",
         "started_ns",
         "step",
@@ -111,6 +113,9 @@ class Exchange:
         # A stream finished by the sibling: the earlier parts' (deployment, price, usage), and each resume
         self.parts: list[tuple[str, Price | None, Usage]] | None = None
         self.resumes: list[Resume] | None = None
+        self.context_edits: list[tuple[str, int]] = []  # (edit, input tokens it cleared): metrics at the end
+        # Calls made for this request beside its answer (a compaction's summary): (deployment, price, usage)
+        self.side_parts: list[tuple[str, Price | None, Usage]] | None = None
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         """The decision as admission left it; the deployment is set only once one is tried (a call the budget
@@ -127,6 +132,23 @@ class Exchange:
             attrs[t.GEN_AI_REQUEST_TEMPERATURE] = features.temperature
         if complexity is not None:
             attrs[t.COMPLEXITY] = complexity
+
+    def edited(self, edits: Sequence[tuple[str, int, int]], tokens_before: int, tokens_after: int) -> None:
+        """The context edits made to the prompt: (edit, what it cleared, the input tokens that freed) each."""
+        self.context_edits = [(edit, tokens) for edit, _, tokens in edits]
+        attrs = self.attributes
+        attrs[t.CONTEXT_EDITS] = tuple(f"{edit}: cleared {n}, {tokens} tokens" for edit, n, tokens in edits)
+        attrs[t.CONTEXT_TOKENS_BEFORE] = tokens_before
+        attrs[t.CONTEXT_TOKENS_AFTER] = tokens_after
+
+    def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics) -> None:
+        """A call made for this request beside its answer: its tokens and cost counted now, and charged to the
+        tenant with the answer's."""
+        cost_usd = price.cost_usd(usage.prompt_tokens, usage.completion_tokens) if price is not None else 0.0
+        metrics.count_tokens(deployment, self.tenant, usage.prompt_tokens, usage.completion_tokens, cost_usd)
+        if self.side_parts is None:
+            self.side_parts = []
+        self.side_parts.append((deployment, price, usage))
 
     def trying(self, deployment: str) -> None:
         self.tried.append(deployment)
@@ -187,6 +209,8 @@ class Exchange:
         shown_status = "stream_error" if self.error is not None and status == 200 else str(status)
         metrics.observe_request(self.endpoint, self.deployment or "none", self.rule or "none", shown_status,
                                 elapsed_s, ttft_s)
+        for edit, cleared_tokens in self.context_edits:
+            metrics.count_context_edit(self.endpoint, edit, cleared_tokens)
         if self.step is not None:
             self.step.finished(self, status, elapsed_s, ttft_s, spans, end_ns)
         elif spans is not None:

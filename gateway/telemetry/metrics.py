@@ -45,6 +45,9 @@ TTFT_MS = "gateway.ttft_ms"
 RESUMES = "gateway.resumes"  # each break of a streamed answer: "from -> to at N tokens: outcome (why)"
 RESUMED_AT_TOKENS = "gateway.resumed_at_tokens"
 COMPLEXITY = "gateway.complexity"
+CONTEXT_EDITS = "gateway.context.edits"  # each edit made to the prompt: "type: cleared N, M tokens"
+CONTEXT_TOKENS_BEFORE = "gateway.context.tokens_before"  # the prompt's tokens before the edits (gateway count)
+CONTEXT_TOKENS_AFTER = "gateway.context.tokens_after"
 REQUEST_ID = "gateway.request_id"
 CLIENT_REQUEST_ID = "gateway.client_request_id"
 AGENT_STEP = "gateway.agent.step"
@@ -209,6 +212,8 @@ class Metrics:
     agents: AgentSeries
     classifier_seconds: Counter
     classifier_scores: Counter
+    context_edits: Counter
+    context_cleared_tokens: Counter
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
@@ -238,6 +243,11 @@ class Metrics:
     def count_tokens(self, deployment: str, tenant: str, input_tokens: int, output_tokens: int,
                      cost_usd: float) -> None:
         self.pending_tokens.append((deployment, tenant, input_tokens, output_tokens, cost_usd))
+
+    def count_context_edit(self, api: str, edit: str, cleared_input_tokens: int) -> None:
+        """One context edit the gateway made to a prompt (rare next to requests: counted in place)."""
+        self.context_edits.labels(api, edit).inc()
+        self.context_cleared_tokens.labels(api, edit).inc(max(cleared_input_tokens, 0))
 
     def fold(self) -> None:
         """Apply the waiting figures to the Prometheus series (at a scrape, every FOLD_EVERY requests and,
@@ -393,6 +403,11 @@ def make_metrics() -> Metrics:
                                "deployment that broke, the one that went on (none) and the outcome",
                                ["from", "to", "outcome"], registry=r),
         policy_reloads=Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r),
+        context_edits=Counter("gateway_context_edits", "Context edits the gateway made to prompts, by API and edit "
+                              "(clear_tool_uses_20250919, clear_thinking_20251015, compact_20260112)", ["api", "edit"],
+                              registry=r),
+        context_cleared_tokens=Counter("gateway_context_cleared_tokens", "Input tokens the context edits took out "
+                                       "of prompts (the gateway's count)", ["api", "edit"], registry=r),
         policy_valid=Gauge("gateway_policy_last_reload_ok", "1 when the last policy reload succeeded", registry=r,
                            multiprocess_mode="livemin"),
         deployment_healthy=Gauge("gateway_deployment_healthy", "1 when routable", dep, registry=r,
