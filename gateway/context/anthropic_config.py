@@ -141,9 +141,11 @@ def _amount(value: Any, where: str, kinds: tuple[str, ...], default: tuple[str, 
     """A `{type, value}` object of one of `kinds`, its value a whole number of at least `minimum`."""
     if value is None and default is not None:
         return default
-    if not isinstance(value, Mapping) or value.get("type") not in kinds:
-        raise _bad(where, value, f"must be an object {{\"type\": {' | '.join(repr(k) for k in kinds)}, "
-                                 "\"value\": <integer>}")
+    shape = f"{{\"type\": {' | '.join(repr(k) for k in kinds)}, \"value\": <integer>}}"
+    if not isinstance(value, Mapping):
+        raise _bad(where, value, f"must be an object {shape}")
+    if value.get("type") not in kinds:
+        raise _bad(f"{where}.type", value.get("type"), f"is not one of {', '.join(repr(k) for k in kinds)}")
     _fields(value, where, {"type", "value"})
     amount = value.get("value")
     if isinstance(amount, bool) or not isinstance(amount, int) or amount < minimum:
