@@ -33,14 +33,17 @@ TRANSCRIPT_RESULT_CHARS = 4_000  # a tool result's text beyond this is cut in th
 def take_in(messages: list[Any]) -> tuple[list[Any], str | None]:
     """The messages as the deployment reads them after a compaction the client sent back: everything before
     the newest compaction block gives way to its summary (a block with no summary is dropped: a no-op)."""
-    found = None
+    found, any_block = None, False
+    # One plain pass (dicts, as JSON decodes them): it runs on each of Claude Code's turns, most without a block.
     for i, message in enumerate(messages):
-        if _role(message) == "assistant":
-            for j, block in enumerate(_blocks(message)):
-                if isinstance(block, Mapping) and block.get("type") == BLOCK:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and message.get("role") == "assistant":
+            for j, block in enumerate(content):
+                if isinstance(block, dict) and block.get("type") == BLOCK:
+                    any_block = True
                     found = (i, j) if isinstance(block.get("content"), str) else found
     if found is None:
-        return _without_empty_blocks(messages), None
+        return (_without_empty_blocks(messages) if any_block else messages), None
     i, j = found
     summary: str = messages[i]["content"][j]["content"]
     after = [b for b in _blocks(messages[i])[j + 1:] if not _is_block(b)]

@@ -45,8 +45,10 @@ class Managed:
 
     body: dict[str, Any]
     applied: list[Applied] = field(default_factory=list)
-    tokens_before: int = 0
-    tokens_after: int = 0
+    # The prompt's tokens before and after the edits, counted only when a trigger reads them (a walk of the
+    # whole conversation: ~1-2 ms for Claude Code's, which clears thinking on every turn without one)
+    tokens_before: int | None = None
+    tokens_after: int | None = None
     compaction: Compact | None = None  # due now: the runtime summarizes `body` and answers with the summary
     summary: str | None = None  # this call's summary, once the runtime has it: the answer carries it back
     took_in_summary: bool = False  # the client sent an earlier compaction back: the prompt starts from it
@@ -67,29 +69,39 @@ class Managed:
 
 
 def manage(body: Mapping[str, Any], edits: tuple[Edit, ...], count: Count = text_tokens) -> Managed:
-    """The body as the deployment reads it: earlier compactions taken in, each edit applied in the order given,
+    """The body as the deployment reads it: earlier compactions taken in (when compaction is on: only a client
+    that asks for it gets compaction blocks to send back), each edit applied in the order given,
     `context_management` gone. The counts are taken only when an edit needs them."""
     out = {k: v for k, v in body.items() if k != FIELD}
     messages = body.get("messages")
-    messages = list(messages) if isinstance(messages, list) else []
-    messages, earlier = compaction.take_in(messages)
+    messages = messages if isinstance(messages, list) else []
+    earlier = None
+    if any(isinstance(edit, Compact) for edit in edits):
+        messages, earlier = compaction.take_in(messages)
     out["messages"] = messages
     managed = Managed(out, took_in_summary=earlier is not None)
     if not edits:
         return managed
-    managed.tokens_before = managed.tokens_after = input_tokens(out, count)
+    if any(_reads_tokens(edit) for edit in edits):
+        managed.tokens_before = input_tokens(out, count)
+    tokens = managed.tokens_before or 0  # as the edits so far left the prompt
     for edit in edits:
         if isinstance(edit, Compact):
-            if managed.tokens_after > edit.trigger:
+            if tokens > edit.trigger:
                 managed.compaction = edit
             continue
-        messages, applied = (clear_tool_uses(messages, edit, managed.tokens_after, count)
+        messages, applied = (clear_tool_uses(messages, edit, tokens, count)
                              if isinstance(edit, ClearToolUses) else clear_thinking(messages, edit, count))
         if applied is not None:
             managed.applied.append(applied)
-            managed.tokens_after -= applied.cleared_input_tokens
+            tokens -= applied.cleared_input_tokens
     out["messages"] = messages
+    managed.tokens_after = None if managed.tokens_before is None else tokens
     return managed
+
+
+def _reads_tokens(edit: Edit) -> bool:
+    return isinstance(edit, Compact) or (isinstance(edit, ClearToolUses) and edit.trigger_type == "input_tokens")
 
 
 def clear_tool_uses(messages: list[Any], edit: ClearToolUses, prompt_tokens: int,
@@ -139,9 +151,11 @@ def clear_thinking(messages: list[Any], edit: ClearThinking,
         return messages, None
     out, freed = list(messages), 0
     for i in older:
-        blocks = _blocks(messages[i])
-        kept = [b for b in blocks if not (isinstance(b, Mapping) and b.get("type") in THINKING_BLOCKS)]
-        freed += sum(block_tokens(b, count) for b in blocks) - sum(block_tokens(b, count) for b in kept)
+        kept: list[Any] = []
+        thinking: list[Any] = []
+        for b in _blocks(messages[i]):
+            (thinking if isinstance(b, Mapping) and b.get("type") in THINKING_BLOCKS else kept).append(b)
+        freed += sum(block_tokens(b, count) for b in thinking)
         out[i] = {**messages[i], "content": kept}
     return out, Applied(edit.type, len(older), freed)
 

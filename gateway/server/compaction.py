@@ -55,7 +55,7 @@ async def compact(request: web.Request, adapter: Adapter, call: Call, decision: 
     body = compaction.compacted_body(managed.body, summary)
     replaced = len(managed.body.get("messages") or ())
     after = input_tokens(body)
-    managed.applied.append(Applied(COMPACT, replaced, max(managed.tokens_after - after, 0)))
+    managed.applied.append(Applied(COMPACT, replaced, max((managed.tokens_after or 0) - after, 0)))
     managed.summary, managed.body, managed.tokens_after = summary, body, after
     view = adapter.view(body)
     return read_call(call.policy, call.endpoint, body, view, call.body_bytes, adapter.features(view), call.headers,

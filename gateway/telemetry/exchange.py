@@ -133,13 +133,16 @@ class Exchange:
         if complexity is not None:
             attrs[t.COMPLEXITY] = complexity
 
-    def edited(self, edits: Sequence[tuple[str, int, int]], tokens_before: int, tokens_after: int) -> None:
-        """The context edits made to the prompt: (edit, what it cleared, the input tokens that freed) each."""
+    def edited(self, edits: Sequence[tuple[str, int, int]], tokens_before: int | None,
+               tokens_after: int | None) -> None:
+        """The context edits made to the prompt: (edit, what it cleared, the input tokens that freed) each, and
+        the prompt's tokens before and after them when they were counted."""
         self.context_edits = [(edit, tokens) for edit, _, tokens in edits]
         attrs = self.attributes
         attrs[t.CONTEXT_EDITS] = tuple(f"{edit}: cleared {n}, {tokens} tokens" for edit, n, tokens in edits)
-        attrs[t.CONTEXT_TOKENS_BEFORE] = tokens_before
-        attrs[t.CONTEXT_TOKENS_AFTER] = tokens_after
+        if tokens_before is not None and tokens_after is not None:
+            attrs[t.CONTEXT_TOKENS_BEFORE] = tokens_before
+            attrs[t.CONTEXT_TOKENS_AFTER] = tokens_after
 
     def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics) -> None:
         """A call made for this request beside its answer: its tokens and cost counted now, and charged to the
