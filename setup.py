@@ -4,8 +4,7 @@ Declared here rather than in pyproject.toml, where setuptools still calls ext-mo
 Optional: where one cannot compile, the install goes on and its Python twin does the work (same results, slower):
 gateway/classifier/ngrams.py scores without _ngram_score, gateway/classifier/cues.py reads the ask without
 _ask_cues, gateway/classifier/inputs.py sums a model's terms without _terms, gateway/features.py walks a chat
-without _features_walk, gateway/telemetry/otlp.py encodes spans without _otlp_text, and gateway/frozen.py's models
-keep pydantic's attribute hook without _plain_getattr.
+without _features_walk, and gateway/telemetry/otlp.py encodes spans without _otlp_text.
 """
 
 from setuptools import Extension, setup
@@ -19,6 +18,5 @@ setup(
                   extra_compile_args=["-ffp-contract=off"]),
         Extension("gateway._features_walk", ["gateway/_features_walk.c"], optional=True),
         Extension("gateway.telemetry._otlp_text", ["gateway/telemetry/_otlp_text.c"], optional=True),
-        Extension("gateway._plain_getattr", ["gateway/_plain_getattr.c"], optional=True),
     ]
 )
