@@ -336,7 +336,16 @@ async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gat
             for task in flood:
                 task.cancel()  # dropping the connections makes vLLM abort the long requests
             await asyncio.gather(*flood, return_exceptions=True)
-    await _until(lambda: _sum(_metrics(fast.url), "vllm:num_requests_waiting") == 0, 60.0)
+    await asyncio.to_thread(_wait_idle, vllm_pair)
+
+
+def _wait_idle(pair: VllmPair, timeout_s: float = 120.0) -> None:
+    """Until neither member runs or queues a request: a test that leaves one generating (a flood it cancelled,
+    an agent's side request) slows the next test's streams, and a loaded vLLM merges many steps into one event."""
+    def idle() -> bool:
+        return all(_sum(_metrics(d.url), "vllm:num_requests_running") + _sum(_metrics(d.url),
+                   "vllm:num_requests_waiting") == 0 for d in (pair.hq, pair.fast))
+    _wait_for(idle, timeout_s)
 
 
 def _explain(gateway: Gateway, request_id: str) -> Any:
@@ -504,6 +513,7 @@ def test_breaks_inside_a_character_or_after_several_ids_are_finished_by_hq_exact
     detokenizer still holds (they end inside a character), after an event of several ids (speculation) whose last
     ends inside a character, and after one that ends on a whole character. Handed ids that end inside a character,
     vLLM opens its continuation with the whole prompt's text; hq must continue from the text the client has."""
+    _wait_idle(vllm_pair)  # the cuts are planned on an idle fast's events, and made on one
     events = _streamed_ids(vllm_pair.fast)
     whole = "".join(text for _, text in events)
     cuts = _cut_points(events, vllm_pair.model_dir)
@@ -532,6 +542,7 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
     and finished by hq (from the token ids streamed so far) must equal the uninterrupted answer, character for
     character; after the kill, hq answers every call."""
     client = _client(gateway.base_url)
+    _wait_idle(vllm_pair)
     started = time.monotonic()
     whole = _client(vllm_pair.fast.url + "/v1").chat.completions.create(
         model=vllm_pair.fast.served_model, messages=MESSAGES, **LONG_GREEDY)  # type: ignore[call-overload]
