@@ -1,29 +1,24 @@
 """Where a request stands in its agent loop, read from the conversation it carries: the step number, a new
 user turn or a tool-result continuation, a tool result that reports an error, a tool call repeated.
 
-Pure and bounded (the last MAX_MESSAGES messages, MAX_ERROR_SCAN_CHARS of each tool result, arguments
-compared as JSON up to MAX_CANONICAL_CHARS); any JSON shape is read without raising: what is not the shape
-the OpenAI API gives a field is ignored. The policy's trajectory conditions (`turn`, `step`, `tool_error`,
+Pure and bounded (the last MAX_MESSAGES messages, each tool result judged within gateway/agents/tool_outcomes.py's
+bounds, arguments compared as JSON up to MAX_CANONICAL_CHARS); any JSON shape is read without raising: what is not
+the shape the OpenAI API gives a field is ignored. The policy's trajectory conditions (`turn`, `step`, `tool_error`,
 `repeated_calls`) read it, and so does the trajectory record (decision/trajectory.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.agents.tool_outcomes import judge
+
 MAX_MESSAGES = 200
-MAX_ERROR_SCAN_CHARS = 2_000
 # Longer arguments are compared as written: re-encoding megabytes per call would cost more than it tells.
 MAX_CANONICAL_CHARS = 65_536
-# A tool result that says it failed: words tools and their wrappers use, or a JSON object with an error.
-ERROR_MARKERS = re.compile(
-    r"\b(error|exception|traceback|failed|failure|not found|denied|forbidden|timed out|invalid)\b|\"error\"\s*:",
-    re.IGNORECASE,
-)
 # JSON bodies hold dicts: isinstance tests dict first, and only anything else reaches the Mapping ABC's slow check.
 _MAPPING = (dict, Mapping)
 
@@ -32,7 +27,7 @@ _MAPPING = (dict, Mapping)
 class AgentStep:
     step: int  # this call's place in the loop: the assistant turns before it, plus one
     turn: str  # "user": a new user turn (planning); "tool_result": tool results fed back; "other"
-    tool_error: bool  # a tool result fed back by this call reports an error
+    tool_error: bool  # a tool result fed back by this call failed, by what the tool reports (tool_outcomes.judge)
     repeated_calls: int  # how many times in a row the latest tool call (name and arguments) was made
 
 
@@ -61,8 +56,7 @@ def _tool_error(messages: Sequence[Mapping[str, Any]]) -> bool:
         if message.get("role") not in ("tool", "function"):
             return False
         # Anthropic's tool_result blocks say so themselves (`is_error`, kept on the chat view's tool message)
-        if message.get("is_error") is True or ERROR_MARKERS.search(
-                _text(message.get("content"))[:MAX_ERROR_SCAN_CHARS]):
+        if judge(_text(message.get("content")), message.get("is_error")).failed is True:
             return True
     return False
 
@@ -125,5 +119,5 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, _MAPPING))
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, _MAPPING))  # parts keep their lines
     return "" if content is None else str(content)

@@ -33,12 +33,23 @@ def test_a_tool_result_continues_the_loop() -> None:
 
 
 def test_a_failing_tool_result_is_an_error_only_while_it_is_fed_back() -> None:
-    failed = [SYSTEM, ASK, _call("book", {"at": 8}), _result("Error: no table at 8")]
+    failed = [SYSTEM, ASK, _call("book", {"at": 8}), _result("Exit code: 1\nWall time: 0.1 seconds\nOutput:\nfull")]
     assert read_step({"messages": failed}).tool_error  # type: ignore[union-attr]
     recovered = [*failed, _call("book", {"at": 9}), _result('{"booked": true}')]
     assert not read_step({"messages": recovered}).tool_error  # type: ignore[union-attr]
     json_error = [SYSTEM, ASK, _call("book", {}), _result('{"error": "rate limited"}')]
     assert read_step({"messages": json_error}).tool_error  # type: ignore[union-attr]
+
+
+def test_a_file_that_mentions_errors_is_no_tool_error_and_a_silent_failure_is_one_when_its_exit_code_says_so() -> None:
+    """The traps of reading words: `cat` of an error module (exit 0), a grep that found nothing (exit 1)."""
+    read = [SYSTEM, ASK, _call("shell", {"cmd": "cat errors.py"}),
+            _result("Exit code: 0\nOutput:\nclass NotFound(Error):\n    \"\"\"failed: denied, invalid\"\"\"")]
+    assert not read_step({"messages": read}).tool_error  # type: ignore[union-attr]
+    bare = [*read[:-1], _result("class NotFound(Error): 'failed'")]
+    assert not read_step({"messages": bare}).tool_error  # type: ignore[union-attr]
+    silent = [*read[:-1], _result("Chunk ID: a1\nWall time: 0.01 seconds\nProcess exited with code 1\nOutput:\n")]
+    assert read_step({"messages": silent}).tool_error  # type: ignore[union-attr]
 
 
 def test_the_same_call_in_a_row_counts_however_its_json_is_spelled() -> None:

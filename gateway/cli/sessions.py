@@ -94,10 +94,19 @@ def timeline(session: dict[str, Any]) -> str:
 
 
 def _tools(step: dict[str, Any]) -> str:
-    sent = [f"<- {r['tool_call_id'] or '?'} {'ok' if r['ok'] else 'ERROR'} ({r['size']} chars)"
+    sent = [f"<- {r['tool_call_id'] or '?'} {'ok' if r['ok'] else 'ERROR'}{_verdict(r)} ({r['size']} chars)"
             for r in step["tool_results"]]
     asked = [f"-> {c['name']}(args {c['args_digest'][:8]})" for c in step["tool_calls"]]
     return "; ".join(sent + asked) or "-"
+
+
+def _verdict(result: dict[str, Any]) -> str:
+    """What said so: ` [exit_code 2]`, ` [is_error]`, ` [traceback]`, ` [none]` (nothing said; counted ok)."""
+    source = result.get("source")
+    if not source:  # recorded before verdicts named their source
+        return ""
+    code = result.get("exit_code")
+    return f" [{source}{'' if code is None else f' {code}'}]"
 
 
 def _clip(text: str, width: int) -> str:

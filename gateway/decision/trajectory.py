@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import openai
+from gateway.agents.tool_outcomes import judge
 from gateway.decision.outcomes import Membership, Outcome
 from gateway.decision.sessions import names_session, text_of
 from gateway.features import Features
-from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS, MAX_MESSAGES, canonical
+from gateway.steps import MAX_MESSAGES, canonical
 
 KEPT_CHARS = 4096  # an opted-in prompt, argument or tool output is truncated to this; longer texts are digested
 #                    by this much and their size
@@ -71,24 +72,32 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """One tool output the agent sent back: which call, ok or an error (by simple markers), its size."""
+    """One tool output the agent sent back: which call, ok or failed and what said so (tool_outcomes), its size."""
 
     tool_call_id: str
-    ok: bool
+    ok: bool  # not known to have failed
     size: int  # characters of the output
     digest: str = ""  # of the output, for the repeated-error check; never shown
     content: str | None = None  # only when prompts are kept
+    source: str = ""  # what the verdict read (tool_outcomes.Source); "" in records made before verdicts had one
+    exit_code: int | None = None  # when the tool's harness reported one
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tool_call_id": self.tool_call_id, "ok": self.ok, "size": self.size, "d": self.digest}
+        if self.source:
+            out["source"] = self.source
+        if self.exit_code is not None:
+            out["exit_code"] = self.exit_code
         if self.content is not None:
             out["content"] = self.content
         return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> ToolResult:
+        code = raw.get("exit_code")
         return cls(str(raw.get("tool_call_id", "")), bool(raw.get("ok", True)), int(raw.get("size", 0)),
-                   str(raw.get("d", "")), raw.get("content"))
+                   str(raw.get("d", "")), raw.get("content"), str(raw.get("source", "")),
+                   code if isinstance(code, int) else None)
 
 
 @dataclass(slots=True)
@@ -317,20 +326,14 @@ def tool_results(messages: Any, keep: bool = False) -> tuple[ToolResult, ...]:
         if role in ("tool", "function"):
             text = text_of(message.get("content"))
             call_id = message.get("tool_call_id") or message.get("name") or ""
-            ok = tool_ok(text) and message.get("is_error") is not True  # Anthropic's tool_result says so itself
-            found.append(ToolResult(str(call_id)[:NAME_CHARS], ok, len(text),
-                                    digest(text), text[:KEPT_CHARS] if keep else None))
+            verdict = judge(text, message.get("is_error"))  # Anthropic's tool_result says so itself
+            found.append(ToolResult(str(call_id)[:NAME_CHARS], verdict.ok, len(text), digest(text),
+                                    text[:KEPT_CHARS] if keep else None, verdict.source, verdict.exit_code))
             if len(found) == MAX_TOOL_RESULTS:
                 break
         elif role == "assistant":
             break
     return tuple(reversed(found))
-
-
-def tool_ok(text: str) -> bool:
-    """False when a tool's output says it failed, by the markers the routing rules' `tool_error` reads
-    (gateway/steps.py): error words (error, exception, traceback, failed, not found…) or an "error" key."""
-    return not ERROR_MARKERS.search(text[:MAX_ERROR_SCAN_CHARS])
 
 
 def echo(messages: Any) -> str:

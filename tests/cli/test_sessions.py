@@ -32,7 +32,8 @@ async def test_sessions_list_and_show_print_the_recorded_runs(
     stack.hq.tool_args = lambda n: {"query": "launch code", "page": n if n <= 3 else 9}  # stuck from step 4
     base = str(stack.gateway.make_url("")).rstrip("/")
     async with stack.client() as client:
-        await Agent(client, "long", output=lambda i: "Error: quota" if i == 3 else "2 notes").run(7)
+        outputs = {3: "Error: quota", 5: "Exit code: 0\nOutput:\nerror.log"}
+        await Agent(client, "long", output=lambda i: outputs.get(i, "2 notes")).run(7)
         await Agent(client, "short").run(1)
     await recorded(base, "h:long", 7)
     await recorded(base, "h:short", 1)
@@ -50,12 +51,15 @@ async def test_sessions_list_and_show_print_the_recorded_runs(
     assert out.startswith("session h:long (tenant anonymous): 7 steps")
     steps = [line for line in out.splitlines()[4:] if not line.lstrip().startswith("!")]
     assert [int(line.split()[0]) for line in steps] == [1, 2, 3, 4, 5, 6, 7]
-    assert "-> search(args " in steps[0] and "<- call_3 ERROR (12 chars)" in steps[3]
+    assert "-> search(args " in steps[0] and "<- call_3 ERROR [error_line] (12 chars)" in steps[3]
+    assert "<- call_1 ok [none] (7 chars)" in steps[1] and "<- call_5 ok [exit_code 0] (30 chars)" in steps[5]
     assert "! loop:repeated_tool_call" in out
 
     assert await _cli(base, "sessions", "show", "h:long", "--json") == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["step_count"] == 7 and len(shown["steps"]) == 7
+    assert shown["steps"][5]["tool_results"] == [
+        {"tool_call_id": "call_5", "ok": True, "size": 30, "source": "exit_code", "exit_code": 0}]
 
 
 async def test_an_unknown_session_is_one_clear_line_and_exit_2(

@@ -105,12 +105,17 @@ def test_tool_results_are_the_outputs_after_the_last_assistant_message() -> None
     assert tool_results(MESSAGES[:3]) == () and tool_results("odd") == ()
 
 
-@pytest.mark.parametrize(("output", "ok"), [("Error: timeout", False), ("Traceback (most recent call last):", False),
-                                           ('{"status": "ok", "error": "none left"}', False), ("3 hits", True),
-                                           ("0 errors found", True), ("", True)])
-def test_error_markers(output: str, ok: bool) -> None:
+@pytest.mark.parametrize(("output", "ok", "source", "exit_code"), [
+    ("Exit code: 2\nWall time: 0.1 seconds\nOutput:\nls: x", False, "exit_code", 2),
+    ("<returncode>0</returncode>\n<output>\nclass Error: 'failed, not found, denied'\n</output>", True, "exit_code", 0),
+    ('Traceback (most recent call last):\n  File "a.py", line 1, in <module>\nKeyError: 1', False, "traceback", None),
+    ('{"status": "ok", "error": "none left"}', False, "json_error", None),
+    ("Error: timeout", False, "error_line", None), ("3 hits", True, "none", None),
+    ("0 errors found", True, "none", None), ("", True, "none", None)])
+def test_each_tool_result_records_its_verdict_and_what_said_so(output: str, ok: bool, source: str,
+                                                                exit_code: int | None) -> None:
     (result,) = tool_results([{"role": "tool", "tool_call_id": "c", "content": output}])
-    assert result.ok is ok
+    assert (result.ok, result.source, result.exit_code) == (ok, source, exit_code)
 
 
 def test_the_echo_is_the_last_assistant_message_text_whitespace_folded() -> None:
@@ -128,6 +133,16 @@ def test_a_step_round_trips_and_shows_only_the_contract() -> None:
     assert shown["tool_calls"] == [{"name": "s", "args_digest": "d" * 16}]
     assert shown["tool_results"] == [{"tool_call_id": "c0", "ok": False, "size": 5}]
     assert "echo" not in shown and "rework" not in shown and shown["step"] == 7
+
+
+def test_a_tool_results_verdict_round_trips_and_is_shown_and_an_older_record_reads_without_one() -> None:
+    judged = ToolResult("c0", False, 5, "e" * 16, None, "exit_code", 2)
+    step = Step(1.5, "hq", "r", None, 3, 4, 0.01, 2.0, None, 200, (), (judged,), step=1)
+    assert Step.from_dict(json.loads(json.dumps(step.to_dict()))) == step
+    assert step.shown()["tool_results"] == [
+        {"tool_call_id": "c0", "ok": False, "size": 5, "source": "exit_code", "exit_code": 2}]
+    older = ToolResult.from_dict({"tool_call_id": "c0", "ok": True, "size": 5, "d": "e" * 16})
+    assert (older.source, older.exit_code) == ("", None)
 
 
 def test_steps_per_min_counts_the_trailing_minute() -> None:
@@ -169,7 +184,7 @@ def test_a_step_reads_a_bounded_number_and_size_of_what_it_is_sent() -> None:
              *({"role": "tool", "tool_call_id": f"t{i}", "content": "z" * 10} for i in range(10_000))]
     found = tool_results(flood)
     assert len(found) == MAX_TOOL_RESULTS and found[-1].tool_call_id == "t9999"
-    huge = "Error " + "y" * 1_000_000
+    huge = "Exit code: 1\nOutput:\n" + "y" * 1_000_000
     (result,) = tool_results([{"role": "tool", "tool_call_id": "t", "content": huge}], keep=True)
     assert (result.ok, result.size, result.content) == (False, len(huge), huge[:4096])
     assert result.digest != tool_results([{"role": "tool", "content": huge + "y"}])[0].digest  # its size counts

@@ -190,7 +190,7 @@ async def test_the_step_span_carries_the_session_tool_calls_and_flags(make_stack
     exporter = InMemorySpanExporter()
     stack.gateway.app[TELEMETRY].spans = Spans(SimpleSpanProcessor(exporter))
     async with stack.client() as client:
-        await Agent(client, "traced", output=lambda i: "Traceback: boom" if i == 1 else "fine").run(3)
+        await Agent(client, "traced", output=lambda i: "Error: boom" if i == 1 else "fine").run(3)
     await recorded(_base(stack), "h:traced", 3)
     spans = await until(lambda: _spans(exporter, 5))
     chats = [s for s in spans if s.name == "gateway chat"]
