@@ -15,6 +15,7 @@ from gateway.decision.admission import Admission, SessionState
 from gateway.decision.call import Call
 from gateway.decision.loops import AgentVerdict
 from gateway.decision.routing import Context, DeploymentLoad
+from gateway.decision.switch import SessionCache
 from gateway.features import Features
 from gateway.policy.model import Policy
 
@@ -40,6 +41,7 @@ class Surroundings:
     admission: Admission | None = None  # the budget and session verdict; None: no limits apply
     session: SessionState | None = None
     agent: AgentVerdict | None = None  # what the session's loop or spike flags ask of this call
+    cache: SessionCache | None = None  # what each deployment's prefix cache holds of the prompt (context/prefix.py)
 
 
 def gather(call: Call, scoring: Scoring, around: Surroundings) -> Context:
@@ -53,9 +55,9 @@ def gather(call: Call, scoring: Scoring, around: Surroundings) -> Context:
         if complexity is not None and policy.share_windows and route in policy.rule_routes:
             thresholds = scoring.thresholds(policy, route, complexity)
     # Positional, in Context's field order (headers, tenant, complexity, load, in_flight, admission, session,
-    # share_thresholds, step, agent): a class called with keywords gets them as a dict built per call.
+    # share_thresholds, step, agent, cache): a class called with keywords gets them as a dict built per call.
     return Context(read_headers(policy, call.headers), call.tenant, complexity, around.load, around.in_flight,
-                   around.admission, around.session, thresholds, call.step, around.agent)
+                   around.admission, around.session, thresholds, call.step, around.agent, around.cache)
 
 
 def read_headers(policy: Policy, headers: Mapping[str, str]) -> dict[str, str]:

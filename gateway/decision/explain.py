@@ -27,6 +27,10 @@ def explanation(decision: Decision, features: Features, ctx: Context,
         "load": {name: {"healthy": load.healthy, "requests_waiting": load.requests_waiting,
                         "requests_running": load.requests_running, "kv_cache_usage": load.kv_cache_usage}
                  for name, load in ctx.load.items()},
+        "cache": None if ctx.cache is None else {
+            "prompt_tokens": ctx.cache.prompt_tokens, "home": ctx.cache.home, "stay": ctx.cache.stay,
+            "cached_tokens": dict(ctx.cache.cached),
+            "uncached_tokens": {name: ctx.cache.uncached(name) for name in sorted({*ctx.cache.cached, *ctx.load})}},
     }
     if context is not None:
         report["context"] = context.describe()

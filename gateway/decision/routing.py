@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.decision.admission import Admission, SessionState
 from gateway.decision.loops import AgentVerdict
+from gateway.decision.switch import SessionCache, holdings, weigh
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
 from gateway.policy.model import TRAJECTORY_CONDITIONS, ComplexityShare, Policy, Range, Rule, When
@@ -46,6 +47,7 @@ class Context:
     share_thresholds: Mapping[float, float] = field(default_factory=dict)
     step: AgentStep | None = None  # where the call stands in its agent loop, when a rule reads it
     agent: AgentVerdict | None = None  # what the session's active loop or spike flags ask for; None: nothing
+    cache: SessionCache | None = None  # each deployment's predicted prefix cache of this prompt (policy `switch`)
 
 
 @dataclass(slots=True)
@@ -80,6 +82,7 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
         return _embeddings(policy, model.pin, ctx)
     trail: list[str] = []
     wanted, rule_name, by_trajectory = _select(policy, model.pin, features, ctx, trail, explain)
+    wanted = _priced(policy, model.pin, rule_name, wanted, ctx, trail, explain)
     chosen, reason = _adjust_for_load(policy, wanted, features, ctx)
     if reason:
         trail.append(reason)
@@ -124,6 +127,18 @@ def _stopped(agent: AgentVerdict) -> RateLimited:
         retry_after_s=agent.retry_after_s,
         code=agent.code,
     )
+
+
+def _priced(policy: Policy, pin: str | None, rule: str, wanted: str, ctx: Context, trail: list[str],
+            explain: bool) -> str:
+    """The rules' choice weighed against the session's prefix cache (decision/switch.py), when the policy prices
+    switches and the model is routed by the rules: before load, budget and agent flags, which still steer."""
+    cache = ctx.cache
+    if cache is None or policy.switch is None or pin is not None:
+        return wanted
+    if explain:
+        trail.append(holdings(cache, list(policy.deployments)))
+    return weigh(policy, policy.switch, rule, wanted, cache, trail)
 
 
 def _redirect(policy: Policy, agent: AgentVerdict, chosen: str, trail: list[str]) -> str:

@@ -23,6 +23,7 @@ from pydantic import (
 
 from gateway.frozen import Frozen
 from gateway.policy.agents import AgentsPolicy
+from gateway.policy.switch import DEFAULT_RULE, SwitchPolicy
 from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy
 from gateway.rollout import spec as rollout_spec
 from gateway.rollout.labels import LabelsSpec
@@ -302,6 +303,8 @@ class Policy(Frozen):
     store: StorePolicy = StorePolicy()
     auth: AuthPolicy = AuthPolicy()
     agents: AgentsPolicy = AgentsPolicy()
+    # A switch's price in the decision (policy/switch.py); None: every step goes where its rule says.
+    switch: SwitchPolicy | None = None
 
     @model_validator(mode="after")
     def _references_exist(self) -> Policy:
@@ -331,6 +334,7 @@ class Policy(Frozen):
         yield from self._load_problems()
         yield from self._experiment_problems()
         yield from self._tenancy_problems()
+        yield from self._switch_problems()
 
     def _load_problems(self) -> Iterator[str]:
         for name, dep in self.deployments.items():
@@ -360,6 +364,22 @@ class Policy(Frozen):
         for field, name in self.agents.targets():
             if name not in known:
                 yield f"{field}: unknown deployment {name!r} (known: {known})"
+
+    def _switch_problems(self) -> Iterator[str]:
+        if self.switch is None:
+            return
+        for name, ms in self.switch.prefill_ms_per_1k_tokens.items():
+            if name not in self.deployments:
+                yield f"switch.prefill_ms_per_1k_tokens.{name}: unknown deployment {name!r} " \
+                      f"(known: {sorted(self.deployments)})"
+            elif ms < 0:
+                yield f"switch.prefill_ms_per_1k_tokens.{name}: must be >= 0, got {ms}"
+        rules = {rule.name for rule in self.rules} | {DEFAULT_RULE}
+        for name, ms in self.switch.worth_ms.items():
+            if name not in rules:
+                yield f"switch.worth_ms.{name}: unknown rule {name!r} (rules: {sorted(rules)})"
+            elif ms < 0:
+                yield f"switch.worth_ms.{name}: must be >= 0, got {ms}"
 
     def _experiment_problems(self) -> Iterator[str]:
         known = self.deployments

@@ -14,7 +14,7 @@ from gateway.decision.routing import decide
 from gateway.errors import BadRequest, NotFound
 from gateway.policy.tenancy import find_tenant
 from gateway.server import pipeline
-from gateway.server.resources import ACCOUNTING, POLICY_FILE, RECENT, SETTINGS, SHARES
+from gateway.server.resources import ACCOUNTING, POLICY_FILE, RECENT, SESSION_CACHES, SETTINGS, SHARES
 from gateway.server.scoring import LiveScoring
 
 
@@ -41,7 +41,9 @@ async def explain_body(request: web.Request) -> web.Response:
         raise BadRequest(f"endpoint={endpoint!r} is not one of {', '.join(BY_ENDPOINT)}", param="endpoint")
     call = await pipeline.read(request, adapter)
     # the live path's own gathering, as a dry run: no share observed, no budget or session step counted
-    ctx = gather(call, LiveScoring(request.app, observed=False), pipeline.surroundings(request.app, None, None))
+    sighting = await request.app[SESSION_CACHES].sighting(call)  # read only: nothing is recorded as served
+    ctx = gather(call, LiveScoring(request.app, observed=False),
+                 pipeline.surroundings(request.app, None, None, sighting))
     report = explanation(decide(call.policy, call.features, ctx, explain=True), call.features, ctx, call.context)
     report["shares"] = request.app[SHARES].describe(call.features.requested_model)
     return web.json_response(report)

@@ -37,6 +37,7 @@ from gateway.server.resources import (
     POLICY_FILE,
     POOL,
     RECENT,
+    SESSION_CACHES,
     SETTINGS,
     SHARES,
     STORES,
@@ -46,6 +47,7 @@ from gateway.server.resources import (
     Recent,
     Telemetry,
 )
+from gateway.server.session_caches import SessionCaches
 from gateway.settings import Settings
 from gateway.store.conversations import Conversations
 from gateway.store.fallback import FallbackStore
@@ -67,7 +69,7 @@ def create_app(settings: Settings) -> web.Application:
     app[TRAFFIC] = TrafficWindows(time.time())
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _conversations, _shares,
-                            _accounting, _experiments, _trajectories, _long_lived_heap])
+                            _session_caches, _accounting, _experiments, _trajectories, _long_lived_heap])
     for adapter in ADAPTERS:
         app.router.add_post(adapter.path, pipeline.handler(adapter))
     public.add_routes(app.router)
@@ -188,6 +190,12 @@ async def _stores(app: web.Application) -> AsyncIterator[None]:
 async def _conversations(app: web.Application) -> AsyncIterator[None]:
     app[CONVERSATIONS] = Conversations(app[STORES].responses)
     yield
+
+
+async def _session_caches(app: web.Application) -> AsyncIterator[None]:
+    app[SESSION_CACHES] = caches = SessionCaches(app[STORES].prefixes, app[TELEMETRY].metrics)
+    yield
+    await caches.close()  # before the stores close
 
 
 async def _shares(app: web.Application) -> AsyncIterator[None]:

@@ -33,11 +33,13 @@ from gateway.server.resources import (
     EXPERIMENTS,
     POLICY_FILE,
     RECENT,
+    SESSION_CACHES,
     SETTINGS,
     TENANT,
     TRAJECTORIES,
 )
 from gateway.server.scoring import LiveScoring
+from gateway.server.session_caches import Sighting
 from gateway.store.contract import Reservation
 from gateway.telemetry.exchange import Exchange
 
@@ -59,7 +61,8 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     recording = app[TRAJECTORIES].recording(call)  # asked once: the verdict and the record both need it
     agent = await verdict(app, call, ex, recording)
     admitted = await admit(app, call)
-    ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent))
+    sighting = await app[SESSION_CACHES].sighting(call) if call.policy.switch is not None else None
+    ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent, sighting))
     decision = decide(call.policy, call.features, ctx)
     experiments = app[EXPERIMENTS]
     enrollment = await experiments.begin(ex, call, ctx, decision) if experiments.engaged(call.policy) else None
@@ -83,6 +86,8 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         keep = app[CONVERSATIONS].keeper(call) if adapter.chains else None
         response = await relay.forward(request, adapter, call, decision, admitted.caps if admitted else None, keep)
         status = response.status
+        if sighting is not None:
+            app[SESSION_CACHES].served(call, sighting, ex)
         return response
     except GatewayError as exc:
         status = exc.status
@@ -128,12 +133,14 @@ async def admit(app: web.Application, call: Call) -> Admitted | None:
     return await app[ACCOUNTING].admit(call)
 
 
-def surroundings(app: web.Application, admitted: Admitted | None, agent: AgentVerdict | None) -> Surroundings:
+def surroundings(app: web.Application, admitted: Admitted | None, agent: AgentVerdict | None,
+                 sighting: Sighting | None = None) -> Surroundings:
     deployments = app[DEPLOYMENTS]
     return Surroundings(
         load=dict(deployments.load), in_flight=deployments.in_flight_now(),
         admission=admitted.verdict if admitted is not None else None,
         session=admitted.session if admitted is not None else None, agent=agent,
+        cache=sighting.cache if sighting is not None else None,
     )
 
 

@@ -19,6 +19,7 @@ from gateway.experiments.trajectories import Trajectories
 from gateway.features import Features
 from gateway.policy.model import Policy
 from gateway.server.policy_file import PolicyFile
+from gateway.server.session_caches import SessionCaches
 from gateway.settings import Settings
 from gateway.store.conversations import Conversations
 from gateway.store.opening import Stores
@@ -88,6 +89,7 @@ ACCOUNTING = web.AppKey("accounting", Accounting)
 EXPERIMENTS = web.AppKey("experiments", Experiments)
 TRAJECTORIES = web.AppKey("trajectories", Trajectories)
 CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API's stored responses
+SESSION_CACHES = web.AppKey("session_caches", SessionCaches)  # each agent session's prefix caches
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -10,6 +10,7 @@ from gateway.store.fallback import FallbackStore
 from gateway.store.labels import LabelStore, MemoryLabelStore, RedisLabelStore
 from gateway.store.memory import MemoryStore
 from gateway.store.pairs import MemoryShadowPairStore, RedisShadowPairStore, ShadowPairStore
+from gateway.store.prefixes import MemoryPrefixStore, PrefixStore, RedisPrefixStore
 from gateway.store.redis_store import RedisStore
 from gateway.store.response_memory import MemoryResponseStore
 from gateway.store.responses import RedisResponseStore, ResponseStore
@@ -23,7 +24,8 @@ from gateway.store.trajectory_memory import MemoryTrajectoryStore
 @dataclass(frozen=True, slots=True)
 class Stores:
     """Accounting state (budgets, sessions, keys), rollout state (states, cohorts, arms), shadow pairs, their
-    labels, the complexity-share windows, agent trajectories, the Responses API's stored responses."""
+    labels, the complexity-share windows, agent trajectories, the Responses API's stored responses, the agent
+    sessions' prefix caches."""
 
     accounting: Store
     rollouts: RolloutStore
@@ -32,11 +34,12 @@ class Stores:
     shares: ShareWindowStore
     trajectories: TrajectoryStore
     responses: ResponseStore
+    prefixes: PrefixStore
     shared: bool = False  # in Redis, seen by every replica (else this process's memory)
 
     async def close(self) -> None:
         for store in (self.accounting, self.rollouts, self.pairs, self.labels, self.shares, self.trajectories,
-                      self.responses):
+                      self.responses, self.prefixes):
             await store.close()
 
 
@@ -48,7 +51,7 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
     if not url:
         return Stores(MemoryStore(prefix=prefix, max_keys=bound), MemoryRolloutStore(max_keys=bound),
                       MemoryShadowPairStore(), MemoryLabelStore(), MemoryShareWindowStore(),
-                      MemoryTrajectoryStore(), MemoryResponseStore())
+                      MemoryTrajectoryStore(), MemoryResponseStore(), MemoryPrefixStore())
     shared = RedisStore(
         url,
         timeout_s=section.timeout_s,
@@ -66,4 +69,5 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
                   RedisLabelStore(url, timeout_s=timeout_s, prefix=prefix),
                   RedisShareWindowStore(url, timeout_s=timeout_s, prefix=prefix),
                   RedisTrajectoryStore(url, timeout_s=timeout_s, prefix=prefix),
-                  RedisResponseStore(url, timeout_s=timeout_s, prefix=prefix), shared=True)
+                  RedisResponseStore(url, timeout_s=timeout_s, prefix=prefix),
+                  RedisPrefixStore(url, timeout_s=timeout_s, prefix=prefix), shared=True)

@@ -56,6 +56,9 @@ AGENT_FLAGS = "gateway.agent.flags"
 AGENT_ACTION = "gateway.agent.action"
 AGENT_FLAG_EVENT = "gateway.agent.flag"  # a span event: a loop or spike flag raised at this step
 TOOL_ARGS_DIGEST = "gateway.tool.args_digest"
+CACHE_PREDICTED_TOKENS = "gateway.cache.predicted_cached_tokens"  # of the prompt, on the serving deployment
+CACHE_REPORTED_TOKENS = "gateway.cache.reported_cached_tokens"  # what the deployment reported, when it did
+CACHE_UNCACHED_TOKENS = "gateway.cache.uncached_tokens"  # each deployment's predicted prefill: "hq=21230 ..."
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -146,6 +149,40 @@ def _agent_series(r: CollectorRegistry) -> AgentSeries:
     )
 
 
+@dataclass(frozen=True)
+class CacheSeries:
+    """Each agent session's prefix caches as the gateway predicts them (policy `switch`), per step served: the
+    prompt tokens the serving deployment held and those it prefilled, the sessions' moves between deployments,
+    and the prediction against what the deployment reported (`cached_tokens`). Ratios in PromQL: uncached /
+    (cached + uncached) (the share prefilled), switches / steps."""
+
+    predicted: Counter
+    switches: Counter
+    prediction_error: Histogram
+    misses: Counter
+
+
+# The prediction's error in tokens: vLLM caches whole blocks (16 tokens), so errors under a block are rounding.
+CACHE_ERROR_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
+CACHE_SESSION_LABELS = ["deployment", "kind"]  # kind: cached | uncached
+
+
+def _cache_series(r: CollectorRegistry) -> CacheSeries:
+    return CacheSeries(
+        predicted=Counter("gateway_session_cache_predicted_tokens", "Prompt tokens of agent steps the serving "
+                          "deployment held in its prefix cache (cached) or prefilled (uncached), as predicted",
+                          CACHE_SESSION_LABELS, registry=r),
+        switches=Counter("gateway_session_switches", "Agent steps served by another deployment than the "
+                         "session's last step", ["from_deployment", "to_deployment"], registry=r),
+        prediction_error=Histogram("gateway_session_cache_prediction_error_tokens", "Predicted cached tokens "
+                                   "minus those the deployment reported, absolute", ["deployment"],
+                                   buckets=CACHE_ERROR_BUCKETS, registry=r),
+        misses=Counter("gateway_session_cache_misses", "Steps whose deployment reported fewer cached tokens than "
+                       "predicted, by more than a block (an eviction, or a prompt rewritten)", ["deployment"],
+                       registry=r),
+    )
+
+
 OUTCOME_LABELS = ["route", "mix", "arm", "outcome"]
 
 
@@ -210,6 +247,7 @@ class Metrics:
     share_observed: Gauge
     share_threshold: Gauge
     agents: AgentSeries
+    caches: CacheSeries
     classifier_seconds: Counter
     classifier_scores: Counter
     context_edits: Counter
@@ -461,6 +499,7 @@ def make_metrics() -> Metrics:
                                    "loop, so about its CPU time)", registry=r),
         classifier_scores=Counter("gateway_classifier_scores", "Requests scored by the classifier", registry=r),
         agents=_agent_series(r),
+        caches=_cache_series(r),
     )
 
 

@@ -1,0 +1,94 @@
+"""The switch cost of a step (pure): stay on the deployment that holds the session's prefix cache, or move.
+
+    cache = SessionCache(prompt_tokens, {"hq": 3_100, "fast": 24_100}, home="fast", stay=4)
+    chosen = weigh(policy.switch, rule, wanted, cache, trail)    # decide() calls it after the rules
+
+The price of moving from `home` (the deployment that served the session's last step) to `wanted` is the prefill
+the move adds: what `wanted` has not cached minus what `home` has not, in time and in input price. The rule's
+reason to move (`worth_ms`) must outweigh it, and a session that just moved stays `min_stay_steps`, so a
+session does not flap between two deployments, each prefilling what the other served meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.context.prefix import Chain, SessionPrefixes, common_tokens
+from gateway.policy.model import Policy
+from gateway.policy.switch import SwitchPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCache:
+    """What each deployment's prefix cache holds of this call's prompt, as the gateway predicts it from the
+    session's record (context/prefix.py), and where the session has been."""
+
+    prompt_tokens: int
+    cached: Mapping[str, int] = field(default_factory=dict)  # deployment -> tokens of this prompt it holds
+    home: str | None = None  # the deployment that served the session's last step; None: its first step
+    stay: int = 0  # the session's steps on `home` in a row
+
+    def uncached(self, deployment: str) -> int:
+        """The tokens `deployment` would prefill to serve this prompt."""
+        return max(0, self.prompt_tokens - self.cached.get(deployment, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """What moving a step from `home` to `to` adds to its prefill."""
+
+    to: str
+    tokens: int  # the extra tokens prefilled (what `to` lacks beyond what `home` lacks)
+    ms: float  # their prefill time and input price, weighted
+
+
+def price(policy: Policy, switch: SwitchPolicy, cache: SessionCache, home: str, to: str) -> Price:
+    there, here = cache.uncached(to), cache.uncached(home)
+    ms = switch.prefill_ms(to, there) - switch.prefill_ms(home, here)
+    if switch.ms_per_usd:
+        usd = (there * _input_price(policy, to) - here * _input_price(policy, home)) / 1e6
+        ms += usd * switch.ms_per_usd
+    return Price(to, there - here, switch.weight * ms)
+
+
+def _input_price(policy: Policy, name: str) -> float:
+    found = policy.deployments.get(name)
+    return found.price.input_per_mtok_usd if found is not None else 0.0
+
+
+def weigh(policy: Policy, switch: SwitchPolicy, rule: str, wanted: str, cache: SessionCache,
+          trail: list[str]) -> str:
+    """Where the step goes: `wanted` (the rules' choice) unless staying on the session's home is cheaper than
+    the rule's reason to move is worth, or the session moved fewer than `min_stay_steps` ago."""
+    home = cache.home
+    if home is None or home == wanted or home not in policy.deployments:
+        return wanted
+    if cache.stay < switch.min_stay_steps:
+        trail.append(f"switch: stays on {home}: it arrived {cache.stay} step(s) ago, "
+                     f"min_stay_steps {switch.min_stay_steps}")
+        return home
+    cost = price(policy, switch, cache, home, wanted)
+    worth = switch.worth_of(rule)
+    said = (f"{wanted} would prefill {cache.uncached(wanted):,} tokens, {home} {cache.uncached(home):,} "
+            f"(~{cost.ms:,.0f} ms more) against rule {rule}'s worth {worth:,.0f} ms")
+    if cost.ms > worth:
+        trail.append(f"switch: stays on {home}: {said}")
+        return home
+    trail.append(f"switch: moves to {wanted}: {said}")
+    return wanted
+
+
+def holdings(cache: SessionCache, deployments: list[str]) -> str:
+    """The trail's line of each deployment's cached and uncached tokens of this prompt."""
+    held = ", ".join(f"{name} holds {cache.cached.get(name, 0):,} (would prefill {cache.uncached(name):,})"
+                     for name in deployments)
+    where = f"; last step on {cache.home} ({cache.stay} in a row)" if cache.home else "; the session's first step"
+    return f"cache: prompt {cache.prompt_tokens:,} tokens: {held}{where}"
+
+
+def session_cache(record: SessionPrefixes, prompt: Chain) -> SessionCache:
+    """This prompt's SessionCache from the session's record: what each deployment served it last, matched
+    link by link against the prompt (the live gateway and every offline replay build it here)."""
+    cached = {name: common_tokens(chain, prompt) for name, chain in record.served.items()}
+    return SessionCache(prompt[-1].tokens if prompt else 0, cached, record.home, record.stay)

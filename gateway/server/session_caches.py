@@ -1,0 +1,119 @@
+"""Each agent session's prefix caches on the request path: read before the decision, noted once a step is served.
+
+    sighting = await caches.sighting(call)      the prompt's chain and what each deployment holds of it
+    ... decide(..., Surroundings(cache=sighting.cache)) ...
+    caches.served(call, sighting, ex)           the serving deployment now holds this prompt: written in the
+                                                background; predicted against reported cached tokens, counted
+
+A store that does not answer means no record (every deployment cold, so no step is held back by a price it
+cannot know); a write that fails is logged and dropped: the next step's prediction is then short, never wrong
+the other way for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from gateway.context.prefix import NO_PREFIXES, Chain, chain_of, rescaled
+from gateway.decision.call import Call
+from gateway.decision.switch import SessionCache, session_cache
+from gateway.features import prompt_tokens_with_template
+from gateway.openai import Usage
+from gateway.store.contract import StoreError, StoreFault
+from gateway.store.prefixes import PrefixStore
+from gateway.telemetry import metrics as t
+from gateway.telemetry.exchange import Exchange
+
+log = logging.getLogger(__name__)
+
+BLOCK_TOKENS = 16  # vLLM caches whole blocks: a prediction this close to the report is right
+MAX_WRITES = 1_000  # background writes in flight; beyond, a step's record is dropped (and logged)
+
+
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """One step's view of its session's caches: its prompt's chain and the prediction the decision read."""
+
+    tenant: str
+    session_id: str
+    prompt: Chain
+    cache: SessionCache
+
+
+def reported_cached_tokens(usage: Usage) -> int | None:
+    """The prompt tokens the deployment reported it served from its prefix cache (`cached_tokens`), or None
+    when the usage record carries no such figure (the usage record gains it with vLLM's
+    --enable-prompt-tokens-details; until then the prediction is not checked)."""
+    found = getattr(usage, "cached_tokens", None)
+    return found if isinstance(found, int) else None
+
+
+class SessionCaches:
+    """The process's reads and writes of the sessions' prefix-cache records."""
+
+    def __init__(self, store: PrefixStore, metrics: t.Metrics) -> None:
+        self.store, self.metrics = store, metrics
+        self._writes: set[asyncio.Task[None]] = set()
+
+    async def sighting(self, call: Call) -> Sighting | None:
+        """The step's sighting when the policy prices switches and the call belongs to a session."""
+        switch, session_id = call.policy.switch, call.session_id
+        if switch is None or session_id is None:
+            return None
+        prompt = chain_of(call.view, prompt_tokens_with_template(call.features))
+        tenant = call.tenant_or_anonymous
+        try:
+            record = await self.store.prefixes(tenant, session_id)
+        except (StoreError, StoreFault) as exc:
+            log.warning("session caches: the record of a session could not be read: %s", exc)
+            record = NO_PREFIXES
+        return Sighting(tenant, session_id, prompt, session_cache(record, prompt))
+
+    def served(self, call: Call, sighting: Sighting, ex: Exchange) -> None:
+        """The step was answered by `ex.deployment`: count what it held and prefilled, check the prediction,
+        and record that it now holds this prompt (in the background: the answer does not wait for the store)."""
+        switch, deployment, usage = call.policy.switch, ex.deployment, ex.usage
+        if switch is None or deployment is None or usage is None or usage.estimated:
+            return
+        cache = sighting.cache
+        predicted = min(cache.cached.get(deployment, 0), usage.prompt_tokens)
+        self._count(cache, deployment, predicted, usage, ex)
+        if len(self._writes) >= MAX_WRITES:
+            log.warning("session caches: %d writes in flight; this step's record is dropped", len(self._writes))
+            return
+        chain = rescaled(sighting.prompt, usage.prompt_tokens)
+        task = asyncio.create_task(self._write(sighting, deployment, chain, switch.ttl_s))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    def _count(self, cache: SessionCache, deployment: str, predicted: int, usage: Usage, ex: Exchange) -> None:
+        series = self.metrics.caches
+        series.predicted.labels(deployment, "cached").inc(predicted)
+        series.predicted.labels(deployment, "uncached").inc(usage.prompt_tokens - predicted)
+        if cache.home is not None and cache.home != deployment:
+            series.switches.labels(cache.home, deployment).inc()
+        ex.attributes[t.CACHE_PREDICTED_TOKENS] = predicted
+        ex.attributes[t.CACHE_UNCACHED_TOKENS] = " ".join(
+            f"{name}={cache.uncached(name)}" for name in sorted({*cache.cached, deployment}))
+        reported = reported_cached_tokens(usage)
+        if reported is None:
+            return
+        ex.attributes[t.CACHE_REPORTED_TOKENS] = reported
+        series.prediction_error.labels(deployment).observe(abs(predicted - reported))
+        if predicted - reported > BLOCK_TOKENS:
+            # The deployment had evicted what the record said it held: the record of it is replaced below by
+            # the prompt it has just prefilled, which is what it holds now.
+            series.misses.labels(deployment).inc()
+
+    async def _write(self, sighting: Sighting, deployment: str, chain: Chain, ttl_s: int) -> None:
+        try:
+            await self.store.served(sighting.tenant, sighting.session_id, deployment, chain, ttl_s)
+        except (StoreError, StoreFault) as exc:
+            log.warning("session caches: the record of a served step could not be written: %s", exc)
+
+    async def close(self) -> None:
+        """Let the writes in flight finish (each bounded by the store's own timeout)."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)

@@ -1,0 +1,104 @@
+"""Each agent session's prefix caches: the prompt each deployment last served it, in the shared store.
+
+    prefixes(tenant, session_id) -> SessionPrefixes        the record (NO_PREFIXES when there is none)
+    served(tenant, session_id, deployment, chain, ttl_s)   `deployment` served this prompt: its chain replaces
+                                                           that deployment's, the session's home and stay
+                                                           follow (context/prefix.after_serving), atomically
+
+One record per session, so every replica predicts the same caches. A record idle `ttl_s` is forgotten: by then
+the deployments will have evicted the prefix too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gateway.context.prefix import NO_PREFIXES, Chain, SessionPrefixes, after_serving, decode, encode
+from gateway.store.redis_store import RedisStore
+
+MAX_SESSIONS = 100_000  # the in-memory twin's bound: the least recently served session goes first
+CHAIN_FIELD = "c:"  # + the deployment's name: its chain, encoded (context/prefix.encode)
+
+# KEYS[1] the session's hash; ARGV deployment, encoded chain, ttl_s. The home's stay grows by one, or another
+# deployment becomes home with a stay of 1; the deployment's chain is replaced; the idle expiry starts again.
+SERVED = """
+local home = redis.call('HGET', KEYS[1], 'home')
+if home == ARGV[1] then
+  redis.call('HINCRBY', KEYS[1], 'stay', 1)
+else
+  redis.call('HSET', KEYS[1], 'home', ARGV[1], 'stay', 1)
+end
+redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+"""
+
+
+class PrefixStore(Protocol):
+    async def prefixes(self, tenant: str, session_id: str) -> SessionPrefixes: ...
+    async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None: ...
+    async def close(self) -> None: ...
+
+
+def prefixes_key(prefix: str, tenant: str, session_id: str) -> str:
+    # hashed like the accounting's session keys: a session id may be arbitrary header bytes
+    digest = hashlib.sha256(session_id.encode()).hexdigest()[:32]
+    return f"{prefix}:{{{tenant}}}:pc:{digest}"
+
+
+def read_record(fields: dict[str, Any]) -> SessionPrefixes:
+    """The record of a stored hash (home, stay and a chain per deployment)."""
+    if not fields:
+        return NO_PREFIXES
+    served = {name[len(CHAIN_FIELD):]: decode(str(value)) for name, value in fields.items()
+              if name.startswith(CHAIN_FIELD)}
+    stay = str(fields.get("stay") or "0")
+    return SessionPrefixes(served, fields.get("home") or None, int(stay) if stay.isdigit() else 0)
+
+
+class RedisPrefixStore(RedisStore):
+    """PrefixStore on one Redis hash per session, written by one script."""
+
+    def __init__(self, url: str, *, timeout_s: float = 0.25, prefix: str = "ag") -> None:
+        super().__init__(url, timeout_s=timeout_s, prefix=prefix)
+        self.prefix = prefix
+        self._served = self._redis.register_script(SERVED)
+
+    async def prefixes(self, tenant: str, session_id: str) -> SessionPrefixes:
+        fields: Any = await self._run(self._redis.hgetall(prefixes_key(self.prefix, tenant, session_id)))
+        return read_record(fields or {})
+
+    async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
+        key = prefixes_key(self.prefix, tenant, session_id)
+        await self._run(self._served(keys=[key], args=[deployment, encode(chain), int(ttl_s)]))
+
+
+class MemoryPrefixStore:
+    """PrefixStore in this process's memory, bounded by `max_sessions` (least recently served first out)."""
+
+    def __init__(self, *, max_sessions: int = MAX_SESSIONS, clock: Callable[[], float] = time.time) -> None:
+        self._records: OrderedDict[tuple[str, str], tuple[float, SessionPrefixes]] = OrderedDict()
+        self._max, self._clock = max_sessions, clock
+
+    async def prefixes(self, tenant: str, session_id: str) -> SessionPrefixes:
+        found = self._records.get((tenant, session_id))
+        if found is None:
+            return NO_PREFIXES
+        if found[0] <= self._clock():
+            del self._records[(tenant, session_id)]
+            return NO_PREFIXES
+        return found[1]
+
+    async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
+        record = after_serving(await self.prefixes(tenant, session_id), deployment, chain)
+        self._records[(tenant, session_id)] = (self._clock() + ttl_s, record)
+        self._records.move_to_end((tenant, session_id))
+        while len(self._records) > self._max:
+            self._records.popitem(last=False)
+
+    async def close(self) -> None:
+        return None

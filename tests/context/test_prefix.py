@@ -1,0 +1,94 @@
+"""The prompt's hash chain: equal links mean equal prompts up to there; what a deployment holds of a new prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.context.prefix import (
+    NO_PREFIXES,
+    Link,
+    after_serving,
+    chain_of,
+    common_tokens,
+    decode,
+    encode,
+    rescaled,
+)
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+TASK = {"role": "user", "content": "Fix the failing test in parser.py"}
+CALL = {"role": "assistant", "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"c\":\"ls\"}"}}]}
+RESULT = {"role": "tool", "tool_call_id": "c1", "content": "parser.py tests/"}
+OTHER_CALL = {**CALL, "tool_calls": [{**CALL["tool_calls"][0], "function": {"name": "bash",
+                                                                           "arguments": "{\"c\":\"pwd\"}"}}]}
+
+
+def view(*messages: dict[str, Any], tools: list[Any] | None = TOOLS) -> dict[str, Any]:
+    return {"messages": list(messages), **({"tools": tools} if tools else {})}
+
+
+@pytest.mark.parametrize(("kept", "prompt", "shared_links"), [
+    # the next step re-sends the last prompt and adds to it: every kept link holds
+    ((SYSTEM, TASK), (SYSTEM, TASK, CALL, RESULT), 3),
+    # the same prompt again: all of it
+    ((SYSTEM, TASK, CALL, RESULT), (SYSTEM, TASK, CALL, RESULT), 5),
+    # the agent rewrote its history (a compaction, a masked tool output): only what comes before the change
+    ((SYSTEM, TASK, CALL, RESULT), (SYSTEM, TASK, OTHER_CALL, RESULT), 3),
+    # another system prompt: nothing after the tools
+    ((SYSTEM, TASK), ({"role": "system", "content": "You are terse."}, TASK), 1),
+    # a later message equal to the kept one does not match once an earlier one differs (links hash their past)
+    ((SYSTEM, TASK, CALL), ({"role": "system", "content": "other"}, TASK, CALL), 1),
+])
+def test_a_deployment_holds_the_prompt_up_to_where_the_chains_part(
+        kept: tuple[dict[str, Any], ...], prompt: tuple[dict[str, Any], ...], shared_links: int) -> None:
+    held = chain_of(view(*kept), 1000)
+    wanted = chain_of(view(*prompt), 2000)
+    assert common_tokens(held, wanted) == held[shared_links - 1].tokens
+    assert [a.digest for a in held[:shared_links]] == [b.digest for b in wanted[:shared_links]]
+
+
+def test_other_tools_part_the_chains_at_once() -> None:
+    assert common_tokens(chain_of(view(SYSTEM, TASK), 100), chain_of(view(SYSTEM, TASK, tools=None), 100)) == 0
+
+
+@pytest.mark.parametrize(("messages", "tokens"), [((SYSTEM, TASK, CALL, RESULT), 4000), ((SYSTEM,), 37)])
+def test_the_tokens_through_each_link_grow_to_the_prompts_count(messages: tuple[dict[str, Any], ...],
+                                                                tokens: int) -> None:
+    chain = chain_of(view(*messages), tokens)
+    counts = [link.tokens for link in chain]
+    assert len(chain) == len(messages) + 1  # the tools, then each message
+    assert counts == sorted(counts) and counts[-1] == tokens
+
+
+def test_a_chain_rescaled_to_the_deployments_count_ends_at_it() -> None:
+    chain = chain_of(view(SYSTEM, TASK, CALL, RESULT), 1000)
+    scaled = rescaled(chain, 2200)
+    assert scaled[-1].tokens == 2200 and [x.digest for x in scaled] == [x.digest for x in chain]
+    assert rescaled(chain, 0) == chain and rescaled((), 10) == ()
+
+
+@pytest.mark.parametrize("text", ["", "ab12:10", "ab12:10,cd34:25"])
+def test_a_chain_reads_back_as_stored(text: str) -> None:
+    assert encode(decode(text)) == text
+
+
+def test_a_damaged_stored_chain_keeps_what_is_before_the_damage() -> None:
+    assert decode("ab:10,cd:x,ef:30") == (Link("ab", 10),)
+
+
+@pytest.mark.parametrize(("steps", "home", "stay"), [
+    (["fast"], "fast", 1),
+    (["fast", "fast", "fast"], "fast", 3),
+    (["fast", "hq"], "hq", 1),
+    (["hq", "fast", "fast"], "fast", 2),
+])
+def test_the_record_follows_where_the_steps_went(steps: list[str], home: str, stay: int) -> None:
+    record = NO_PREFIXES
+    for n, deployment in enumerate(steps):
+        record = after_serving(record, deployment, (Link(f"d{n}", n),))
+    assert (record.home, record.stay) == (home, stay)
+    assert record.served[steps[-1]] == (Link(f"d{len(steps) - 1}", len(steps) - 1),)
