@@ -47,7 +47,7 @@ async def run(stack: Stack, outputs: list[str], session: str, ids: list[str] | N
 
 # Large tool outputs (about 2,000 tokens each), failing on steps 5 and 8: late in the session, where hq has not
 # seen most of the conversation.
-LONG = [("Traceback: error in parser.py\n" if n in (5, 8) else "ok\n") + "x" * 8_000 for n in range(1, 10)]
+LONG = ["x" * 8_000 + f"\n[Command finished with exit code {int(n in (5, 8))}]" for n in range(1, 10)]
 
 
 async def test_a_session_stays_on_its_cache_where_the_rules_alone_flapped(make_stack: Any) -> None:
@@ -72,7 +72,7 @@ async def test_a_session_stays_on_its_cache_where_the_rules_alone_flapped(make_s
 
 async def test_a_session_moves_when_the_reason_outweighs_the_price(make_stack: Any) -> None:
     stack: Stack = await make_stack(rules=RULES, extra=SWITCH)
-    short = ["ok", "ok", "ok", "Traceback: error in parser.py", "ok", "ok"]
+    short = ["ok", "ok", "ok", "Traceback (most recent call last):\nValueError: bad input in parser.py", "ok", "ok"]
     ids: list[str] = []
     # the error on step 4 comes while hq lacks only a few hundred tokens: it escalates, and after its stay
     # the session goes back to fast, which lacks only what hq served
