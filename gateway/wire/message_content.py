@@ -2,8 +2,11 @@
 
 vLLM takes a `tool_result` without `tool_use_id`, a tool_use in a user turn or a result no tool_use asked for, and
 answers as if they were fine; Anthropic's API refuses each with a 400, and a client written against it relies on
-that. The messages the gateway reads (the newest events.MAX_VIEW_ITEMS, each by its first events.MAX_PARTS blocks)
-are checked here; what vLLM validates itself (the rest, the tools) comes back as its 400, in Anthropic's envelope.
+that. An agent's request re-sends its whole history and adds a turn or two: the newest CHECKED_MESSAGES messages
+(each by its first events.MAX_PARTS blocks) are checked here, so every turn is checked while it is new at a cost
+that does not grow with the session (all 300 messages of a long session cost more than reading them for the
+decision does); what vLLM validates itself (every message, the tools) comes back as its 400, in Anthropic's
+envelope (wire/messages.deployment_error).
 """
 
 from __future__ import annotations
@@ -14,13 +17,16 @@ from typing import Any
 from gateway.errors import BadRequest
 from gateway.wire import events
 
+CHECKED_MESSAGES = 16  # the newest messages checked: an agent's step adds two (its tool call, the results)
 # Block type -> the role whose turns may carry it (the rest of Anthropic's block types go by the deployment).
 ROLE_OF = {"tool_use": "assistant", "tool_result": "user"}
 
 
 def check(messages: Sequence[Any], start: int) -> None:
-    """Each message from `start` on: a `user` or `assistant` turn whose blocks are well formed, and whose tool
-    results answer the tool_use blocks of the turn before (and every tool_use is answered by the turn after)."""
+    """The newest messages (from `start` on, whose roles are checked): `user` or `assistant` turns whose blocks
+    are well formed, whose tool results answer the tool_use blocks of the turn before, and whose tool_use blocks
+    are each answered by the turn after."""
+    start = max(start, len(messages) - CHECKED_MESSAGES)
     asked = {}  # blocks first, as Anthropic's API does: a malformed block is named before a pairing it breaks
     for i in range(start, len(messages)):
         content = messages[i].get("content")
@@ -34,18 +40,18 @@ def _blocks(i: int, role: str, blocks: Sequence[Any]) -> list[str]:
     """The ids of the tool_use blocks of one message, its blocks checked."""
     asked = []
     for j, block in enumerate(blocks):
-        where = f"messages.{i}.content.{j}"
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise _bad(f"{where}: Input should be an object with a string 'type'", i, j)
+            raise _bad(f"messages.{i}.content.{j}: Input should be an object with a string 'type'", i, j)
         kind = block["type"]
         if ROLE_OF.get(kind, role) != role:
-            raise _bad(f"{where}: a `{kind}` block belongs in an `{ROLE_OF[kind]}` turn, not a `{role}` one", i, j)
+            raise _bad(f"messages.{i}.content.{j}: a `{kind}` block belongs in an `{ROLE_OF[kind]}` turn, not a "
+                       f"`{role}` one", i, j)
         if kind == "tool_use":
-            asked.append(_tool_use(block, where, i, j))
+            asked.append(_tool_use(block, f"messages.{i}.content.{j}", i, j))
         elif kind == "tool_result":
-            _tool_result(block, where, i, j)
+            _tool_result(block, f"messages.{i}.content.{j}", i, j)
         elif kind == "text" and not isinstance(block.get("text"), str):
-            raise _bad(f"{where}.text.text: Field required (a string)", i, j, "text")
+            raise _bad(f"messages.{i}.content.{j}.text.text: Field required (a string)", i, j, "text")
     return asked
 
 
