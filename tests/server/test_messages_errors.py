@@ -109,3 +109,17 @@ async def test_a_well_formed_tool_round_trip_still_passes(stack: Stack) -> None:
     async with _client(stack) as client:
         answer = await client.messages.create(model="fast", max_tokens=64, messages=messages, tools=TOOLS)
     assert answer.stop_reason == "end_turn"
+
+
+async def test_a_path_or_method_the_gateway_does_not_serve_under_v1_messages_is_refused_in_anthropics_envelope(
+    stack: Stack
+) -> None:
+    async with _client(stack) as client:
+        with pytest.raises(anthropic.NotFoundError) as raised:
+            await client.messages.batches.create(requests=[])
+    body: Any = raised.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "not_found_error"
+    async with aiohttp.ClientSession() as http, http.get(f"{stack.gateway_root}/v1/messages") as resp:
+        assert resp.status == 405 and (await resp.json())["type"] == "error"
+    async with aiohttp.ClientSession() as http, http.get(f"{stack.gateway_root}/v1/nothing") as resp:
+        assert resp.status == 404 and "type" not in await resp.json()  # the gateway's own paths: OpenAI's
