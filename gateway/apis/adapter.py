@@ -16,6 +16,7 @@ class StreamReader(Protocol):
 
     usage: Usage | None  # the deployment's own count, from the stream's final usage
     done: bool  # the stream ended as this API ends one ([DONE], a terminal event)
+    error: bool  # the deployment ended it with its own error event, which the reader withheld
     streamed: StreamTally  # what was generated, should the usage never come
 
     def feed(self, chunk: bytes) -> bytes:
@@ -84,4 +85,8 @@ class Adapter(Protocol):
 
     def envelope(self, err: GatewayError) -> dict[str, Any]:
         """An error as this API's clients expect its body."""
+        ...
+
+    def error_answer(self, status: int, raw: bytes, found: dict[str, Any]) -> bytes:
+        """A deployment's error answer (a 4xx) as this API's clients expect its body."""
         ...

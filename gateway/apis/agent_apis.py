@@ -67,6 +67,9 @@ class ResponsesAdapter:
     def envelope(self, err: GatewayError) -> dict[str, Any]:
         return responses.envelope(err)
 
+    def error_answer(self, status: int, raw: bytes, found: dict[str, Any]) -> bytes:
+        return raw  # vLLM's own, in OpenAI's envelope
+
 
 class MessagesAdapter:
     """`POST /v1/messages` (and, with `counting`, `/v1/messages/count_tokens`, which generates nothing)."""
@@ -125,6 +128,9 @@ class MessagesAdapter:
 
     def envelope(self, err: GatewayError) -> dict[str, Any]:
         return messages.envelope(err)
+
+    def error_answer(self, status: int, raw: bytes, found: dict[str, Any]) -> bytes:
+        return openai.encode(messages.deployment_error(status, found))
 
 
 RESPONSES = ResponsesAdapter()

@@ -59,11 +59,15 @@ class OpenAIAdapter:
     def envelope(self, err: GatewayError) -> dict[str, Any]:
         return err.envelope()
 
+    def error_answer(self, status: int, raw: bytes, found: dict[str, Any]) -> bytes:
+        return raw  # vLLM's own, in OpenAI's envelope
+
 
 class SseReader:
     """Splits an OpenAI stream into SSE events, takes the usage chunk, notes [DONE]."""
 
     __slots__ = ("_pending", "client_wants_usage", "done", "streamed", "usage")
+    error = False  # a deployment's error chunk is found by the relay itself (resume.before_error)
 
     def __init__(self, client_wants_usage: bool) -> None:
         self.client_wants_usage = client_wants_usage

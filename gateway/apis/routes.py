@@ -9,3 +9,13 @@ from gateway.apis.openai_api import CHAT, COMPLETIONS, EMBEDDINGS
 ADAPTERS: tuple[Adapter, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, COUNT_TOKENS)
 BY_PATH: dict[str, Adapter] = {adapter.path: adapter for adapter in ADAPTERS}  # the gateway's path is vLLM's
 BY_ENDPOINT: dict[str, Adapter] = {adapter.endpoint: adapter for adapter in ADAPTERS}
+
+
+def api_of(path: str) -> Adapter | None:
+    """The API a path of the gateway belongs to: its adapter's, else that of the API path it extends
+    (`/v1/messages/batches` is Anthropic's, its errors in Anthropic's envelope); None for the gateway's own."""
+    found = BY_PATH.get(path)
+    while found is None and path.count("/") > 2:
+        path = path.rsplit("/", 1)[0]
+        found = BY_PATH.get(path)
+    return found

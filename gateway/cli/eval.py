@@ -84,7 +84,7 @@ async def run_case(http: aiohttp.ClientSession, target: Target, index: int, case
     recorded = status == 200
     cost = float(reply["outcome"]["cost_usd"]) if recorded else None
     return Result(target.name, case.id, repeat, case.tags, passed, reason, len(step_ms), cost, session_s, step_ms,
-                  "h:" + session, recorded)
+                  session, recorded)
 
 
 async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any],

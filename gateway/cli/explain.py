@@ -99,12 +99,13 @@ def _admission(
             raise ExplainInputError(f"--spent-usd {item!r}: expected WINDOW=USD, WINDOW one of "
                                     f"{', '.join(Window)}") from exc
     snapshot = TenantSnapshot(tenant or ANONYMOUS, now_s, windows)
-    state = _session(session) if session else None
+    state = _session(session, call.session_id) if session else None
     costs = costs_of(policy, call.features, call.body_bytes, openai.choices_of(call.view, call.endpoint))
     return judge(policy, costs, headers, snapshot, state), state
 
 
-def _session(items: Sequence[str]) -> SessionState:
+def _session(items: Sequence[str], session_id: str | None) -> SessionState:
+    """The assumed state of the request's session (its headers or conversation name it; else "assumed")."""
     values: dict[str, Any] = {}
     for item in items:
         name, _, value = item.partition("=")
@@ -115,7 +116,7 @@ def _session(items: Sequence[str]) -> SessionState:
         except ValueError as exc:
             raise ExplainInputError(f"--session {item!r}: expected steps_per_min=N, cost_usd=USD or "
                                     "pinned=DEPLOYMENT") from exc
-    return SessionState("explain", **values)
+    return SessionState(session_id or "assumed", **values)
 
 
 def _loads(deployments: dict[str, Any], items: Sequence[str]) -> dict[str, DeploymentLoad]:

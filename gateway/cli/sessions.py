@@ -163,7 +163,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     _session_options(listing)
     listing.set_defaults(func=guarded(cmd_list))
     show = sub.add_parser("show", help="one session's timeline, step by step")
-    show.add_argument("session_id", help="as `sessions list` shows it, e.g. h:run-42")
+    show.add_argument("session_id", help="the id its client sent (x-session-id), as `sessions list` shows it, "
+                      "e.g. run-42")
     _session_options(show)
     show.set_defaults(func=guarded(cmd_show))
     export = sub.add_parser("export", help="sessions with their steps as JSONL; --with-outcomes: as classifier labels")

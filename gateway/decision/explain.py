@@ -6,6 +6,7 @@ from typing import Any
 
 from gateway.context.anthropic_edits import Managed
 from gateway.decision.routing import Context, Decision
+from gateway.decision.sessions import shown_id
 from gateway.features import Features
 
 
@@ -23,6 +24,10 @@ def explanation(decision: Decision, features: Features, ctx: Context,
         "admission": None if ctx.admission is None else {
             "allowed": sorted(ctx.admission.allowed), "prefer": ctx.admission.prefer,
             "limit": ctx.admission.limit, "reasons": list(ctx.admission.reasons)},
+        "session": None if ctx.session is None else {
+            "id": shown_id(ctx.session.session_id), "steps": ctx.session.steps,
+            "steps_per_min": ctx.session.steps_per_min, "cost_usd": ctx.session.cost_usd,
+            "pinned": ctx.session.pinned},
         "features": features.as_record(),
         "load": {name: {"healthy": load.healthy, "requests_waiting": load.requests_waiting,
                         "requests_running": load.requests_running, "kv_cache_usage": load.kv_cache_usage}

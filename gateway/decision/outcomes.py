@@ -123,15 +123,6 @@ def mix(deployments: Mapping[str, int]) -> str:
     return "+".join(names) or "none"
 
 
-def session_ids(given: str) -> list[str]:
-    """The recorded ids a caller's session id may name: its `x-session-id` (recorded as "h:<id>"), or the
-    recorded id itself as `sessions list` shows it (h:… or p:…)."""
-    ids = ["h:" + given]
-    if given.startswith(("h:", "p:")):
-        ids.append(given)
-    return ids
-
-
 @dataclass(slots=True)
 class OutcomeRow:
     """The outcome figures of one (route, deployment mix, arm): what /admin/outcomes lists."""

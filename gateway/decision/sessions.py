@@ -4,6 +4,12 @@
     state = (await budgets.observe(tenant, sid, rules)).session   # one atomic store call counts the step
     admission(..., session=state, sessions=policy.sessions)       # decision/admission.py
 
+The id a user sees and types is not the key the gateway stores a session by. A session the client names is
+stored as "h:<its id>"; one the gateway names itself (derived from the conversation, "p:<hash>", or the root of
+a Responses chain, "r:<response id>") has no client id and goes by that name. `stored_id`, `shown_id` and
+`stored_ids` are the one mapping between the two: every admin answer, CLI line, page link, outcome, span and log
+shows `shown_id`, every lookup by a user's id goes through `stored_ids`.
+
 The pin and the running cost are written by the settle of the session's first answered step (the pin
 names the deployment that answered, after any failover), inside the same atomic store script, so a
 session pinned on one replica reads the same pin on every other.
@@ -24,6 +30,8 @@ CODEX_METADATA_HEADER = "x-codex-turn-metadata"
 CLAUDE_CODE_HEADER = "x-claude-code-session-id"
 MAX_ID_CHARS = 256
 MAX_METADATA_CHARS = 4096
+NAMED = "h:"  # the stored id of a session the client names: this, then its id
+GATEWAY_NAMED = ("p:", "r:")  # the stored ids the gateway gives sessions no client named (derived, a chain's root)
 
 
 def session_id(headers: Mapping[str, str], body: Mapping[str, Any], chain: str | None = None) -> str | None:
@@ -35,10 +43,27 @@ def session_id(headers: Mapping[str, str], body: Mapping[str, Any], chain: str |
     """
     given = _named(headers)
     if given:
-        return "h:" + given[:MAX_ID_CHARS]
+        return stored_id(given)
     if chain:
         return chain
     return derived(headers, body)
+
+
+def stored_id(client_id: str) -> str:
+    """The key a session the client names (its `x-session-id` or agent header) is stored by."""
+    return NAMED + client_id[:MAX_ID_CHARS]
+
+
+def shown_id(stored: str) -> str:
+    """The id users see for a stored session: the client's own id, or the gateway's name when no client named it."""
+    return stored[len(NAMED):] if stored.startswith(NAMED) else stored
+
+
+def stored_ids(shown: str) -> tuple[str, ...]:
+    """The stored sessions a user's id may name: the session a client named so, and, for an id of the form the
+    gateway names sessions by (p:…, r:…), that session too (two found: the id is ambiguous)."""
+    named = stored_id(shown)
+    return (named, shown) if shown.startswith(GATEWAY_NAMED) and shown != named else (named,)
 
 
 def names_session(headers: Mapping[str, str]) -> bool:

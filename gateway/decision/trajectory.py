@@ -24,7 +24,7 @@ from typing import Any
 from gateway import openai
 from gateway.agents.tool_outcomes import judge
 from gateway.decision.outcomes import Membership, Outcome
-from gateway.decision.sessions import names_session, text_of
+from gateway.decision.sessions import names_session, shown_id, text_of
 from gateway.features import Features
 from gateway.steps import MAX_MESSAGES, canonical
 
@@ -164,9 +164,9 @@ class Step:
 
 @dataclass(slots=True)
 class Summary:
-    """A session at a glance: what `GET /admin/sessions` lists."""
+    """A session at a glance: what `GET /admin/sessions` lists (by the id its client gave it: sessions.shown_id)."""
 
-    session_id: str
+    session_id: str  # the stored id
     tenant: str
     steps: int = 0
     cost_usd: float = 0.0
@@ -189,7 +189,7 @@ class Summary:
     def to_dict(self) -> dict[str, Any]:
         membership = self.membership
         return {
-            "session_id": self.session_id, "tenant": self.tenant, "steps": self.steps,
+            "session_id": shown_id(self.session_id), "tenant": self.tenant, "steps": self.steps,
             "cost_usd": round(self.cost_usd, 9), "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
             "started_at": round(self.started_at, 3), "last_at": round(self.last_at, 3),
             "steps_per_min": round(self.steps_per_min, 3), "deployments": dict(self.deployments),

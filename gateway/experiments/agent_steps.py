@@ -12,6 +12,7 @@ from opentelemetry.trace import SpanKind
 
 from gateway.decision import trajectory as tr
 from gateway.decision.loops import Finding
+from gateway.decision.sessions import shown_id
 from gateway.decision.trajectory import Step
 from gateway.policy.agents import LoopPolicy, SpikePolicy
 from gateway.policy.model import Policy
@@ -135,7 +136,7 @@ class StepReport:
                 continue
             action = loop_rules.action if finding.flag.startswith("loop:") else spike_rules.action
             self.add("flags", p.tenant, finding.flag, action)
-            log.warning("agent session %r (tenant %r), step %d: %s: %s; action: %s", p.session_id, p.tenant,
+            log.warning("agent session %r (tenant %r), step %d: %s: %s; action: %s", shown_id(p.session_id), p.tenant,
                         step.step, finding.flag, finding.detail, action)
             events.append((int(step.at * 1e9), t.AGENT_FLAG_EVENT,
                            {"gateway.agent.flag": finding.flag, "gateway.agent.action": action,
@@ -193,7 +194,7 @@ def _tool_spans(spans: Spans, ex: Exchange, p: PendingStep, step: Step, earlier:
         attrs: dict[str, Any] = {
             t.GEN_AI_OPERATION: "execute_tool", t.GEN_AI_TOOL_NAME: call.name,
             t.GEN_AI_TOOL_CALL_ID: result.tool_call_id, t.GEN_AI_TOOL_TYPE: "function",
-            t.GEN_AI_CONVERSATION_ID: p.session_id, t.TOOL_ARGS_DIGEST: call.args_digest,
+            t.GEN_AI_CONVERSATION_ID: shown_id(p.session_id), t.TOOL_ARGS_DIGEST: call.args_digest,
         }  # fmt: skip
         if call.arguments is not None:
             attrs[t.GEN_AI_TOOL_CALL_ARGUMENTS] = call.arguments

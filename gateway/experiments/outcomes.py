@@ -4,16 +4,15 @@ in that cohort's counters the task_success_rate and cost_per_success guards judg
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
 from gateway.decision.outcomes import Membership, Outcome, mix
 from gateway.decision.trajectory import Summary
 from gateway.rollout.samples import Cohort, OutcomeSample, outcome_fields
-from gateway.store.trajectories import TrajectoryStore
+from gateway.store.trajectories import Ref, TrajectoryStore
 from gateway.telemetry import metrics as t
 
 
@@ -26,38 +25,24 @@ class CohortCounts(Protocol):
 class Outcomes:
     """Writes reports and counts them; `counters` is wired once the experiments exist (None: no rollouts).
 
-    An agent reports right after its last step, before the recorder has written that step (it flushes every
-    FLUSH_S): a report first waits for this process's queued steps (`settle`), so the outcome is given the
-    spend and steps of the run's last step too; a session still not found waits one more flush interval
-    (its steps may sit in another replica's queue) and is looked up again before it is "unknown".
+    An agent reports right after its last step, before the recorder has written that step: the outcome API
+    finds the session with Trajectories.locate(settled=True), which first writes this process's queued steps
+    (so the outcome is given the spend and steps of the run's last step too) and waits for another replica's.
     """
 
-    def __init__(self, store: TrajectoryStore, metrics: t.Metrics, clock: Callable[[], float] = time.time,
-                 settle: Callable[[], Awaitable[None]] | None = None, flush_s: float = 0.1) -> None:
-        self.store, self.series, self.clock, self.settle, self.flush_s = store, metrics.agents, clock, settle, flush_s
+    def __init__(self, store: TrajectoryStore, metrics: t.Metrics, clock: Callable[[], float] = time.time) -> None:
+        self.store, self.series, self.clock = store, metrics.agents, clock
         self.counters: CohortCounts | None = None
 
-    async def report(self, tenant: str, session_ids: list[str], outcome: Outcome, *,
-                     wait: bool = True) -> Summary | None:
-        """The first of `session_ids` the tenant has a recorded session of gets the outcome; None when it has
-        none of them (nothing is written). Raises StoreError when the store does not answer."""
-        outcome = replace(outcome, at=self.clock())
-        if wait and self.settle is not None:
-            await self.settle()
-        found = await self._write(tenant, session_ids, outcome)
-        if found is None and wait:
-            await asyncio.sleep(self.flush_s * 2)  # the steps may sit in another replica's queue
-            found = await self._write(tenant, session_ids, outcome)
-        return found
-
-    async def _write(self, tenant: str, session_ids: list[str], outcome: Outcome) -> Summary | None:
-        for session_id in session_ids:
-            written = await self.store.set_outcome((tenant, session_id), outcome)
-            if written is not None:
-                summary, replaced = written
-                self._count(summary, replaced)
-                return summary
-        return None
+    async def report(self, ref: Ref, outcome: Outcome) -> Summary | None:
+        """The recorded session's outcome, written and counted; None when it is not (or no longer) recorded
+        (nothing is written). Raises StoreError when the store does not answer."""
+        written = await self.store.set_outcome(ref, replace(outcome, at=self.clock()))
+        if written is None:
+            return None
+        summary, replaced = written
+        self._count(summary, replaced)
+        return summary
 
     def _count(self, summary: Summary, replaced: Outcome | None) -> None:
         outcome = summary.outcome

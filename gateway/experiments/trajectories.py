@@ -29,7 +29,9 @@ from gateway.decision import trajectory as tr
 from gateway.decision.call import Call
 from gateway.decision.loops import AgentVerdict, Finding
 from gateway.decision.outcomes import Membership, Outcome, read_header
+from gateway.decision.sessions import shown_id, stored_ids
 from gateway.decision.trajectory import Step
+from gateway.errors import NotFound
 from gateway.experiments.agent_steps import Cohorted, PendingStep, StepReport
 from gateway.experiments.outcomes import Outcomes
 from gateway.policy.agents import SpikePolicy
@@ -69,7 +71,7 @@ class Trajectories:
         # one batch at a time: two in flight would both read a session before either wrote its new steps
         self._flushing = asyncio.Lock()
         # reports from the outcome API and from step headers
-        self.outcomes = Outcomes(store, metrics, clock, settle=self.flush, flush_s=FLUSH_S)
+        self.outcomes = Outcomes(store, metrics, clock)
         self._queue: list[PendingStep] = []
         self._kept_bytes = 0  # tool-call bytes the queued steps keep
         self._task: asyncio.Task[None] | None = None
@@ -107,7 +109,7 @@ class Trajectories:
         session_id = call.session_id
         assert session_id is not None
         outcome = read_header(call.headers)
-        ex.attributes[t.GEN_AI_CONVERSATION_ID] = session_id
+        ex.attributes[t.GEN_AI_CONVERSATION_ID] = shown_id(session_id)  # the conversation as its client names it
         ex.step = step = PendingStep(self.queue, self.clock(), call.policy, call.tenant_or_anonymous, session_id,
                                      call.view.get("messages"), call.features.tools_count > 0, cohorted)
         step.outcome = outcome
@@ -123,6 +125,35 @@ class Trajectories:
         step.distill(self.keep_text, KEPT_BYTES_MAX - self._kept_bytes)
         self._kept_bytes += step.kept_bytes
         self._queue.append(step)
+
+    # --- a session by the id users know it by ---
+
+    async def locate(self, given: str, tenant: str | None, *, settled: bool = False) -> Ref:
+        """The recorded session a user's id names (sessions.stored_ids), in `tenant` or in any tenant; NotFound
+        naming the id when none is, or when several are (two tenants', or a client's and the gateway's).
+
+        `settled` (an outcome report, which an agent sends right after its last step): this process's queued
+        steps are written first, and a session not found yet is looked for again after another replica's
+        flusher has had its turn."""
+        if settled:
+            await self.flush()
+        refs = await self.store.find(stored_ids(given), tenant)
+        if not refs and settled:
+            await asyncio.sleep(FLUSH_S * 2)
+            refs = await self.store.find(stored_ids(given), tenant)
+        if len(refs) == 1:
+            return refs[0]
+        of = f" of tenant {tenant!r}" if tenant is not None else ""
+        if not refs:
+            raise NotFound(f"No recorded agent session {given!r}{of}{_hint(given)} (sessions idle longer than the "
+                           "policy's agents.record.ttl_s, or beyond max_sessions, are forgotten)",
+                           param="session_id", code="session_not_found")
+        tenants = sorted({t for t, _ in refs})
+        if len(tenants) > 1:
+            raise NotFound(f"Agent session {given!r} is recorded for tenants {', '.join(map(repr, tenants))}: name "
+                           "the tenant (?tenant=, or --tenant)", param="session_id", code="session_ambiguous")
+        raise NotFound(f"Agent session {given!r}{of} names two recorded sessions: the one its client named so and "
+                       "the one the gateway named so", param="session_id", code="session_ambiguous")
 
     # --- the flusher ---
 
@@ -193,9 +224,9 @@ class Trajectories:
             if p.outcome is None:
                 continue
             try:
-                await self.outcomes.report(p.tenant, [p.session_id], Outcome(p.outcome, source="header"), wait=False)
+                await self.outcomes.report((p.tenant, p.session_id), Outcome(p.outcome, source="header"))
             except StoreError as exc:
-                log.warning("outcome of session %r not recorded: %s", p.session_id, exc)
+                log.warning("outcome of session %r not recorded: %s", shown_id(p.session_id), exc)
 
     def _read(self, p: PendingStep) -> Step | None:
         """The step as data, or None (counted) when it cannot be read: one malformed step costs only itself."""
@@ -214,8 +245,8 @@ class Trajectories:
                 self._drop_bad(p, "judge", exc)
 
     def _drop_bad(self, p: PendingStep, stage: str, exc: Exception) -> None:
-        log.warning("agent step of session %r (tenant %r) not recorded: cannot %s it: %s: %.200s", p.session_id,
-                    p.tenant, stage, type(exc).__name__, exc)
+        log.warning("agent step of session %r (tenant %r) not recorded: cannot %s it: %s: %.200s",
+                    shown_id(p.session_id), p.tenant, stage, type(exc).__name__, exc)
         self.report.child("dropped", "bad_step").inc()
         with contextlib.suppress(Exception):
             self.report.plain_span(p)
@@ -381,3 +412,9 @@ def _old_tenant_buckets(batch: _Batch, policy: Policy) -> dict[str, list[int]]:
             newest = max(series.buckets)
             out[tenant] = [b for b in series.buckets if b < newest - _history_buckets(rules)]
     return out
+
+
+def _hint(given: str) -> str:
+    """For an id in the stored form (`h:run-1`), that sessions go by their client's id (`run-1`)."""
+    client_id = shown_id(given)
+    return f"; sessions go by the id their client sent, here {client_id!r}" if client_id != given else ""

@@ -9,7 +9,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.apis.adapter import Adapter
-from gateway.apis.routes import BY_PATH
+from gateway.apis.routes import api_of
 from gateway.errors import GatewayError, NotFound, PayloadTooLarge
 from gateway.server.resources import EXCHANGE, REQUEST_ID
 
@@ -46,8 +46,9 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
 
 
 def _api(request: web.Request) -> Adapter | None:
-    """The API of a call to one (the exchange middleware gave it an exchange); None for every other path."""
-    return BY_PATH.get(request.path) if EXCHANGE in request else None
+    """The API of a request to one of its paths, whatever the method (a GET /v1/messages is refused in
+    Anthropic's envelope too); None for the gateway's own paths."""
+    return api_of(request.path)
 
 
 def _from_http(exc: web.HTTPException) -> GatewayError:

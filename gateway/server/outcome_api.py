@@ -3,13 +3,15 @@
     POST /v1/sessions/{session_id}/outcome   {"success": bool, "score": 0..1, "reason": str, "labels": {str: str}}
         -> {"object": "session.outcome", "session_id", "outcome", "replaced", "outcome_history"}
         404 `session_not_found` for a session the caller's tenant has not recorded (another tenant's, an
-        unknown one, or one idle past agents.record.ttl_s): nothing is written
+        unknown one, or one idle past agents.record.ttl_s), `session_ambiguous` for an id that names two of
+        its sessions: nothing is written
     GET /admin/outcomes?tenant=T
         -> {"object": "list", "data": [{route, mix, arm, sessions, successes, success_rate,
             cost_per_session_usd, cost_per_success_usd, cost_per_successful_session_usd, steps_per_success}],
             "sessions_read": N}
 
-`session_id` is the run's `x-session-id` (recorded as h:<id>) or the recorded id as `sessions list` shows it.
+`session_id` is the id the run's client sent (`x-session-id`, or its agent's session header), as `sessions list`
+shows it (decision/sessions.py maps it to the stored session).
 """
 
 from __future__ import annotations
@@ -35,16 +37,18 @@ async def report(request: web.Request) -> web.Response:
     given = request.match_info["session_id"]
     outcome = oc.read_body(openai.decode(await _body(request)))
     tenant = request.get(TENANT) or ANONYMOUS
+    trajectories = request.app[TRAJECTORIES]
     with reported_as_unavailable("The trajectory store"):
-        summary = await request.app[TRAJECTORIES].outcomes.report(tenant, oc.session_ids(given), outcome)
-    if summary is None or summary.outcome is None:
+        ref = await trajectories.locate(given, tenant, settled=True)
+        summary = await trajectories.outcomes.report(ref, outcome)
+    if summary is None or summary.outcome is None:  # forgotten between the two reads
         raise NotFound(f"No recorded agent session {given!r} of this caller (sessions idle longer than the "
                        "policy's agents.record.ttl_s are forgotten)", param="session_id", code="session_not_found")
-    if summary.replaced:
-        log.info("session %r (tenant %r): outcome %s replaces %s", summary.session_id, tenant,
-                 summary.outcome.word, summary.replaced[-1].word)
     shown = summary.to_dict()
-    return web.json_response({"object": "session.outcome", "session_id": summary.session_id,
+    if summary.replaced:
+        log.info("session %r (tenant %r): outcome %s replaces %s", shown["session_id"], tenant,
+                 summary.outcome.word, summary.replaced[-1].word)
+    return web.json_response({"object": "session.outcome", "session_id": shown["session_id"],
                               "outcome": shown["outcome"], "replaced": bool(summary.replaced),
                               "outcome_history": shown["outcome_history"]})
 

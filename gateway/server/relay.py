@@ -97,6 +97,8 @@ def _relay_body(
     raw: bytes, found: dict[str, object],
 ) -> web.Response:
     ex: Exchange = request[EXCHANGE]
+    if reply.status >= 400:  # the deployment refused the call: its error, in the client's API's envelope
+        raw = adapter.error_answer(reply.status, raw, found)
     if ex.tap is not None:
         ex.tap.append(raw)
     if ex.step is not None and ex.step.chunks is not None and reply.status == 200:
@@ -189,6 +191,9 @@ async def _pump(
             keep = None
         if out:
             await response.write(out)
+    if not reader.done and reader.error:  # its own error event, withheld: the client gets the gateway's
+        raise UpstreamError(f"Deployment {reply.deployment!r} reported an error mid-stream",
+                            code="upstream_error_event")
     if not reader.done:
         raise UpstreamError(f"Deployment {reply.deployment!r} ended the stream before its end",
                             code="upstream_truncated")

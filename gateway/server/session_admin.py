@@ -3,10 +3,12 @@
     GET /admin/sessions?tenant=T&sort=cost|steps|rate|recent&limit=N
         -> {"object": "list", "data": [summary, ...]}
     GET /admin/sessions/{session_id}[?tenant=T]
-        -> {summary fields..., "steps": [step, ...], "step_count": N}    404 `session_not_found` when unknown
+        -> {summary fields..., "steps": [step, ...], "step_count": N}    404 `session_not_found` when unknown,
+           `session_ambiguous` when the id names several sessions (two tenants', without `tenant`)
 
-A session is named by its tenant and its id (two tenants may both send `x-session-id: run-1`): the page
-always sends `tenant`; without it the most recently active session of that id is shown.
+A session goes by the id its client sent (`x-session-id: run-1` is `run-1`; one no client named by the gateway's
+name for it, p:… or r:…: decision/sessions.py) and its tenant (two tenants may both send `run-1`): the page
+always sends `tenant`; without it the id must name one tenant's session.
 
 (In the one session's view `steps` is the list of recorded steps, the last max_steps_per_session of them;
 the summary's count of all steps is `step_count` there.)
@@ -39,15 +41,13 @@ async def sessions(request: web.Request) -> web.Response:
 
 
 async def session(request: web.Request) -> web.Response:
-    session_id = request.match_info["session_id"]
-    tenant = request.query.get("tenant") or None
-    store = request.app[TRAJECTORIES].store
+    given = request.match_info["session_id"]
+    trajectories = request.app[TRAJECTORIES]
     with reported_as_unavailable("The trajectory store"):
-        found = await store.session(session_id, tenant)
-    if found is None:
-        of = f" of tenant {tenant!r}" if tenant is not None else ""
-        raise NotFound(f"No recorded agent session {session_id!r}{of} (sessions idle longer than the policy's "
-                       "agents.record.ttl_s, or beyond max_sessions, are forgotten)", param="session_id",
+        tenant, session_id = await trajectories.locate(given, request.query.get("tenant") or None)
+        found = await trajectories.store.session(session_id, tenant)
+    if found is None:  # forgotten between the two reads
+        raise NotFound(f"No recorded agent session {given!r} of tenant {tenant!r}", param="session_id",
                        code="session_not_found")
     summary, steps = found
     shown = summary.to_dict()

@@ -12,8 +12,11 @@ Contract (`RedisTrajectoryStore` here, `trajectory_memory.MemoryTrajectoryStore`
     active(ref) -> {flag: (until, detail)}              what the request path reads before deciding
     sessions(tenant | None, limit, sort) -> [Summary]    most recently active first, or the top `limit` by
                                                         `sort` among the RANKED_SCAN most recent
+    find(session_ids, tenant | None) -> [Ref]           the recorded sessions of any of these ids, in the
+                                                        tenant or any tenant (a lookup per tenant and id), most
+                                                        recently active first
     session(session_id, tenant | None) -> (Summary, [Step]) | None     a session is (tenant, id); without a
-                                                        tenant, the most recent of that id (a lookup per tenant)
+                                                        tenant, the most recent of that id
     set_outcome(ref, outcome) -> (Summary, replaced Outcome | None) | None
                                                         a known session's outcome (None: unknown, nothing
                                                         written); keeps the last HISTORY_KEPT reports
@@ -94,6 +97,7 @@ class TrajectoryStore(Protocol):
     ) -> None: ...
     async def active(self, ref: Ref) -> Active: ...
     async def sessions(self, tenant: str | None, limit: int, sort: str = "recent") -> list[Summary]: ...
+    async def find(self, session_ids: Sequence[str], tenant: str | None = None) -> list[Ref]: ...
     async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None: ...
     async def set_outcome(self, ref: Ref, outcome: Outcome) -> tuple[Summary, Outcome | None] | None: ...
     async def close(self) -> None: ...
@@ -337,9 +341,10 @@ class RedisTrajectoryStore(RedisStore):
         return found if sort == "recent" else ranked(found, sort, limit)
 
     async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None:
-        ref = (tenant, session_id) if tenant is not None else await self._find(session_id)
-        if ref is None:
+        refs = [(tenant, session_id)] if tenant is not None else await self.find([session_id])
+        if not refs:
             return None
+        ref = refs[0]
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.summary(ref))
             pipe.lrange(self.keys.steps(ref), 0, -1)
@@ -368,16 +373,20 @@ class RedisTrajectoryStore(RedisStore):
         summary.outcome = outcome
         return summary, replaced
 
-    async def _find(self, session_id: str) -> Ref | None:
-        """The most recent tenant that has a session of this id: one score lookup per tenant, in one round
-        trip (never a scan of the sessions)."""
-        tenants = [str(t) for t in await self._run(self._redis.zrange(self.keys.tenants(), 0, -1))]
+    async def find(self, session_ids: Sequence[str], tenant: str | None = None) -> list[Ref]:
+        """One score lookup per tenant and id, in one round trip (never a scan of the sessions); an index entry
+        whose session has expired (the index is trimmed only as steps are written) is no session."""
+        tenants = [tenant] if tenant is not None else [
+            str(t) for t in await self._run(self._redis.zrange(self.keys.tenants(), 0, -1))]
+        refs = [(t, sid) for t in tenants for sid in session_ids]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for tenant in tenants:
-                pipe.zscore(self.keys.index(), member((tenant, session_id)))
-            scores = await self._run(pipe.execute())
-        found = [(float(score), tenant) for tenant, score in zip(tenants, scores, strict=True) if score is not None]
-        return (max(found)[1], session_id) if found else None
+            for ref in refs:
+                pipe.zscore(self.keys.index(), member(ref))
+                pipe.exists(self.keys.summary(ref))
+            replies = await self._run(pipe.execute())
+        found = [(float(score), ref) for ref, score, alive in zip(refs, replies[::2], replies[1::2], strict=True)
+                 if score is not None and alive]
+        return [ref for _, ref in sorted(found, reverse=True)]
 
 
 def _placed(a: Append) -> dict[str, str]:

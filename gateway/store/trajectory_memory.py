@@ -120,14 +120,20 @@ class MemoryTrajectoryStore:
             return [_copy(s) for s in itertools.islice(recent, limit)]
         return [_copy(s) for s in ranked(itertools.islice(recent, RANKED_SCAN), sort, limit)]
 
-    async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None:
-        """One session by (tenant, id); without a tenant, the most recent of any tenant's (one lookup each)."""
+    async def find(self, session_ids: Sequence[str], tenant: str | None = None) -> list[Ref]:
+        """The recorded sessions of any of these ids, in the tenant or any tenant, most recently active first."""
         self._expire()
         tenants = [tenant] if tenant is not None else list(self._tenants)
-        found = [s for t in tenants if t in self._tenants and (s := self._tenants[t].get(session_id)) is not None]
-        if not found:
+        found = [(s.summary.last_at, (t, sid)) for t in tenants if t in self._tenants for sid in session_ids
+                 if (s := self._tenants[t].get(sid)) is not None]
+        return [ref for _, ref in sorted(found, reverse=True)]
+
+    async def session(self, session_id: str, tenant: str | None = None) -> tuple[Summary, list[Step]] | None:
+        """One session by (tenant, id); without a tenant, the most recent of any tenant's (one lookup each)."""
+        refs = await self.find([session_id], tenant)
+        if not refs:
             return None
-        latest = max(found, key=lambda s: s.summary.last_at)
+        latest = self._sessions[refs[0]]
         return _copy(latest.summary), list(latest.steps)
 
     async def set_outcome(self, ref: Ref, outcome: Outcome) -> tuple[Summary, Outcome | None] | None:

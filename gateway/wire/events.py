@@ -123,6 +123,7 @@ class EventReader:
     """
 
     READ: frozenset[bytes] = frozenset()
+    WITHHOLDS_ERROR = False  # the deployment's error event and what follows it are not relayed (the relay ends it)
     __slots__ = ("_pending", "done", "error", "model", "streamed", "usage")
 
     def __init__(self, streamed: StreamTally) -> None:
@@ -136,13 +137,18 @@ class EventReader:
     def feed(self, chunk: bytes) -> bytes:
         """The complete events of what has arrived, to send on; an incomplete one waits for its rest."""
         self.streamed.add(chunk)
+        if self.error and self.WITHHOLDS_ERROR:
+            return b""
         events, self._pending = openai.split_events(self._pending + chunk)
         if len(self._pending) > MAX_PENDING_BYTES:
             events, self._pending = [*events, self._pending], b""
-        for event in events:
+        for i, event in enumerate(events):
             kind = event_type(event)
             if kind in self.READ:
                 self.read(kind, event)
+                if self.error and self.WITHHOLDS_ERROR:
+                    self._pending = b""
+                    return b"".join(events[:i])
         return b"".join(events)
 
     def read(self, kind: bytes, event: bytes) -> None:

@@ -5,7 +5,9 @@
     upstream_body(body, served_model, cap) -> what the deployment gets
     non-streamed: usage_of(answer), answer_view(answer)
     streamed: MessagesReader().feed(chunk) per chunk; .usage .done .answer_view(); error_event(err)
-    errors: envelope(err) -> {"type": "error", "error": {"type", "message"}}, with Anthropic's error types
+    errors: envelope(err) -> {"type": "error", "error": {"type", "message"}}, with Anthropic's error types;
+            deployment_error(status, found) -> a deployment's error answer (vLLM's own in OpenAI's envelope too)
+            in that envelope; error_event(err) -> the `event: error` that ends a stream after its first byte
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from gateway import openai
 from gateway.errors import BadRequest, GatewayError
 from gateway.openai import StreamTally, Usage, expect
-from gateway.wire import events
+from gateway.wire import events, message_content
 from gateway.wire.events import EventReader
 
 PATH = "/v1/messages"
@@ -25,8 +27,8 @@ CAP_FIELD = "max_tokens"
 # Anthropic's error types by HTTP status (its SDKs retry 429, 5xx and overloaded_error); api_error otherwise.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
                403: "permission_error", 404: "not_found_error", 408: "timeout_error", 409: "invalid_request_error",
-               413: "request_too_large", 429: "rate_limit_error", 431: "request_too_large",
-               503: "overloaded_error", 504: "timeout_error"}
+               413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
+               431: "request_too_large", 503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
 
 
 def check(body: Mapping[str, Any], *, count_tokens: bool = False) -> None:
@@ -43,6 +45,7 @@ def check(body: Mapping[str, Any], *, count_tokens: bool = False) -> None:
     cap = expect(body, CAP_FIELD, int, required=not count_tokens)
     if cap is not None and cap < 1:
         raise BadRequest(f"'{CAP_FIELD}' must be at least 1, got {cap}", param=CAP_FIELD)
+    message_content.check(messages, start)
 
 
 def view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,6 +160,9 @@ class MessagesReader(EventReader):
     unparsed; `answer_view` reads them back from the kept bytes, once, when the agent step asks."""
 
     READ = frozenset({b"message_start", b"message_delta", b"message_stop", b"error"})
+    # A deployment's own error event (vLLM's names types Anthropic's clients do not know) is not relayed: the
+    # relay ends the stream with the gateway's, in Anthropic's envelope and types.
+    WITHHOLDS_ERROR = True
     __slots__ = ("_prompt",)
 
     def __init__(self) -> None:
@@ -220,3 +226,14 @@ def envelope(err: GatewayError) -> dict[str, Any]:
 def error_event(err: GatewayError) -> bytes:
     """The one event that ends a stream which failed after its first byte; the Anthropic SDKs raise it."""
     return events.sse("error", envelope(err))
+
+
+def deployment_error(status: int, found: Mapping[str, Any]) -> dict[str, Any]:
+    """A deployment's error answer as Anthropic's API gives it: vLLM answers its own request validation on this
+    path in OpenAI's envelope, and its other errors with OpenAI's type names; both keep `error.message`, which
+    the client gets as the deployment wrote it, with the error type of the status."""
+    error = found.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str) or not message:
+        message = f"The deployment answered {status}"
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}

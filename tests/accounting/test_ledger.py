@@ -50,12 +50,16 @@ async def _chat(
         return resp.status, await resp.json(), resp.headers.copy()
 
 
-async def _reasons(stack: Stack, request_id: str) -> list[str]:
+async def _explained(stack: Stack, request_id: str) -> dict[str, Any]:
     async with (
         aiohttp.ClientSession() as http,
         http.get(stack.gateway.make_url(f"/admin/requests/{request_id}/explain"), headers=ADMIN) as resp,
     ):
-        return list((await resp.json())["reasons"])
+        return dict(await resp.json())
+
+
+async def _reasons(stack: Stack, request_id: str) -> list[str]:
+    return list((await _explained(stack, request_id))["reasons"])
 
 
 async def _day(stack: Stack, tenant: str = "anonymous") -> tuple[float, float]:
@@ -114,7 +118,9 @@ async def test_session_pin_and_cost_cap(make_stack: Any) -> None:
     assert status == 200 and first["x-gateway-deployment"] == "hq"
     status, _, second = await _chat(stack, headers=session)  # no tools: the rules alone would pick fast
     assert status == 200 and second["x-gateway-deployment"] == "hq"
-    assert any("session pinned to hq" in r for r in await _reasons(stack, second["x-request-id"]))
+    explained = await _explained(stack, second["x-request-id"])
+    assert any("session pinned to hq" in r for r in explained["reasons"])
+    assert (explained["session"]["id"], explained["session"]["pinned"]) == ("agent-7", "hq")  # the client's id
     status, body, third = await _chat(stack, headers=session)
     assert status == 429 and body["error"]["code"] == "budget_exceeded"
     assert "session" in body["error"]["message"] and int(third["Retry-After"]) >= 1

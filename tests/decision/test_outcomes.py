@@ -54,12 +54,6 @@ def test_mix_names_the_deployments_used_and_stays_bounded() -> None:
     assert oc.mix({}) == "none" and oc.mix({"a": 1, "b": 1, "c": 1, "d": 1}) == "mixed"
 
 
-def test_a_callers_session_id_names_its_header_id_first() -> None:
-    assert oc.session_ids("run-1") == ["h:run-1"]
-    assert oc.session_ids("h:run-1") == ["h:h:run-1", "h:run-1"]  # an x-session-id may itself start with h:
-    assert oc.session_ids("p:abc") == ["h:p:abc", "p:abc"]
-
-
 def test_membership_round_trips_and_refuses_garbage() -> None:
     m = oc.Membership("hq-v2", 1, 3, "control")
     assert oc.Membership.decode(m.encode()) == m

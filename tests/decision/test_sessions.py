@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.decision.sessions import MAX_ID_CHARS, derived, names_session, session_id
+from gateway.decision.sessions import (
+    MAX_ID_CHARS,
+    derived,
+    names_session,
+    session_id,
+    shown_id,
+    stored_id,
+    stored_ids,
+)
 from gateway.policy.tenancy import SessionPolicy
 from gateway.store.memory import MemoryStore
 
@@ -97,3 +105,19 @@ def test_codex_metadata_that_names_nothing_falls_through(metadata: str) -> None:
     headers = {"x-codex-turn-metadata": metadata}
     assert session_id(headers, STEP_2) == derived(headers, STEP_2)
     assert not names_session(headers)
+
+
+@pytest.mark.parametrize("client_id", ["run-1", "h:run-1", "p:abc", "r:resp_1", "outcome-run-4", "a/b c"])
+def test_a_session_a_client_names_is_shown_and_found_by_the_clients_own_id(client_id: str) -> None:
+    stored = session_id({"x-session-id": client_id}, {})
+    assert stored == stored_id(client_id) and shown_id(stored) == client_id
+    assert stored in stored_ids(client_id)
+
+
+def test_a_session_the_gateway_names_goes_by_that_name_and_may_be_ambiguous_with_a_clients() -> None:
+    derived_id = session_id({}, STEP_2)
+    assert derived_id is not None and shown_id(derived_id) == derived_id
+    # a client could send that very id: both sessions are candidates, and finding both is an ambiguity
+    assert stored_ids(derived_id) == (stored_id(derived_id), derived_id)
+    assert shown_id("r:resp_1") == "r:resp_1" and stored_ids("r:resp_1") == ("h:r:resp_1", "r:resp_1")
+    assert stored_ids("run-1") == ("h:run-1",) and stored_ids("h:run-1") == ("h:h:run-1",)

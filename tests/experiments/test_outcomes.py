@@ -21,10 +21,10 @@ async def test_the_last_steps_header_sets_the_outcome_once_the_step_is_recorded(
         await client.chat.completions.create(
             model="auto", messages=agent.messages, tools=TOOLS,  # type: ignore[arg-type]
             extra_headers={"x-session-id": "hdr", "x-session-outcome": "failure"})
-    await recorded(_base(stack), "h:hdr", 3)
+    await recorded(_base(stack), "hdr", 3)
 
     async def reported() -> dict[str, object] | None:
-        _, found = await admin(_base(stack), "/admin/sessions/h:hdr")
+        _, found = await admin(_base(stack), "/admin/sessions/hdr")
         return found if found["outcome"] is not None else None
 
     shown = await until(reported, what="the header's outcome recorded")

@@ -42,9 +42,9 @@ async def test_an_agent_run_is_recorded_step_by_step_without_its_text(stack: Sta
     stack.hq.tool_args = _varied
     async with stack.client() as client:
         agent = await Agent(client, "run-1", output=lambda i: "Error: index offline" if i == 2 else "3 notes").run(4)
-    session = await recorded(_base(stack), "h:run-1", 4)
+    session = await recorded(_base(stack), "run-1", 4)
     assert set(session) == SUMMARY_FIELDS | {"step_count"}
-    assert (session["session_id"], session["tenant"], session["step_count"]) == ("h:run-1", "anonymous", 4)
+    assert (session["session_id"], session["tenant"], session["step_count"]) == ("run-1", "anonymous", 4)
     assert session["deployments"] == {"hq": 4} and agent.served == ["hq"] * 4
     assert session["tokens_in"] == 44 and session["tokens_out"] == 32
     assert session["cost_usd"] == pytest.approx(4 * (11 * 3 + 8 * 15) / 1e6)
@@ -63,7 +63,7 @@ async def test_an_agent_run_is_recorded_step_by_step_without_its_text(stack: Sta
     assert SECRET_TASK not in shown and "index offline" not in shown and "launch code" not in shown
     status, listed = await admin(_base(stack), "/admin/sessions?sort=steps")
     assert status == 200 and listed["object"] == "list"
-    assert [(s["session_id"], s["steps"]) for s in listed["data"]] == [("h:run-1", 4)]
+    assert [(s["session_id"], s["steps"]) for s in listed["data"]] == [("run-1", 4)]
     assert set(listed["data"][0]) == SUMMARY_FIELDS
 
 
@@ -71,8 +71,8 @@ async def test_streamed_tool_calls_are_accumulated_like_whole_ones(stack: Stack)
     async with stack.client() as client:
         await Agent(client, "streamed", stream=True).run(2)
         await Agent(client, "whole").run(2)
-    streamed = await recorded(_base(stack), "h:streamed", 2)
-    whole = await recorded(_base(stack), "h:whole", 2)
+    streamed = await recorded(_base(stack), "streamed", 2)
+    whole = await recorded(_base(stack), "whole", 2)
     assert streamed["steps"][0]["ttft_ms"] is not None
     assert [s["tool_calls"] for s in streamed["steps"]] == [s["tool_calls"] for s in whole["steps"]]
     assert streamed["steps"][1]["tool_calls"][0]["name"] == "search"
@@ -84,7 +84,7 @@ async def test_prompts_and_tool_outputs_are_kept_only_when_the_operator_opts_in(
     stack = await make_stack(settings={"request_log_prompts": 1})
     async with stack.client() as client:
         await Agent(client, "kept").run(2)
-    session = await recorded(_base(stack), "h:kept", 2)
+    session = await recorded(_base(stack), "kept", 2)
     second = session["steps"][1]
     assert second["prompt"] == SECRET_TASK
     assert second["tool_results"][0]["content"] == "3 notes match (page 1)"
@@ -103,7 +103,7 @@ async def test_the_same_tool_call_repeated_is_flagged_and_counted(make_stack: Ca
     stack = await make_stack(LOOPS.format(action="flag"))
     async with stack.client() as client:
         await Agent(client, "looping").run(4)
-    session = await recorded(_base(stack), "h:looping", 4)
+    session = await recorded(_base(stack), "looping", 4)
     assert [s["flags"] for s in session["steps"]] == [[], [], ["loop:repeated_tool_call"],
                                                       ["loop:repeated_tool_call"]]
     assert session["flags"] == ["loop:repeated_tool_call"]
@@ -134,10 +134,10 @@ async def test_an_escalated_loop_sends_the_next_steps_to_hq(make_stack: Callable
     async with stack.client() as client:
         agent = Agent(client, "escalated")
         await agent.run(3)
-        await until(lambda: _flagged(stack, "h:escalated", "loop:repeated_tool_call"))
+        await until(lambda: _flagged(stack, "escalated", "loop:repeated_tool_call"))
         await agent.run(2)
     assert agent.served[:3] == ["fast"] * 3 and agent.served[3:] == ["hq", "hq"]
-    session = await recorded(_base(stack), "h:escalated", 5)
+    session = await recorded(_base(stack), "escalated", 5)
     assert session["deployments"] == {"fast": 3, "hq": 2}
 
 
@@ -174,14 +174,14 @@ async def test_a_tenant_cost_spike_steers_the_session_that_drove_it_to_fast(make
         for _ in range(8):  # then one of them makes eight in one window: ~0.0073 USD/min, above 3x
             await burst.step()
             now[0] += 0.5
-        await until(lambda: _flagged(stack, "h:burst", "spike:tenant"))
+        await until(lambda: _flagged(stack, "burst", "spike:tenant"))
         await burst.step()
         await steady.step()
     assert burst.served[:10] == ["hq"] * 10 and burst.served[-1] == "fast"
     assert steady.served == ["hq"] * 5
-    session = await recorded(_base(stack), "h:burst", 13)
+    session = await recorded(_base(stack), "burst", 13)
     assert session["flags"] == ["spike:tenant"]
-    _, quiet = await admin(_base(stack), "/admin/sessions/h:steady")
+    _, quiet = await admin(_base(stack), "/admin/sessions/steady")
     assert quiet["flags"] == []
 
 
@@ -191,12 +191,12 @@ async def test_the_step_span_carries_the_session_tool_calls_and_flags(make_stack
     stack.gateway.app[TELEMETRY].spans = Spans(SimpleSpanProcessor(exporter))
     async with stack.client() as client:
         await Agent(client, "traced", output=lambda i: "Error: boom" if i == 1 else "fine").run(3)
-    await recorded(_base(stack), "h:traced", 3)
+    await recorded(_base(stack), "traced", 3)
     spans = await until(lambda: _spans(exporter, 5))
     chats = [s for s in spans if s.name == "gateway chat"]
     tools = [s for s in spans if s.name == "execute_tool search"]
     assert [dict(s.attributes or {})["gateway.agent.step"] for s in chats] == [1, 2, 3]
-    assert all(dict(s.attributes or {})["gen_ai.conversation.id"] == "h:traced" for s in chats)
+    assert all(dict(s.attributes or {})["gen_ai.conversation.id"] == "traced" for s in chats)
     assert dict(chats[0].attributes or {})["gateway.agent.tool_calls"] == ("search",)
     (event,) = chats[2].events
     assert event.name == "gateway.agent.flag" and dict(event.attributes or {})["gateway.agent.flag"] == \
@@ -215,7 +215,7 @@ async def _spans(exporter: InMemorySpanExporter, count: int) -> Any:
 
 
 async def test_an_unknown_session_is_404_in_the_openai_envelope(stack: Stack) -> None:
-    status, body = await admin(_base(stack), "/admin/sessions/h:nobody")
+    status, body = await admin(_base(stack), "/admin/sessions/nobody")
     assert status == 404 and body["error"]["code"] == "session_not_found"
     status, body = await admin(_base(stack), "/admin/sessions?sort=price")
     assert status == 400 and body["error"]["param"] == "sort"
@@ -236,7 +236,8 @@ async def test_a_one_shot_call_is_no_session_but_a_conversation_is(stack: Stack)
                                              extra_headers={"x-session-id": "named"})
     await stack.gateway.app[TRAJECTORIES].flush()
     status, listed = await admin(_base(stack), "/admin/sessions")
-    assert status == 200 and sorted(s["session_id"][:2] for s in listed["data"]) == ["h:", "p:"]
+    named, derived = sorted(s["session_id"] for s in listed["data"])  # by the client's id, else the gateway's
+    assert status == 200 and named == "named" and derived.startswith("p:")
 
 
 # --- hostile and malformed agent input (issue 22, items 1, 2 and 7) ---
@@ -276,7 +277,7 @@ async def test_a_step_that_sends_back_100k_tool_outputs_records_a_bounded_digest
     started = time.perf_counter()
     await recorder.flush()
     flush_ms = (time.perf_counter() - started) * 1000
-    session = await recorded(_base(stack), "h:flood", 1)
+    session = await recorded(_base(stack), "flood", 1)
     results = session["steps"][0]["tool_results"]
     assert len(results) == tr.MAX_TOOL_RESULTS  # the latest ones
     assert results[-1]["tool_call_id"] == f"t{n - 1}" and results[0]["tool_call_id"] == f"t{n - tr.MAX_TOOL_RESULTS}"
@@ -299,7 +300,7 @@ async def test_a_big_answer_is_read_when_queued_not_kept(
     assert queued.raw is None and queued.kept_bytes == 0
     assert [c.name for c in queued.calls or ()] == ["search"]
     await stack.gateway.app[TRAJECTORIES].flush()
-    session = await recorded(_base(stack), "h:big", 1)
+    session = await recorded(_base(stack), "big", 1)
     assert [c["name"] for c in session["steps"][0]["tool_calls"]] == ["search"]
 
 
@@ -323,9 +324,9 @@ async def test_one_malformed_step_never_costs_the_other_sessions_theirs(
         await Agent(client, "also-fine").run(1)
     await stack.gateway.app[TRAJECTORIES].flush()  # all four steps in one batch
     for name in ("deep-args", "fine", "also-fine"):
-        session = await recorded(_base(stack), f"h:{name}", 1)
+        session = await recorded(_base(stack), name, 1)
         assert [c["name"] for c in session["steps"][0]["tool_calls"]] == ["search"]
-    status, _ = await admin(_base(stack), "/admin/sessions/h:faulty")
+    status, _ = await admin(_base(stack), "/admin/sessions/faulty")
     assert status == 404 and await _steps_dropped(stack, "bad_step") == 1
     async with stack.client() as client:  # deep arguments sent back are read too (and are no 500)
         agent = Agent(client, "deep-args")
@@ -334,7 +335,7 @@ async def test_one_malformed_step_never_costs_the_other_sessions_theirs(
             {"role": "tool", "tool_call_id": "c", "content": "ok"}]
         await agent.step()
     await stack.gateway.app[TRAJECTORIES].flush()
-    await recorded(_base(stack), "h:deep-args", 2)
+    await recorded(_base(stack), "deep-args", 2)
 
 
 async def test_admin_query_numbers_are_whole_numbers_in_range_or_a_400(stack: Stack) -> None:
@@ -365,7 +366,7 @@ async def test_a_call_the_deployment_refuses_is_no_step(make_stack: Any) -> None
     store = stack.gateway.app[TRAJECTORIES].store
 
     async def one_step() -> Any:
-        found = await store.session("h:refused-then-ok", "anonymous")
+        found = await store.session("h:refused-then-ok", "anonymous")  # the stored id of x-session-id's
         return found if found is not None and found[0].steps >= 1 else None
 
     summary, steps = await until(one_step)

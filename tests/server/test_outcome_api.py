@@ -31,9 +31,9 @@ async def report(stack: Stack, session: str, body: Any, api_key: str = "sk-clien
 async def test_an_agent_reports_its_outcome_and_a_second_report_replaces_it(stack: Stack) -> None:
     async with stack.client() as client:
         await Agent(client, "run-1").run(3)
-    session = await recorded(_base(stack), "h:run-1", 3)
+    session = await recorded(_base(stack), "run-1", 3)
     status, body = await report(stack, "run-1", {"success": True, "score": 0.8, "labels": {"task": "t1"}})
-    assert status == 200 and body["object"] == "session.outcome" and body["session_id"] == "h:run-1"
+    assert status == 200 and body["object"] == "session.outcome" and body["session_id"] == "run-1"
     assert body["outcome"]["success"] is True and body["outcome"]["steps"] == 3 and body["replaced"] is False
     assert body["outcome"]["cost_usd"] == pytest.approx(session["cost_usd"])
     labels = {"route": "auto", "mix": "hq", "arm": "none", "outcome": "success"}
@@ -42,10 +42,10 @@ async def test_an_agent_reports_its_outcome_and_a_second_report_replaces_it(stac
         session["cost_usd"])
     assert await metric(stack.gateway, "gateway_agent_session_outcome_steps_total", **labels) == 3
 
-    status, body = await report(stack, "h:run-1", {"success": False, "reason": "the tests failed after all"})
+    status, body = await report(stack, "run-1", {"success": False, "reason": "the tests failed after all"})
     assert status == 200 and body["replaced"] is True
     assert [o["success"] for o in body["outcome_history"]] == [True]  # the replaced report, kept
-    _, shown = await admin(_base(stack), "/admin/sessions/h:run-1")
+    _, shown = await admin(_base(stack), "/admin/sessions/run-1")
     assert shown["outcome"]["success"] is False and shown["outcome"]["reason"] == "the tests failed after all"
     assert shown["outcome_history"][0]["labels"] == {"task": "t1"}
     assert await metric(stack.gateway, "gateway_agent_session_outcomes_total") == 1  # counted at the first report
@@ -63,10 +63,10 @@ async def test_an_agent_reports_its_outcome_and_a_second_report_replaces_it(stac
 async def test_a_bad_report_is_a_400_in_the_openai_envelope(stack: Stack, body: Any, param: str) -> None:
     async with stack.client() as client:
         await Agent(client, "run-2").run(1)
-    await recorded(_base(stack), "h:run-2", 1)
+    await recorded(_base(stack), "run-2", 1)
     status, answer = await report(stack, "run-2", body)
     assert status == 400 and answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == param
-    _, shown = await admin(_base(stack), "/admin/sessions/h:run-2")
+    _, shown = await admin(_base(stack), "/admin/sessions/run-2")
     assert shown["outcome"] is None
 
 
@@ -87,12 +87,12 @@ async def test_a_tenant_reports_only_its_own_sessions(make_stack: Callable[..., 
     _, other = await keys.create(store, "other")
     async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=acme, max_retries=0) as client:
         await Agent(client, "run-3").run(2)
-    await recorded(_base(stack), "h:run-3", 2)
+    await recorded(_base(stack), "run-3", 2)
     status, answer = await report(stack, "run-3", {"success": True}, api_key=other)
     assert status == 404 and answer["error"]["code"] == "session_not_found"  # never a hint it exists
     status, answer = await report(stack, "run-3", {"success": True}, api_key="agk-00000000-wrong")
     assert status == 401 and answer["error"]["type"] == "authentication_error"
-    _, shown = await admin(_base(stack), "/admin/sessions/h:run-3")
+    _, shown = await admin(_base(stack), "/admin/sessions/run-3")
     assert shown["outcome"] is None and shown["tenant"] == "acme"
     status, _ = await report(stack, "run-3", {"success": True}, api_key=acme)
     assert status == 200
@@ -106,10 +106,10 @@ async def test_any_replica_takes_the_report_of_a_session_another_recorded(
     second: Stack = await make_stack(settings=settings)
     async with first.client() as client:
         await Agent(client, "run-4").run(2)
-    await recorded(_base(first), "h:run-4", 2)
+    await recorded(_base(first), "run-4", 2)
     status, body = await report(second, "run-4", {"success": True, "reason": "merged"})
     assert status == 200 and body["outcome"]["steps"] == 2
-    _, shown = await admin(_base(first), "/admin/sessions/h:run-4")
+    _, shown = await admin(_base(first), "/admin/sessions/run-4")
     assert shown["outcome"]["reason"] == "merged"
 
 
@@ -126,7 +126,7 @@ async def test_the_report_counts_the_last_step_even_before_the_recorder_wrote_it
     trajectories = stack.gateway.app[TRAJECTORIES]
     async with stack.client() as client:
         agent = await Agent(client, "run-6").run(1)
-        await recorded(_base(stack), "h:run-6", 1)  # the session exists, with its first step
+        await recorded(_base(stack), "run-6", 1)  # the session exists, with its first step
         assert trajectories._task is not None
         trajectories._task.cancel()  # the background flusher stops: the next step stays queued
         await agent.step()

@@ -188,20 +188,20 @@ async def test_the_sessions_list_opens_a_timeline(ops_stack: OpsStack, browser: 
     error = "Error: the notes index is offline"
     async with ops_stack.client() as client:
         await Agent(client, "run-42", output=lambda _: error).run(STEPS)
-    recorded_run = await recorded(ops_stack.url("").rstrip("/"), "h:run-42", STEPS)
+    recorded_run = await recorded(ops_stack.url("").rstrip("/"), "run-42", STEPS)
     assert "loop:repeated_tool_error" in recorded_run["flags"]
     async with aiohttp.ClientSession() as http, http.post(ops_stack.url("/v1/sessions/run-42/outcome"), json={
             "success": False, "reason": "the notes index never came back", "labels": {"task": "notes"}}) as resp:
         assert resp.status == 200
 
     await sign_in(browser, ops_stack.url("/ui"))
-    row = await wait_for(browser, text_of('#sessions tr[data-session="h:run-42"]'))
+    row = await wait_for(browser, text_of('#sessions tr[data-session="run-42"]'))
     assert f"anonymous {STEPS} " in row and "loop:repeated_tool_error" in row and "failure" in row
     served = ", ".join(f"{d} {n}" for d, n in recorded_run["deployments"].items())
     assert served in row
-    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="h:run-42"]').click)
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="run-42"]').click)
     timeline = await wait_for(browser, text_of("#timeline"))
-    assert f"Session h:run-42 of anonymous · {STEPS} steps" in timeline
+    assert f"Session run-42 of anonymous · {STEPS} steps" in timeline
     assert timeline.count("→ search") == STEPS and timeline.count(f"← error {len(error)} B") == STEPS - 1
     assert f"Outcome: failure via api after {STEPS} steps" in timeline
     assert "the notes index never came back [task=notes]" in timeline
@@ -237,27 +237,27 @@ async def test_two_tenants_sessions_of_one_id_stay_apart_and_an_evicted_one_lets
     await until(lambda: _listed(base, 2), what="both sessions are listed")
     await sign_in(browser, str(stack.gateway.make_url("/ui")))
     for tenant, steps in (("acme", 2), ("globex", 3)):
-        row = f'#sessions tr[data-session="h:run-1"][data-tenant="{tenant}"]'
+        row = f'#sessions tr[data-session="run-1"][data-tenant="{tenant}"]'
         await wait_for(browser, lambda d, row=row: d.find_element(By.CSS_SELECTOR, row))
         await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, row).click)
         timeline = await wait_for(browser, lambda d, t=tenant: (text := d.find_element(By.ID, "timeline").text)
                                   and f"of {t} ·" in text and text)
-        assert f"Session h:run-1 of {tenant} · {steps} steps" in timeline
+        assert f"Session run-1 of {tenant} · {steps} steps" in timeline
         assert timeline.count("→ search") == steps  # its own steps, not the other tenant's
     # acme's run-1 is selected; then acme starts two more sessions: beyond max_sessions (3) the largest
     # tenant's least recent session goes, acme's run-1, while globex keeps its own
-    row = '#sessions tr[data-session="h:run-1"][data-tenant="acme"]'
+    row = '#sessions tr[data-session="run-1"][data-tenant="acme"]'
     await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, row).click)
     await wait_for(browser, lambda d: "of acme ·" in d.find_element(By.ID, "timeline").text)
     await run(acme, "run-2", 1)
     await run(acme, "run-3", 1)
-    gone = await wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, '#timeline [data-expired="h:run-1"]').text)
-    assert "h:run-1 of tenant acme is no longer recorded" in gone
+    gone = await wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, '#timeline [data-expired="run-1"]').text)
+    assert "run-1 of tenant acme is no longer recorded" in gone
     assert not browser.find_elements(By.CSS_SELECTOR, "#sessions tr.selected")
     await wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, row))
-    assert browser.find_elements(By.CSS_SELECTOR, '#sessions tr[data-session="h:run-1"][data-tenant="globex"]')
+    assert browser.find_elements(By.CSS_SELECTOR, '#sessions tr[data-session="run-1"][data-tenant="globex"]')
     assert "Could not load" not in browser.find_element(By.ID, "sessions").text
-    status, _ = await admin_get(base, "/admin/sessions/h:run-1?tenant=acme")
+    status, _ = await admin_get(base, "/admin/sessions/run-1?tenant=acme")
     assert status == 404
 
 

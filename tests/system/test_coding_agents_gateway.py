@@ -52,7 +52,7 @@ async def test_codex_exec_runs_a_turn_through_the_gateway(make_stack: Any, tmp_p
     results = [i for i in stack.fast.received[0]["input"] if i.get("type") == "function_call_output"]
     assert len(results) == 1 and "clue-42" in json.dumps(results[0]["output"])  # the command ran here
     session = await _one_session(stack, 2)
-    assert session["session_id"] == "h:" + stack.hq.headers_seen[0]["session-id"]
+    assert session["session_id"] == stack.hq.headers_seen[0]["session-id"]
     first, second = session["steps"]
     assert (first["deployment"], second["deployment"]) == ("hq", "fast")
     assert [c["name"] for c in first["tool_calls"]] == ["exec_command"]
@@ -73,7 +73,7 @@ async def test_claude_code_runs_a_turn_through_the_gateway(make_stack: Any, tmp_
     final = [e for e in run.events() if e.get("type") == "result"]
     assert final, run.describe()
     session = await _one_session(stack, 2)
-    assert session["session_id"] == "h:" + final[0]["session_id"]
+    assert session["session_id"] == final[0]["session_id"]
     first, second = session["steps"]
     assert (first["deployment"], second["deployment"]) == ("hq", "fast")
     assert [c["name"] for c in first["tool_calls"]] == ["Bash"]

@@ -54,11 +54,11 @@ async def test_a_session_across_replicas_is_one_trajectory_and_a_loop_stops_it_e
         for i in range(3):  # alternate replicas, the same session, the same call each time
             agent.client = via_a if i % 2 == 0 else via_b
             await agent.step()
-        seen_by_b = await recorded(_base(b), "h:shared", 3)
+        seen_by_b = await recorded(_base(b), "shared", 3)
         assert [s["step"] for s in seen_by_b["steps"]] == [1, 2, 3] and seen_by_b["step_count"] == 3
         agent.client = via_a
         await agent.step()  # the fourth repeat: flagged by a's flusher
-        await recorded(_base(a), "h:shared", 4)
+        await recorded(_base(a), "shared", 4)
         agent.client = via_b
         with pytest.raises(openai.RateLimitError) as refused:
             await agent.step()  # b reads the session's flags from Redis before deciding
