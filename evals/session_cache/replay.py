@@ -50,8 +50,8 @@ def steps_of(messages: list[list[Any]]) -> Iterator[tuple[int, int]]:
 
 
 def chat_body(messages: list[list[Any]], model: str) -> dict[str, Any]:
-    """The messages as a tool-calling agent sends them; contents are the hashes (the rules read the roles,
-    the tool calls' arguments and the words of an error, which the derived set keeps as a flag)."""
+    """The messages as a tool-calling agent sends them; contents are the hashes (the rules read the roles, the
+    tool calls' arguments and a tool result's exit code, which the derived set keeps)."""
     out: list[dict[str, Any]] = []
     for n, (role, _, digest, extra) in enumerate(messages):
         if role == "s":
@@ -63,9 +63,9 @@ def chat_body(messages: list[list[Any]], model: str) -> dict[str, Any]:
                       "function": {"name": "bash", "arguments": json.dumps({"command": extra})}}] if extra else None
             out.append({"role": "assistant", "content": digest, **({"tool_calls": calls} if calls else {})})
         else:
-            error = extra[0] if extra else 0
-            out.append({"role": "tool", "tool_call_id": f"call_{n - 1}",
-                        "content": f"error {digest}" if error else digest})
+            code = extra[1] if extra else None  # the exit code the run recorded, shown as mini-swe-agent shows it
+            shown = digest if code is None else f"<returncode>{code}</returncode>\n<output>\n{digest}\n</output>"
+            out.append({"role": "tool", "tool_call_id": f"call_{n - 1}", "content": shown})
     return {"model": model, "messages": out, "tools": TOOLS}
 
 

@@ -12,12 +12,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_replay_prints_each_routings_figures() -> None:
-    done = subprocess.run([sys.executable, "-m", "evals.session_cache", "--limit", "12", "--json"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "evals.session_cache", "--limit", "40", "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=True)
     rows = {row["routing"]: row for row in json.loads(done.stdout)}
     assert set(rows) == {"auto before", "auto after", "hq", "fast", "free-switch bound"}
     before, after = rows["auto before"], rows["auto after"]
-    assert before["steps"] == after["steps"] == rows["hq"]["steps"] > 12
+    assert before["steps"] == after["steps"] == rows["hq"]["steps"] > 40
     assert rows["hq"]["prefilled_vs_one"] == rows["fast"]["prefilled_vs_one"] == 1.0
     assert rows["hq"]["hq_share"] == 1.0 and rows["fast"]["fast_share"] == 1.0
     assert rows["free-switch bound"]["prefilled_vs_one"] == 1.0
