@@ -4,8 +4,8 @@
 
 Each run becomes one JSON line: where it came from, and per message what a replay needs and no more: its role,
 its tokens (cl100k, the gateway's count), a short hash of its text (prefixes match where hashes do), for an
-assistant turn the hash of the command it ran (repeated calls), for a tool result whether its first 2,000
-characters carry the words the gateway reads as a tool error (gateway/steps.py) and the exit code it reported.
+assistant turn the hash of the command it ran (repeated calls), for a tool result whether the gateway's verdict
+reads it as failed (gateway/agents/tool_outcomes.py) and the exit code it reported.
 No text is kept. mini-swe-agent's bash-only turns become tool calls: an assistant message's ```bash block is
 the call, the next user message (<returncode>, <output>) its result, as a tool-calling agent sends them.
 """
@@ -21,8 +21,8 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+from gateway.agents.tool_outcomes import judge
 from gateway.features import count_tokens
-from gateway.steps import ERROR_MARKERS, MAX_ERROR_SCAN_CHARS
 
 BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)```", re.DOTALL)
 RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>")
@@ -34,7 +34,7 @@ def short_hash(text: str) -> str:
 
 def derive_mini(messages: list[dict[str, Any]]) -> list[list[Any]]:
     """[role, tokens, hash, extra] per message; role s(ystem), u(ser), a(ssistant: extra = command hash),
-    t(ool result: extra = [error words 0/1, exit code or null])."""
+    t(ool result: extra = [failed 0/1 by the gateway's verdict, exit code or null])."""
     out: list[list[Any]] = []
     after_call = False
     for message in messages:
@@ -48,7 +48,7 @@ def derive_mini(messages: list[dict[str, Any]]) -> list[list[Any]]:
             after_call = found is not None
         elif role == "user" and after_call:
             code = RETURN_CODE.search(text)
-            error = 1 if ERROR_MARKERS.search(text[:MAX_ERROR_SCAN_CHARS]) else 0
+            error = 1 if judge(text, None).failed else 0
             out.append(["t", tokens, short_hash(text), [error, int(code.group(1)) if code else None]])
             after_call = False
         elif role == "user":
