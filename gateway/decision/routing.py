@@ -256,9 +256,9 @@ def _usable(policy: Policy, chosen: str, features: Features, ctx: Context, trail
     serving = [n for n, dep in policy.deployments.items() if features.endpoint in dep.endpoints]
     if too_small and set(serving or policy.deployments) <= set(too_small):
         raise ContextTooLong(
-            f"The request needs {features.prompt_tokens} prompt tokens (cl100k) and room to answer, more than any "
-            f"deployment's context window ({'; '.join(_window_of(policy, n, ctx) for n in too_small)}). Shorten "
-            "the prompt (compact the conversation) or start a new one",
+            f"The prompt (~{features.prompt_tokens} cl100k tokens) and room to answer do not fit any deployment's "
+            f"context window ({'; '.join(_window_of(policy, n, ctx) for n in too_small)}). Shorten the prompt "
+            "(compact the conversation) or start a new one",
             param="messages",
         )
     raise NoHealthyDeployment("No healthy deployment can serve this request right now; retry shortly")

@@ -124,7 +124,9 @@ def note(name: str, found: Fit, features: Features) -> str | None:
 
 def exclusion(name: str, found: Fit) -> str:
     """Why a deployment whose window the call does not fit is skipped."""
-    return f"context window too small: {found.describe(name)}, leaving {found.window - found.prompt_tokens:,}"
+    room = found.window - found.prompt_tokens
+    left = f"leaving {room:,} for the answer" if room > 0 else "with no room for an answer"
+    return f"context window too small: {found.describe(name)}, {left}"
 
 
 def caps(budget: Mapping[str, int] | None, fits: Mapping[str, Fit]) -> Mapping[str, int] | None:
