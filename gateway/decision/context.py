@@ -16,6 +16,7 @@ from gateway.decision.call import Call
 from gateway.decision.loops import AgentVerdict
 from gateway.decision.routing import Context, DeploymentLoad
 from gateway.decision.switch import SessionCache
+from gateway.decision.windows import Count, fits_of
 from gateway.features import Features
 from gateway.policy.model import Policy
 
@@ -42,6 +43,8 @@ class Surroundings:
     session: SessionState | None = None
     agent: AgentVerdict | None = None  # what the session's loop or spike flags ask of this call
     cache: SessionCache | None = None  # what each deployment's prefix cache holds of the prompt (context/prefix.py)
+    windows: Mapping[str, int] = field(default_factory=dict)  # each deployment's max_model_len, as it reports it
+    counts: Mapping[str, Count] = field(default_factory=dict)  # the prompt in a deployment's own tokens
 
 
 def gather(call: Call, scoring: Scoring, around: Surroundings) -> Context:
@@ -54,10 +57,12 @@ def gather(call: Call, scoring: Scoring, around: Surroundings) -> Context:
         route = features.requested_model
         if complexity is not None and policy.share_windows and route in policy.rule_routes:
             thresholds = scoring.thresholds(policy, route, complexity)
+    fits = fits_of(policy, features, around.windows, around.counts)
     # Positional, in Context's field order (headers, tenant, complexity, load, in_flight, admission, session,
-    # share_thresholds, step, agent, cache): a class called with keywords gets them as a dict built per call.
+    # share_thresholds, step, agent, cache, fits): a class called with keywords gets them as a dict built per
+    # call.
     return Context(read_headers(policy, call.headers), call.tenant, complexity, around.load, around.in_flight,
-                   around.admission, around.session, thresholds, call.step, around.agent, around.cache)
+                   around.admission, around.session, thresholds, call.step, around.agent, around.cache, fits)
 
 
 def read_headers(policy: Policy, headers: Mapping[str, str]) -> dict[str, str]:

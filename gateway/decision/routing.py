@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.decision import windows
 from gateway.decision.admission import Admission, SessionState
 from gateway.decision.loops import AgentVerdict
 from gateway.decision.switch import SessionCache, holdings, weigh
@@ -48,6 +49,9 @@ class Context:
     step: AgentStep | None = None  # where the call stands in its agent loop, when a rule reads it
     agent: AgentVerdict | None = None  # what the session's active loop or spike flags ask for; None: nothing
     cache: SessionCache | None = None  # each deployment's predicted prefix cache of this prompt (policy `switch`)
+    # each deployment's window against the call, in its own tokens (decision/windows.py); a deployment missing
+    # here is judged by the policy's max_model_len and the cl100k count
+    fits: Mapping[str, windows.Fit] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -91,7 +95,7 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
     if ctx.agent is not None:
         chosen = _redirect(policy, ctx.agent, chosen, trail)
     attempts = _usable(policy, chosen, features, ctx, trail)
-    clamped = _clamped(policy, attempts[0], features)
+    clamped = _clamped(policy, attempts[0], features, ctx)
     if clamped is not None:
         trail.append(clamped)
     if explain:
@@ -226,7 +230,7 @@ def _adjust_for_load(policy: Policy, name: str, features: Features, ctx: Context
         return name, ""
     if load.requests_waiting < limits.spill_when_waiting_gte:
         return name, ""
-    if not _fits(policy, spill_to, features) or not ctx.load.get(spill_to, NO_LOAD).healthy:
+    if not _fits(policy, spill_to, features, ctx) or not ctx.load.get(spill_to, NO_LOAD).healthy:
         return name, f"spill from {name} to {spill_to} skipped: {spill_to} cannot take it"
     return spill_to, (
         f"spill: {name} has {load.requests_waiting:g} waiting >= {limits.spill_when_waiting_gte}; use {spill_to}"
@@ -242,18 +246,19 @@ def _usable(policy: Policy, chosen: str, features: Features, ctx: Context, trail
         if why is None:
             kept.append(name)
         else:
-            if not _fits(policy, name, features):
+            if not _fits(policy, name, features, ctx):
                 too_small.append(name)
             trail.append(f"skip {name}: {why}")
         if len(kept) == policy.max_attempts:
             break
     if kept:
         return tuple(kept)
-    if too_small and len(too_small) == len(policy.deployments):
+    serving = [n for n, dep in policy.deployments.items() if features.endpoint in dep.endpoints]
+    if too_small and set(serving or policy.deployments) <= set(too_small):
         raise ContextTooLong(
-            f"The request needs {features.prompt_tokens} prompt tokens and room to answer, more than any "
-            f"deployment's context window "
-            f"({', '.join(f'{n}: {policy.deployments[n].max_model_len}' for n in too_small)})",
+            f"The prompt (~{features.prompt_tokens} cl100k tokens) and room to answer do not fit any deployment's "
+            f"context window ({'; '.join(_window_of(policy, n, ctx) for n in too_small)}). Shorten the prompt "
+            "(compact the conversation) or start a new one",
             param="messages",
         )
     raise NoHealthyDeployment("No healthy deployment can serve this request right now; retry shortly")
@@ -268,8 +273,9 @@ def _exclusion(policy: Policy, name: str, features: Features, ctx: Context) -> s
         return "not admitted by the tenant's budget or the request's cost cap"
     if not load.healthy:
         return "unhealthy"
-    if not _fits(policy, name, features):
-        return f"context window {dep.max_model_len} too small"
+    if not _fits(policy, name, features, ctx):
+        found = ctx.fits.get(name)
+        return windows.exclusion(name, found) if found is not None else f"context window {dep.max_model_len} too small"
     full = dep.load.skip_when_kv_cache_usage_gte
     if full is not None and load.kv_cache_usage >= full:
         return f"KV cache {load.kv_cache_usage:.0%} full >= {full:.0%}"
@@ -279,21 +285,31 @@ def _exclusion(policy: Policy, name: str, features: Features, ctx: Context) -> s
     return None
 
 
-# The fewest output tokens a window must leave a prompt to serve it at all.
-MIN_ROOM_TOKENS = 16
+MIN_ROOM_TOKENS = windows.MIN_ROOM_TOKENS
 
 
-def _fits(policy: Policy, name: str, features: Features) -> bool:
+def _fits(policy: Policy, name: str, features: Features, ctx: Context) -> bool:
     """Whether the deployment's window holds the prompt and some answer. A `max_tokens` above what the window
     leaves is clamped, not refused: vLLM generates at most what is left (coding agents ask for 32,000 with a
     20,000-token prompt in a 32k window, and take a refusal for a failed turn)."""
+    found = ctx.fits.get(name)
+    if found is not None:
+        return found.fits
     limit = policy.deployments[name].max_model_len
     wanted = min(features.max_tokens or 0, MIN_ROOM_TOKENS)
     return limit is None or features.prompt_tokens + wanted <= limit
 
 
-def _clamped(policy: Policy, name: str, features: Features) -> str | None:
+def _window_of(policy: Policy, name: str, ctx: Context) -> str:
+    found = ctx.fits.get(name)
+    return found.describe(name) if found is not None else f"{name}: {policy.deployments[name].max_model_len}"
+
+
+def _clamped(policy: Policy, name: str, features: Features, ctx: Context) -> str | None:
     """The trail's note when the chosen deployment's window leaves less than the call's max_tokens."""
+    found = ctx.fits.get(name)
+    if found is not None:
+        return windows.note(name, found, features)
     limit = policy.deployments[name].max_model_len
     if limit is None or features.max_tokens is None or features.prompt_tokens + features.max_tokens <= limit:
         return None

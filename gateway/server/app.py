@@ -32,6 +32,7 @@ from gateway.server.resources import (
     ACCOUNTING,
     CLASSIFIER,
     CONVERSATIONS,
+    COUNTS,
     DEPLOYMENTS,
     EXPERIMENTS,
     POLICY_FILE,
@@ -57,6 +58,7 @@ from gateway.telemetry.spans import LoopExport, Spans, make_spans
 from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream import forward as upstream
 from gateway.upstream.board import Board
+from gateway.upstream.deployment_counts import DeploymentCounts
 from gateway.upstream.deployments import Deployments, Tracked
 
 
@@ -154,6 +156,8 @@ async def _deployments(app: web.Application) -> AsyncIterator[None]:
     deployments = Deployments(probes, on_change=lambda name, tracked: _export_load(metrics, name, tracked,
                                                                                    deployments), board=board)
     app[DEPLOYMENTS] = deployments
+    app[COUNTS] = DeploymentCounts(app[POOL], lambda name, outcome: metrics.deployment_counts.labels(name, outcome)
+                                   .inc())
     deployments.reconcile(app[POLICY_FILE].current)
     yield
     await deployments.close()
@@ -167,6 +171,8 @@ def _export_load(metrics: m.Metrics, name: str, tracked: Tracked, deployments: D
     metrics.deployment_waiting.labels(name).set(load.requests_waiting)
     metrics.deployment_running.labels(name).set(load.requests_running)
     metrics.deployment_kv_cache.labels(name).set(load.kv_cache_usage)
+    if tracked.window is not None:
+        metrics.deployment_window.labels(name).set(tracked.window)
     spec = tracked.spec_decode
     if spec is not None:
         metrics.spec_decode.by_deployment[name] = (spec.drafts, spec.draft_tokens, spec.accepted_tokens)

@@ -10,12 +10,13 @@ after `read` knows which API a call came in on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
 from gateway.accounting.ledger import Admitted
 from gateway.apis.adapter import Adapter
+from gateway.decision import windows
 from gateway.decision.admission import ANONYMOUS, needs_admission
 from gateway.decision.call import Call, read_call
 from gateway.decision.context import Surroundings, gather
@@ -28,6 +29,7 @@ from gateway.server import compaction, relay
 from gateway.server.resources import (
     ACCOUNTING,
     CONVERSATIONS,
+    COUNTS,
     DEPLOYMENTS,
     EXCHANGE,
     EXPERIMENTS,
@@ -62,7 +64,8 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     agent = await verdict(app, call, ex, recording)
     admitted = await admit(app, call)
     sighting = await app[SESSION_CACHES].sighting(call) if call.policy.switch is not None else None
-    ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent, sighting))
+    counts = await app[COUNTS].count(call, app[DEPLOYMENTS].windows)  # {} unless a window's edge is near
+    ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent, sighting, counts))
     decision = decide(call.policy, call.features, ctx)
     experiments = app[EXPERIMENTS]
     enrollment = await experiments.begin(ex, call, ctx, decision) if experiments.engaged(call.policy) else None
@@ -84,7 +87,8 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
             status = response.status
             return response
         keep = app[CONVERSATIONS].keeper(call) if adapter.chains else None
-        response = await relay.forward(request, adapter, call, decision, admitted.caps if admitted else None, keep)
+        caps = windows.caps(admitted.caps if admitted else None, ctx.fits)
+        response = await relay.forward(request, adapter, call, decision, caps, keep)
         status = response.status
         if sighting is not None:
             app[SESSION_CACHES].served(call, sighting, ex)
@@ -133,14 +137,17 @@ async def admit(app: web.Application, call: Call) -> Admitted | None:
     return await app[ACCOUNTING].admit(call)
 
 
-def surroundings(app: web.Application, admitted: Admitted | None, agent: AgentVerdict | None,
-                 sighting: Sighting | None = None) -> Surroundings:
+def surroundings(
+    app: web.Application, admitted: Admitted | None, agent: AgentVerdict | None, sighting: Sighting | None = None,
+    counts: Mapping[str, windows.Count] | None = None,
+) -> Surroundings:
     deployments = app[DEPLOYMENTS]
     return Surroundings(
         load=dict(deployments.load), in_flight=deployments.in_flight_now(),
         admission=admitted.verdict if admitted is not None else None,
         session=admitted.session if admitted is not None else None, agent=agent,
         cache=sighting.cache if sighting is not None else None,
+        windows=deployments.windows, counts=counts or {},
     )
 
 

@@ -3,9 +3,13 @@ behind tenant keys when `auth` is on (like every /v1 call)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aiohttp import web
 
+from gateway.decision import windows
 from gateway.experiments.shares import export as export_shares
+from gateway.policy.model import Policy
 from gateway.server.resources import DEPLOYMENTS, POLICY_FILE, SETTINGS, SHARES, TELEMETRY
 
 
@@ -14,14 +18,25 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    """The client-facing models the policy declares, in a list both the OpenAI and the Anthropic SDKs read."""
+    """The client-facing models the policy declares, in a list both the OpenAI and the Anthropic SDKs read, each
+    with its context window where one is known (docs/windows.md: what to set a coding agent's compaction by)."""
     policy = request.app[POLICY_FILE].current
+    learned = request.app[DEPLOYMENTS].windows
     data = [{"id": name, "object": "model", "type": "model", "display_name": name, "owned_by": "agent-gateway",
-             "created": 0, "created_at": "1970-01-01T00:00:00Z", "description": model.description}
+             "created": 0, "created_at": "1970-01-01T00:00:00Z", "description": model.description,
+             **_window(policy, model.pin, learned)}
             for name, model in policy.models.items()]
     names = list(policy.models)
     return web.json_response({"object": "list", "data": data, "has_more": False,
                               "first_id": names[0] if names else None, "last_id": names[-1] if names else None})
+
+
+def _window(policy: Policy, pin: str | None, learned: Mapping[str, int]) -> dict[str, int]:
+    """The largest prompt the model's calls can be served with, in its deployments' tokens: the pinned deployment's
+    window, or a routed model's widest (a step too long for one deployment goes to one it fits)."""
+    names = [pin] if pin is not None else list(policy.deployments)
+    known = [w for n in names if (w := windows.window_of(policy.deployments[n].max_model_len, learned.get(n)))]
+    return {"context_window": max(known), "max_model_len": max(known)} if known else {}
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -28,6 +28,7 @@ from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.spans import Spans
 from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream.client import Pool
+from gateway.upstream.deployment_counts import DeploymentCounts
 from gateway.upstream.deployments import Deployments
 
 
@@ -80,6 +81,7 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 POOL = web.AppKey("pool", Pool)  # the one pool of connections to the deployments
 POLICY_FILE = web.AppKey("policy", PolicyFile)
 DEPLOYMENTS = web.AppKey("deployments", Deployments)
+COUNTS = web.AppKey("counts", DeploymentCounts)  # prompts near a window, in the deployment's own tokens
 CLASSIFIER = web.AppKey("classifier", Classifier)
 STORES = web.AppKey("stores", Stores)
 SHARES = web.AppKey("shares", ShareTracker)  # live complexity-share thresholds

@@ -228,6 +228,8 @@ class Metrics:
     deployment_running: Gauge
     deployment_kv_cache: Gauge
     deployment_spec_acceptance: Gauge
+    deployment_window: Gauge
+    deployment_counts: Counter
     in_flight: Gauge
     shadow_dropped: Counter
     shadow_sent: Counter
@@ -459,6 +461,12 @@ def make_metrics() -> Metrics:
         deployment_spec_acceptance=Gauge("gateway_deployment_spec_decode_acceptance_ratio",
                                          "Accepted / drafted speculative tokens since the deployment started",
                                          dep, registry=r, multiprocess_mode=same),
+        deployment_window=Gauge("gateway_deployment_context_window_tokens", "The context window the deployment "
+                                "reports (vLLM's max_model_len)", dep, registry=r, multiprocess_mode=same),
+        deployment_counts=Counter("gateway_deployment_prompt_counts", "Prompts near a deployment's window counted in "
+                                  "its tokens, by outcome: counted (its /tokenize, for the new part), memo (no new "
+                                  "part), failed (a bound from cl100k was used)", ["deployment", "outcome"],
+                                  registry=r),
         in_flight=Gauge("gateway_deployment_in_flight", "Requests the gateway has open", dep, registry=r,
                         multiprocess_mode="livesum"),
         shadow_dropped=Counter("gateway_shadow_dropped", "Shadows not sent, by reason", ["target", "reason"],

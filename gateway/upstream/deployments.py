@@ -9,7 +9,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
+from gateway import openai
 from gateway.decision.routing import DeploymentLoad
 from gateway.errors import GatewayError
 from gateway.policy.model import Deployment, Policy
@@ -59,6 +61,21 @@ class Tracked:
     probe_ok: bool = True
     probed_at: float = 0.0  # wall clock of the last /health check (this worker's or the prober's)
     spec_decode: SpecDecode | None = None
+    window: int | None = None  # the context window the deployment reports (vLLM's max_model_len)
+    window_due: bool = True  # (re)read the window: at the start, and when the deployment passes checks again
+
+
+# Where vLLM names its context window: each model object of GET /v1/models.
+MODELS_PATH = "/v1/models"
+
+
+def window_in(models: Any, served_model: str) -> int | None:
+    """The served model's `max_model_len` in a /v1/models answer (the only model's when none has that id)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    found = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+    named = [m for m in found if m.get("id") == served_model] or (found if len(found) == 1 else [])
+    window = named[0].get("max_model_len") if named else None
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
 
 
 # Ratios, one per engine: the deployment's figure is their mean (the share of its whole KV cache in use,
@@ -98,6 +115,7 @@ class Deployments:
         self._on_change = on_change
         self.in_flight: dict[str, int] = {}  # this worker's
         self.load: dict[str, DeploymentLoad] = {}
+        self.windows: dict[str, int] = {}  # each deployment's context window, as it reports it
         self.board = board
         self._others = Others(prober=0) if board is None else board.read()
         self._sharing = None if board is None else asyncio.get_running_loop().create_task(self._share())
@@ -135,12 +153,14 @@ class Deployments:
                 continue
             self._stop(name)
             self._tracked[name] = Tracked(dep, known.load if known else DeploymentLoad())
+            self.windows.pop(name, None)  # read again from the deployment as the policy now describes it
             self.in_flight.setdefault(name, 0)
             self._tasks[name] = asyncio.get_running_loop().create_task(self._watch(name), name=f"watch-{name}")
         for name in set(self._tracked) - set(policy.deployments):
             self._stop(name)
             del self._tracked[name]
             self.load.pop(name, None)
+            self.windows.pop(name, None)
         self._publish_all()
 
     def _stop(self, name: str) -> None:
@@ -189,11 +209,14 @@ class Deployments:
         healthy = tracked.probe_ok and time.monotonic() >= tracked.ejected_until
         tracked.load = replace(tracked.load, healthy=healthy)
         self.load[name] = tracked.load
+        if tracked.window is not None:
+            self.windows[name] = tracked.window
         if self._on_change is not None:
             self._on_change(name, tracked)
 
     async def _watch(self, name: str) -> None:
-        """Probe /health and scrape /metrics; an ejection ends at the first good probe after its cool-down."""
+        """Probe /health, scrape /metrics and read the window; an ejection ends at the first good probe after its
+        cool-down."""
         tracked = self._tracked[name]
         dep = tracked.deployment
         period_s = min(dep.health.interval_s, dep.load.scrape_interval_s)
@@ -206,6 +229,9 @@ class Deployments:
                     next_probe = now + dep.health.interval_s
                 if tracked.probe_ok:
                     await self._scrape(name, tracked)
+            if tracked.window_due and tracked.probe_ok:  # every worker reads it: it is needed per request
+                await self._learn_window(name, tracked)
+            if self.probing:
                 self._publish(name)
             await asyncio.sleep(period_s)
 
@@ -218,6 +244,7 @@ class Deployments:
             ok = False
         if ok != tracked.probe_ok:
             log.warning("deployment %s health check %s", name, "passes again" if ok else "fails")
+            tracked.window_due = tracked.window_due or ok  # a restarted deployment may serve another window
         tracked.probe_ok, tracked.probed_at = ok, time.time()
         if ok and time.monotonic() >= tracked.ejected_until:
             tracked.consecutive_failures = 0
@@ -236,6 +263,29 @@ class Deployments:
         counts = {VLLM_SPEC_DECODE[k]: v for k, v in figures.items() if k in VLLM_SPEC_DECODE}
         if counts:
             tracked.spec_decode = SpecDecode(**counts)
+
+    async def _learn_window(self, name: str, tracked: Tracked) -> None:
+        """Read the deployment's context window from its model list; an answer without one leaves the policy's
+        `max_model_len` (or none) in force, and is not asked again until the deployment restarts."""
+        dep = tracked.deployment
+        try:
+            status, raw = await upstream.get(self._client, dep.url + MODELS_PATH, dep.health.timeout_s)
+        except GatewayError:
+            return  # unreachable now: asked again next period
+        if status != 200:
+            return
+        tracked.window_due = False
+        window = window_in(openai.response_object(raw), dep.served_model)
+        if window is not None and window != tracked.window:
+            log.info("deployment %s serves a context window of %d tokens", name, window)
+            if dep.max_model_len is not None and dep.max_model_len > window:
+                log.warning("deployment %s: the policy's max_model_len %d is more than the %d it serves; %d is used",
+                            name, dep.max_model_len, window, window)
+        tracked.window = window
+        if window is None:
+            self.windows.pop(name, None)
+        else:
+            self.windows[name] = window
 
     # Sharing with the other workers of one server (only with a Board).
     async def _share(self) -> None:

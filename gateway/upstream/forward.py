@@ -239,6 +239,16 @@ async def get(client: Pool, url: str, timeout_s: float) -> tuple[int, bytes]:
         raise _translate(exc, url) from exc
 
 
+async def post(client: Pool, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    """A small JSON POST of the gateway's own (a /tokenize count); errors raise UpstreamError/UpstreamTimeout."""
+    try:
+        response = await client.request("POST", url, body, {"content-type": "application/json"},
+                                         connect_s=timeout_s, read_s=timeout_s, total_s=timeout_s)
+        return response.status, await response.read()
+    except (TimeoutError, ClientError) as exc:
+        raise _translate(exc, url) from exc
+
+
 def _translate(exc: BaseException, name: str) -> UpstreamError:
     if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"Deployment {name!r} did not answer in time")

@@ -1,0 +1,170 @@
+"""A prompt counted in a deployment's own tokens (vLLM's /tokenize) when it comes near its window, memoized by prefix.
+
+An agent's step re-sends its whole conversation plus the newest messages. The prompt's parts (the tool schemas
+first, then each message's text) are chained by hash, and the memo keeps the count of a chain's text up to its
+last part; a step finds its longest counted prefix there and sends /tokenize only the parts after it. A count
+that fails (the deployment's /tokenize is slow, down or missing) falls back to a bound from an exact cl100k
+count, with a warning and a metric: it never waits longer than TOKENIZE_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from gateway import openai
+from gateway.decision import windows
+from gateway.decision.call import Call
+from gateway.errors import GatewayError, UpstreamError
+from gateway.features import prompt_floor, text_of
+from gateway.policy.model import Deployment
+from gateway.upstream import forward as upstream
+from gateway.upstream.client import Pool
+
+log = logging.getLogger(__name__)
+
+TOKENIZE_PATH = "/tokenize"
+TOKENIZE_TIMEOUT_S = 2.0  # vLLM tokenizes ~80k tokens in well under a second; past this the bound serves
+MEMO_ENTRIES = 8192  # chain ends remembered, all deployments together (~150 bytes each)
+FALLBACK_MAX_CHARS = 1_000_000  # the fallback's exact cl100k count reads at most this much (~0.1 s, in a thread)
+
+Part = str | int  # a text to count, or a number of tokens already known (a prompt given as token ids)
+# Told (deployment, outcome) of every count: "counted" (its /tokenize, for the new part), "memo" (no new part),
+# "failed" (a bound was used); the app makes it a metric.
+Counted = Callable[[str, str], None]
+
+
+def parts(view: Mapping[str, Any], endpoint: str) -> Iterator[Part]:
+    """What the model reads, in the order its prompt has it: the tool schemas as a chat template lists them (one
+    JSON object a line), then each message's text (an assistant's tool calls with it); a completion's prompts."""
+    tools = view.get("tools")
+    if isinstance(tools, list) and tools:
+        yield "\n".join(json.dumps(tool, ensure_ascii=False, default=str) for tool in tools)
+    if endpoint == "completions":
+        prompt = view.get("prompt")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        for item in prompt if isinstance(prompt, list) else ():
+            yield item if isinstance(item, str) else len(item) if isinstance(item, list) else 0
+        return
+    messages = view.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        if isinstance(message, Mapping):
+            yield _message_text(message)
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    text = text_of(message.get("content"))
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        text += "\n" + openai.encode(calls).decode()
+    return text
+
+
+def chain(prompt: list[Part]) -> list[bytes]:
+    """Each part's link: the hash of the link before it and the part, so equal links mean equal prefixes."""
+    links: list[bytes] = []
+    link = b""
+    for part in prompt:
+        data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else b"\0%d" % part
+        link = hashlib.blake2b(link + hashlib.blake2b(data, digest_size=16).digest(), digest_size=16).digest()
+        links.append(link)
+    return links
+
+
+class Memo:
+    """Texts' token counts by (deployment, chain link), least recently used first out."""
+
+    def __init__(self, size: int = MEMO_ENTRIES) -> None:
+        self._size = size
+        self._counts: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+
+    def longest(self, name: str, links: list[bytes]) -> tuple[int, int]:
+        """(how many parts, their tokens) of the longest prefix counted before; (0, 0) when none was."""
+        for i in range(len(links) - 1, -1, -1):
+            key = (name, links[i])
+            tokens = self._counts.get(key)
+            if tokens is not None:
+                self._counts.move_to_end(key)
+                return i + 1, tokens
+        return 0, 0
+
+    def keep(self, name: str, link: bytes, tokens: int) -> None:
+        self._counts[(name, link)] = tokens
+        self._counts.move_to_end((name, link))
+        while len(self._counts) > self._size:
+            self._counts.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+
+class DeploymentCounts:
+    """Counts a call's prompt with the tokenizer of each deployment whose window it comes near."""
+
+    def __init__(self, pool: Pool, counted: Counted, timeout_s: float = TOKENIZE_TIMEOUT_S) -> None:
+        self._pool, self._counted, self._timeout_s = pool, counted, timeout_s
+        self.memo = Memo()
+
+    async def count(self, call: Call, learned: Mapping[str, int]) -> dict[str, windows.Count]:
+        """The prompt in the tokens of each deployment near whose window it is (none for most calls: one
+        comparison a deployment)."""
+        features, policy = call.features, call.policy
+        near = [name for name, dep in policy.deployments.items() if features.endpoint in dep.endpoints
+                and windows.near_edge(windows.window_of(dep.max_model_len, learned.get(name)), features)]
+        if not near:
+            return {}
+        prompt = list(parts(call.view, "completions" if features.endpoint == "completions" else "chat"))
+        links = chain(prompt)
+        found = await asyncio.gather(*(self._count(name, policy.deployments[name], prompt, links, call)
+                                       for name in near))
+        return dict(zip(near, found, strict=True))
+
+    async def _count(
+        self, name: str, dep: Deployment, prompt: list[Part], links: list[bytes], call: Call
+    ) -> windows.Count:
+        start, tokens = self.memo.longest(name, links)
+        if start == len(prompt):
+            self._counted(name, "memo")
+            return windows.Count(tokens + windows.template_tokens(call.features), True)
+        rest = prompt[start:]
+        tokens += sum(part for part in rest if isinstance(part, int))
+        text = "\n".join(part for part in rest if isinstance(part, str))
+        try:
+            tokens += await self._tokenize(dep, text) if text else 0
+        except GatewayError as exc:
+            log.warning("deployment %s could not count a prompt (%s); judging its window by a bound instead",
+                        name, exc.message)
+            self._counted(name, "failed")
+            return await fallback(call)
+        self._counted(name, "counted")
+        if links:
+            self.memo.keep(name, links[-1], tokens)
+        return windows.Count(tokens + windows.template_tokens(call.features), True)
+
+    async def _tokenize(self, dep: Deployment, text: str) -> int:
+        body = openai.encode({"model": dep.served_model, "prompt": text, "add_special_tokens": False})
+        status, raw = await upstream.post(self._pool, dep.url + TOKENIZE_PATH, body, self._timeout_s)
+        found = openai.response_object(raw)
+        count = found.get("count") if found is not None else None
+        if status != 200 or not isinstance(count, int):
+            raise UpstreamError(f"/tokenize answered {status} without a count")
+        return count
+
+
+async def fallback(call: Call) -> windows.Count:
+    """A bound on the prompt in any deployment's tokens when its own count failed: an exact cl100k count (in a
+    worker thread, bounded) times TOKENS_PER_CL100K_MAX, else the bytes bound."""
+    features = call.features
+    endpoint = "completions" if features.endpoint == "completions" else "chat"
+    counted, whole = await asyncio.to_thread(prompt_floor, call.view, endpoint, FALLBACK_MAX_CHARS, 1 << 62)
+    if not whole:
+        return windows.Count(windows.prompt_bound(features), False)
+    tokens = math.ceil(counted * windows.TOKENS_PER_CL100K_MAX) + windows.template_tokens(features)
+    return windows.Count(min(tokens, windows.prompt_bound(features)), False)
