@@ -148,6 +148,7 @@ def gateway_policy(pair: VllmPair) -> dict[str, Any]:
                             d.max_model_len)
         for name, d in (("hq", pair.hq), ("fast", pair.fast))
     }  # fmt: skip
+    template.pop("switch", None)  # its worth_ms names the rules dropped here
     policy = fill_policy({**template, "rules": [], "default": "fast", "fallback": ["fast", "hq"]}, commands)
     for name, dep in policy["deployments"].items():
         # Lenient health checks: a loaded CI machine must not eject a healthy server, and the failover test
