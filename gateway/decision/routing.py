@@ -10,7 +10,7 @@ from typing import Any
 from gateway.decision import windows
 from gateway.decision.admission import Admission, SessionState
 from gateway.decision.loops import AgentVerdict
-from gateway.decision.switch import SessionCache, holdings, weigh
+from gateway.decision.switch import SessionCache, Weighed, expected_next, holdings, weigh
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
 from gateway.policy.model import TRAJECTORY_CONDITIONS, ComplexityShare, Policy, Range, Rule, When
@@ -60,6 +60,7 @@ class Decision:
     rule: str
     attempts: tuple[str, ...]  # failover order, the chosen deployment first
     reasons: tuple[str, ...] = ()
+    warm: str | None = None  # the deployment to warm with the prompt after the answer (decision/warmup.py)
 
 
 NO_LOAD = DeploymentLoad()
@@ -86,8 +87,8 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
         return _embeddings(policy, model.pin, ctx)
     trail: list[str] = []
     wanted, rule_name, by_trajectory = _select(policy, model.pin, features, ctx, trail, explain)
-    wanted = _priced(policy, model.pin, rule_name, wanted, ctx, trail, explain)
-    chosen, reason = _adjust_for_load(policy, wanted, features, ctx)
+    weighed = _priced(policy, model.pin, rule_name, wanted, ctx, trail, explain)
+    chosen, reason = _adjust_for_load(policy, weighed.deployment, features, ctx)
     if reason:
         trail.append(reason)
     if verdict is not None:
@@ -98,9 +99,10 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
     clamped = _clamped(policy, attempts[0], features, ctx)
     if clamped is not None:
         trail.append(clamped)
+    warm = expected_next(policy.switch, wanted, weighed, attempts[0], trail) if policy.switch is not None else None
     if explain:
         trail.append(f"attempt order: {', '.join(attempts)}")
-    return Decision(attempts[0], rule_name, attempts, tuple(trail))
+    return Decision(attempts[0], rule_name, attempts, tuple(trail), warm)
 
 
 def substitute(policy: Policy, features: Features, ctx: Context, live: Decision, candidate: str) -> Decision | None:
@@ -134,12 +136,12 @@ def _stopped(agent: AgentVerdict) -> RateLimited:
 
 
 def _priced(policy: Policy, pin: str | None, rule: str, wanted: str, ctx: Context, trail: list[str],
-            explain: bool) -> str:
+            explain: bool) -> Weighed:
     """The rules' choice weighed against the session's prefix cache (decision/switch.py), when the policy prices
     switches and the model is routed by the rules: before load, budget and agent flags, which still steer."""
     cache = ctx.cache
     if cache is None or policy.switch is None or pin is not None:
-        return wanted
+        return Weighed(wanted)
     if explain:
         trail.append(holdings(cache, list(policy.deployments)))
     return weigh(policy, policy.switch, rule, wanted, cache, trail)
