@@ -42,6 +42,7 @@ class SessionPrefixes:
     served: Mapping[str, Chain]  # deployment -> the chain of the last prompt it served the session
     home: str | None = None  # the deployment that served the session's last step
     stay: int = 0  # the session's steps on `home` in a row
+    warmed: frozenset[str] = frozenset()  # deployments whose chain a warm-up put there, not a served step
 
 
 NO_PREFIXES = SessionPrefixes({})
@@ -51,7 +52,14 @@ def after_serving(record: SessionPrefixes, deployment: str, served: Chain) -> Se
     """The record once `deployment` served the session a step whose prompt is `served` (what every store
     does, in one atomic step)."""
     stay = record.stay + 1 if record.home == deployment else 1
-    return SessionPrefixes({**record.served, deployment: served}, deployment, stay)
+    return SessionPrefixes({**record.served, deployment: served}, deployment, stay, record.warmed - {deployment})
+
+
+def after_warming(record: SessionPrefixes, deployment: str, warmed: Chain) -> SessionPrefixes:
+    """The record once a warm-up made `deployment` prefill the prompt `warmed`: it holds that chain now, but the
+    session has not moved (its home and stay are the served steps')."""
+    return SessionPrefixes({**record.served, deployment: warmed}, record.home, record.stay,
+                           record.warmed | {deployment})
 
 
 def chain_of(view: Mapping[str, Any], prompt_tokens: int) -> Chain:

@@ -4,6 +4,9 @@
     served(tenant, session_id, deployment, chain, ttl_s)   `deployment` served this prompt: its chain replaces
                                                            that deployment's, the session's home and stay
                                                            follow (context/prefix.after_serving), atomically
+    warmed(tenant, session_id, deployment, chain, ttl_s)   a warm-up made `deployment` prefill this prompt: its
+                                                           chain replaces that deployment's, home and stay stay
+                                                           (context/prefix.after_warming)
 
 One record per session, so every replica predicts the same caches. A record idle `ttl_s` is forgotten: by then
 the deployments will have evicted the prefix too.
@@ -17,11 +20,20 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gateway.context.prefix import NO_PREFIXES, Chain, SessionPrefixes, after_serving, decode, encode
+from gateway.context.prefix import (
+    NO_PREFIXES,
+    Chain,
+    SessionPrefixes,
+    after_serving,
+    after_warming,
+    decode,
+    encode,
+)
 from gateway.store.redis_store import RedisStore
 
 MAX_SESSIONS = 100_000  # the in-memory twin's bound: the least recently served session goes first
 CHAIN_FIELD = "c:"  # + the deployment's name: its chain, encoded (context/prefix.encode)
+WARMED_FIELD = "w:"  # + the deployment's name: "1" while its chain is a warm-up's, not a served step's
 
 # KEYS[1] the session's hash; ARGV deployment, encoded chain, ttl_s. The home's stay grows by one, or another
 # deployment becomes home with a stay of 1; the deployment's chain is replaced; the idle expiry starts again.
@@ -33,6 +45,15 @@ else
   redis.call('HSET', KEYS[1], 'home', ARGV[1], 'stay', 1)
 end
 redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], ARGV[2])
+redis.call('HDEL', KEYS[1], 'w:' .. ARGV[1])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+"""
+
+# KEYS[1] the session's hash; ARGV deployment, encoded chain, ttl_s. The deployment's chain is replaced and
+# marked warmed; home and stay are left as they are; the idle expiry starts again.
+WARMED = """
+redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], ARGV[2], 'w:' .. ARGV[1], '1')
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 return 1
 """
@@ -41,6 +62,7 @@ return 1
 class PrefixStore(Protocol):
     async def prefixes(self, tenant: str, session_id: str) -> SessionPrefixes: ...
     async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None: ...
+    async def warmed(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -57,7 +79,8 @@ def read_record(fields: dict[str, Any]) -> SessionPrefixes:
     served = {name[len(CHAIN_FIELD):]: decode(str(value)) for name, value in fields.items()
               if name.startswith(CHAIN_FIELD)}
     stay = str(fields.get("stay") or "0")
-    return SessionPrefixes(served, fields.get("home") or None, int(stay) if stay.isdigit() else 0)
+    warmed = frozenset(name[len(WARMED_FIELD):] for name in fields if name.startswith(WARMED_FIELD))
+    return SessionPrefixes(served, fields.get("home") or None, int(stay) if stay.isdigit() else 0, warmed)
 
 
 class RedisPrefixStore(RedisStore):
@@ -67,6 +90,7 @@ class RedisPrefixStore(RedisStore):
         super().__init__(url, timeout_s=timeout_s, prefix=prefix)
         self.prefix = prefix
         self._served = self._redis.register_script(SERVED)
+        self._warmed = self._redis.register_script(WARMED)
 
     async def prefixes(self, tenant: str, session_id: str) -> SessionPrefixes:
         fields: Any = await self._run(self._redis.hgetall(prefixes_key(self.prefix, tenant, session_id)))
@@ -75,6 +99,10 @@ class RedisPrefixStore(RedisStore):
     async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
         key = prefixes_key(self.prefix, tenant, session_id)
         await self._run(self._served(keys=[key], args=[deployment, encode(chain), int(ttl_s)]))
+
+    async def warmed(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
+        key = prefixes_key(self.prefix, tenant, session_id)
+        await self._run(self._warmed(keys=[key], args=[deployment, encode(chain), int(ttl_s)]))
 
 
 class MemoryPrefixStore:
@@ -94,7 +122,14 @@ class MemoryPrefixStore:
         return found[1]
 
     async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
-        record = after_serving(await self.prefixes(tenant, session_id), deployment, chain)
+        self._keep(tenant, session_id, after_serving(await self.prefixes(tenant, session_id), deployment, chain),
+                   ttl_s)
+
+    async def warmed(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
+        self._keep(tenant, session_id, after_warming(await self.prefixes(tenant, session_id), deployment, chain),
+                   ttl_s)
+
+    def _keep(self, tenant: str, session_id: str, record: SessionPrefixes, ttl_s: int) -> None:
         self._records[(tenant, session_id)] = (self._clock() + ttl_s, record)
         self._records.move_to_end((tenant, session_id))
         while len(self._records) > self._max:
