@@ -45,10 +45,12 @@ from gateway.server.resources import (
     TELEMETRY,
     TRAFFIC,
     TRAJECTORIES,
+    WARMUPS,
     Recent,
     Telemetry,
 )
 from gateway.server.session_caches import SessionCaches
+from gateway.server.warmups import Warmups
 from gateway.settings import Settings
 from gateway.store.conversations import Conversations
 from gateway.store.fallback import FallbackStore
@@ -200,8 +202,10 @@ async def _conversations(app: web.Application) -> AsyncIterator[None]:
 
 async def _session_caches(app: web.Application) -> AsyncIterator[None]:
     app[SESSION_CACHES] = caches = SessionCaches(app[STORES].prefixes, app[TELEMETRY].metrics)
+    app[WARMUPS] = warmups = Warmups(app[POOL], app[DEPLOYMENTS], app[STORES].prefixes, app[TELEMETRY].metrics)
     yield
-    await caches.close()  # before the stores close
+    await warmups.close()  # before the pool and the stores close
+    await caches.close()
 
 
 async def _shares(app: web.Application) -> AsyncIterator[None]:

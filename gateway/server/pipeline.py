@@ -39,6 +39,7 @@ from gateway.server.resources import (
     SETTINGS,
     TENANT,
     TRAJECTORIES,
+    WARMUPS,
 )
 from gateway.server.scoring import LiveScoring
 from gateway.server.session_caches import Sighting
@@ -63,7 +64,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     recording = app[TRAJECTORIES].recording(call)  # asked once: the verdict and the record both need it
     agent = await verdict(app, call, ex, recording)
     admitted = await admit(app, call)
-    sighting = await app[SESSION_CACHES].sighting(call) if call.policy.switch is not None else None
+    sighting = await sight(app, call)
     counts = await app[COUNTS].count(call, app[DEPLOYMENTS].windows)  # {} unless a window's edge is near
     ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent, sighting, counts))
     decision = decide(call.policy, call.features, ctx)
@@ -92,6 +93,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         status = response.status
         if sighting is not None:
             app[SESSION_CACHES].served(call, sighting, ex)
+            app[WARMUPS].after(adapter, call, decision, sighting, ex)
         return response
     except GatewayError as exc:
         status = exc.status
@@ -128,6 +130,16 @@ async def verdict(app: web.Application, call: Call, ex: Exchange, recording: boo
         return None
     sid = call.session_id
     return None if sid is None else await app[TRAJECTORIES].verdict(call.policy, call.tenant_or_anonymous, sid, ex)
+
+
+async def sight(app: web.Application, call: Call) -> Sighting | None:
+    """What each deployment's prefix cache holds of the session's prompt, when the policy prices switches; the
+    session's warm-up still in flight is stale now that its next step is here."""
+    if call.policy.switch is None:
+        return None
+    if call.session_id is not None:
+        app[WARMUPS].arrived(call.tenant_or_anonymous, call.session_id)
+    return await app[SESSION_CACHES].sighting(call)
 
 
 async def admit(app: web.Application, call: Call) -> Admitted | None:

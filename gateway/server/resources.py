@@ -20,6 +20,7 @@ from gateway.features import Features
 from gateway.policy.model import Policy
 from gateway.server.policy_file import PolicyFile
 from gateway.server.session_caches import SessionCaches
+from gateway.server.warmups import Warmups
 from gateway.settings import Settings
 from gateway.store.conversations import Conversations
 from gateway.store.opening import Stores
@@ -92,6 +93,7 @@ EXPERIMENTS = web.AppKey("experiments", Experiments)
 TRAJECTORIES = web.AppKey("trajectories", Trajectories)
 CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API's stored responses
 SESSION_CACHES = web.AppKey("session_caches", SessionCaches)  # each agent session's prefix caches
+WARMUPS = web.AppKey("warmups", Warmups)  # the deployments' caches warmed for sessions' next steps
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)

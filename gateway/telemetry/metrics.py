@@ -59,6 +59,7 @@ TOOL_ARGS_DIGEST = "gateway.tool.args_digest"
 CACHE_PREDICTED_TOKENS = "gateway.cache.predicted_cached_tokens"  # of the prompt, on the serving deployment
 CACHE_REPORTED_TOKENS = "gateway.cache.reported_cached_tokens"  # what the deployment reported, when it did
 CACHE_UNCACHED_TOKENS = "gateway.cache.uncached_tokens"  # each deployment's predicted prefill: "hq=21230 ..."
+CACHE_WARMUP = "gateway.cache.warmup"  # the warm-up this step triggered: "hq started", "hq busy" (decision/warmup)
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -160,6 +161,8 @@ class CacheSeries:
     switches: Counter
     prediction_error: Histogram
     misses: Counter
+    warmups: Counter
+    warmup_tokens: Counter
 
 
 # The prediction's error in tokens: vLLM caches whole blocks (16 tokens), so errors under a block are rounding.
@@ -180,6 +183,12 @@ def _cache_series(r: CollectorRegistry) -> CacheSeries:
         misses=Counter("gateway_session_cache_misses", "Steps whose deployment reported fewer cached tokens than "
                        "predicted, by more than a block (an eviction, or a prompt rewritten)", ["deployment"],
                        registry=r),
+        warmups=Counter("gateway_cache_warmups", "Warm-ups of a deployment's prefix cache with an agent session's "
+                        "prompt, by how each ended (decision/warmup.Outcome)", ["deployment", "outcome"],
+                        registry=r),
+        warmup_tokens=Counter("gateway_cache_warmup_tokens", "Prompt tokens warm-ups sent, by whether the "
+                              "deployment prefilled them (uncached) or held them already (cached)",
+                              CACHE_SESSION_LABELS, registry=r),
     )
 
 
