@@ -100,6 +100,45 @@ class ToolResult:
                    code if isinstance(code, int) else None)
 
 
+@dataclass(frozen=True, slots=True)
+class StepCache:
+    """A step's prefix caches (policy `switch`), small: the prompt's tokens each deployment held as predicted
+    before the step, what the serving one reported, whether the session moved, the warm-up the step started."""
+
+    prompt_tokens: int  # the prompt, as the prediction counted it
+    cached: Mapping[str, int]  # deployment -> predicted tokens of the prompt it held
+    reported: int | None = None  # the serving deployment's `cached_tokens`, when its usage carried them
+    moved_from: str | None = None  # the deployment of the session's previous step, when this one moved
+    warmed: tuple[str, ...] = ()  # deployments holding what a warm-up (not a served step) put there
+    warm_up: str | None = None  # the warm-up this step triggered: "<deployment> <outcome>" (decision/warmup.py)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"p": self.prompt_tokens, "c": dict(self.cached)}
+        for key, value in (("r", self.reported), ("from", self.moved_from), ("warm", self.warm_up)):
+            if value is not None:
+                out[key] = value
+        if self.warmed:
+            out["warmed"] = list(self.warmed)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> StepCache:
+        cached = raw.get("c")
+        return cls(int(raw.get("p", 0)), {str(k): int(v) for k, v in cached.items()} if isinstance(cached, dict)
+                   else {}, raw.get("r"), raw.get("from"), tuple(raw.get("warmed", ())), raw.get("warm"))
+
+    def shown(self) -> dict[str, Any]:
+        """The admin API's view: per deployment the predicted cached and uncached tokens."""
+        deployment, _, outcome = (self.warm_up or "").partition(" ")
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": dict(self.cached),
+            "uncached_tokens": {name: max(0, self.prompt_tokens - held) for name, held in self.cached.items()},
+            "reported_cached_tokens": self.reported, "switched_from": self.moved_from, "warmed": list(self.warmed),
+            "warm_up": {"deployment": deployment, "outcome": outcome} if self.warm_up else None,
+        }  # fmt: skip
+
+
 @dataclass(slots=True)
 class Step:
     """One recorded step of a session (one proxied call)."""
@@ -121,6 +160,7 @@ class Step:
     flags: tuple[str, ...] = ()
     step: int = 0  # 1-based, given by the store when the step is appended
     prompt: str | None = None  # only when prompts are kept
+    cache: StepCache | None = None  # with the policy's `switch` section
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, internal digests included (what the store keeps)."""
@@ -135,10 +175,13 @@ class Step:
         }  # fmt: skip
         if self.prompt is not None:
             out["prompt"] = self.prompt
+        if self.cache is not None:
+            out["cache"] = self.cache.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Step:
+        cache = raw.get("cache")
         return cls(
             float(raw["at"]), str(raw.get("deployment", "")), str(raw.get("rule", "")), raw.get("arm"),
             int(raw.get("tokens_in", 0)), int(raw.get("tokens_out", 0)), float(raw.get("cost_usd", 0.0)),
@@ -147,6 +190,7 @@ class Step:
             tuple(ToolResult.from_dict(r) for r in raw.get("tool_results", ())),
             str(raw.get("echo", "")), bool(raw.get("rework", False)), tuple(raw.get("flags", ())),
             int(raw.get("step", 0)), raw.get("prompt"),
+            cache=StepCache.from_dict(cache) if isinstance(cache, dict) else None,
         )  # fmt: skip
 
     def shown(self) -> dict[str, Any]:
@@ -155,6 +199,8 @@ class Step:
         del out["echo"], out["rework"]
         out["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} for c in out["tool_calls"]]
         out["tool_results"] = [{k: v for k, v in r.items() if k != "d"} for r in out["tool_results"]]
+        if self.cache is not None:
+            out["cache"] = self.cache.shown()
         return out
 
     @property

@@ -47,7 +47,7 @@ class PendingStep:
     it is queued) leaves only what the record needs, so a queued step costs a bounded amount of memory.
     """
 
-    __slots__ = ("at", "calls", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "kept_bytes", "messages",
+    __slots__ = ("at", "cache", "calls", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "kept_bytes", "messages",
                  "outcome", "policy", "queue", "raw", "sent", "session_id", "spans", "status", "tenant", "ttft_s")
 
     def __init__(self, queue: Callable[[PendingStep], None], at: float, policy: Policy, tenant: str,
@@ -64,6 +64,7 @@ class PendingStep:
         self.sent = tr.Sent()  # the request's messages as the record takes them, once distilled
         self.calls: tuple[tr.ToolCall, ...] | None = None  # the response's tool calls, once read
         self.kept_bytes = 0  # tool-call bytes kept for the flusher after `distill`
+        self.cache: tr.StepCache | None = None  # the session caches' view of the step (server/session_caches.py)
 
     def finished(self, ex: Exchange, status: int, elapsed_s: float, ttft_s: float | None,
                  spans: Spans | None, end_ns: int) -> None:

@@ -264,7 +264,7 @@ class Trajectories:
         return Step(p.at, deployment, ex.rule or "", arm, tokens_in, tokens_out,
                     dep.price.cost_usd(tokens_in, tokens_out) if dep is not None else 0.0, p.elapsed_s * 1000,
                     None if p.ttft_s is None else p.ttft_s * 1000, p.status, p.tool_calls(self.keep_text),
-                    sent.tool_results, sent.echo, prompt=sent.prompt)
+                    sent.tool_results, sent.echo, prompt=sent.prompt, cache=p.cache)
 
     def _judge(self, batch: _Batch, p: PendingStep, step: Step) -> None:
         """Flag the step against its session's recent steps and spend; queue its append; count and trace it."""

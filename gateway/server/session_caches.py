@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gateway.context.prefix import NO_PREFIXES, Chain, chain_of, rescaled
 from gateway.decision.call import Call
 from gateway.decision.switch import SessionCache, session_cache
+from gateway.decision.trajectory import StepCache
 from gateway.features import prompt_tokens_with_template
 from gateway.openai import Usage
 from gateway.store.contract import StoreError, StoreFault
@@ -80,6 +81,11 @@ class SessionCaches:
         cache = sighting.cache
         predicted = min(cache.cached.get(deployment, 0), usage.prompt_tokens)
         self._count(cache, deployment, predicted, usage, ex)
+        if ex.step is not None:
+            ex.step.cache = StepCache(
+                cache.prompt_tokens, {name: cache.cached.get(name, 0) for name in call.policy.deployments},
+                reported_cached_tokens(usage), cache.home if cache.home not in (None, deployment) else None,
+                tuple(sorted(cache.warmed)))
         if len(self._writes) >= MAX_WRITES:
             log.warning("session caches: %d writes in flight; this step's record is dropped", len(self._writes))
             return

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.routing import Decision
+from gateway.decision.trajectory import StepCache
 from gateway.errors import GatewayError
 from gateway.features import Features, count_tokens, prompt_tokens_with_template
 from gateway.openai import StreamTally, Usage
@@ -29,6 +30,7 @@ class StepHook(Protocol):
 
     chunks: list[bytes] | None  # a stream's tool-call events, kept by the relay; None: the request has no tools
     raw: bytes | None  # a non-streamed body the relay hands over when the request has tools
+    cache: StepCache | None  # the step's prefix caches, set by the session caches and the warm-ups
 
     def finished(self, ex: Exchange, status: int, elapsed_s: float, ttft_s: float | None,
                  spans: Spans | None, end_ns: int) -> None: ...
