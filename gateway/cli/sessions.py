@@ -90,7 +90,25 @@ def timeline(session: dict[str, Any]) -> str:
                      f"{latency:>9} {step['status']:>6}  {_tools(step)}")
         if step["flags"]:
             lines.append(f"{'':>5} {'':>8}  ! {', '.join(step['flags'])}")
+        if step.get("cache"):
+            lines.append(f"{'':>5} {'':>8}  cache: {cache_line(step['cache'])}")
     return "\n".join(lines)
+
+
+def cache_line(cache: dict[str, Any]) -> str:
+    """A step's prefix caches: `hq 4,000 cached / 20,000 uncached (warmed), fast ...; reported 23,000 cached;
+    moved from hq; warm-up hq started`."""
+    warmed = set(cache.get("warmed") or ())
+    parts = [", ".join(f"{name} {held:,} cached / {cache['uncached_tokens'].get(name, 0):,} uncached"
+                       f"{' (warmed)' if name in warmed else ''}" for name, held in cache["cached_tokens"].items())]
+    if cache.get("reported_cached_tokens") is not None:
+        parts.append(f"reported {cache['reported_cached_tokens']:,} cached")
+    if cache.get("switched_from"):
+        parts.append(f"moved from {cache['switched_from']}")
+    warm_up = cache.get("warm_up")
+    if warm_up:
+        parts.append(f"warm-up {warm_up['deployment']} {warm_up['outcome']}")
+    return "; ".join(parts)
 
 
 def _tools(step: dict[str, Any]) -> str:

@@ -51,6 +51,16 @@ async def test_each_deployment_keeps_the_last_prompt_it_served_and_the_home_foll
     assert await store.prefixes("u", "s1") == NO_PREFIXES
 
 
+async def test_a_warm_up_replaces_the_deployments_chain_and_leaves_the_home(store: PrefixStore) -> None:
+    await store.served("t", "s1", "fast", TWO, 3600)
+    await store.served("t", "s1", "fast", TWO, 3600)
+    await store.warmed("t", "s1", "hq", TWO, 3600)
+    assert await store.prefixes("t", "s1") == SessionPrefixes({"fast": TWO, "hq": TWO}, "fast", 2, frozenset({"hq"}))
+    # once hq serves a step, what it holds is that step's prompt, no longer a warm-up's
+    await store.served("t", "s1", "hq", TWO, 3600)
+    assert await store.prefixes("t", "s1") == SessionPrefixes({"fast": TWO, "hq": TWO}, "hq", 1)
+
+
 async def test_the_memory_twin_forgets_an_idle_session_and_keeps_its_bound() -> None:
     clock = Clock()
     store = MemoryPrefixStore(max_sessions=2, clock=clock)
