@@ -27,6 +27,8 @@ from tests.fixtures.agent_runs import Agent, recorded
 from tests.fixtures.agent_runs import admin as admin_get
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, OpsStack, Stack
+from tests.server.test_session_caches import RULES
+from tests.server.test_warmups import OUTPUTS, WARM, Session, warmed_once
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
@@ -283,3 +285,24 @@ async def test_the_deployments_table_shows_streams_resumed_on_the_sibling(make_s
     assert "1 resumed" in await wait_for(browser, fast_row)
     hq = browser.find_element(By.CSS_SELECTOR, '#deployments tr[data-deployment="hq"]').text
     assert "resumed" not in hq  # counted against the deployment that broke
+
+
+async def test_the_timeline_shows_each_steps_prefix_caches_moves_and_warm_ups(
+        make_stack: Callable[..., Any], browser: WebDriver) -> None:
+    stack: Stack = await make_stack(rules=RULES, extra=WARM)
+    session = Session(stack, "cached-run")
+    await session.steps(6)  # step 5 stays on fast and warms hq
+    await warmed_once(stack)
+    assert await session.step(OUTPUTS[5]) == "hq"  # the warmed hq is cheap to move to
+    base = str(stack.gateway.make_url("")).rstrip("/")
+    await recorded(base, "cached-run", 7)
+    await sign_in(browser, f"{base}/ui")
+    await wait_for(browser, text_of('#sessions tr[data-session="cached-run"]'))
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="cached-run"]').click)
+
+    def steps(d: WebDriver) -> list[str] | None:
+        found = [row.text for row in d.find_elements(By.CSS_SELECTOR, "#timeline tr[data-step]")]
+        return found if len(found) == 7 else None
+    rows = await wait_for(browser, steps)
+    assert "warm-up hq started" in rows[5] and "hq " in rows[5] and " uncached" in rows[5]
+    assert "uncached (warmed)" in rows[6] and "moved from fast" in rows[6]

@@ -395,11 +395,28 @@ async function loadTimeline(selected) {
     [...(step.tool_calls || []).map((c) => pill(`→ ${c.name}`)),
       ...(step.tool_results || []).map((r) => pill(`← ${r.ok ? "ok" : "error"} ${r.size} B`, r.ok ? "ok" : "bad"))],
     (step.flags || []).map((f) => pill(flagText(f), "bad")),
+    cacheCell(step.cache),
   ], [0, 1, 6, 7, 8])));
   fill("timeline",
     el("h3", {}, "Session ", el("span", { class: "mono" }, id), ` of ${tenant} · ${s.steps.length} steps · ${usd(s.cost_usd)}`),
     el("p", { class: "outcome", id: "timeline-outcome" }, outcomeText(s)),
-    table(["step", "at", "deployment", "rule", "arm", "tokens in / out", "cost", "latency ms", "TTFT ms", "status", "tools", "flags"], rows, [0, 1, 6, 7, 8]));
+    table(["step", "at", "deployment", "rule", "arm", "tokens in / out", "cost", "latency ms", "TTFT ms", "status", "tools", "flags", "prefix cache"], rows, [0, 1, 6, 7, 8]));
+}
+
+// A step's prefix caches (policy `switch`): per deployment the prompt tokens it held / would prefill, as predicted
+// before the step (what the deployment reported, when it did), the move, the warm-up the step started.
+function cacheCell(cache) {
+  if (!cache) return "–";
+  const warmed = new Set(cache.warmed || []);
+  const lines = Object.entries(cache.cached_tokens).map(([name, held]) => el("span", { class: "sub-line" },
+    `${name} ${held.toLocaleString()} cached / ${(cache.uncached_tokens[name] || 0).toLocaleString()} uncached${warmed.has(name) ? " (warmed)" : ""}`));
+  if (cache.reported_cached_tokens !== null && cache.reported_cached_tokens !== undefined) {
+    lines.push(el("span", { class: "sub-line" }, `reported ${cache.reported_cached_tokens.toLocaleString()} cached`));
+  }
+  if (cache.switched_from) lines.push(pill(`moved from ${cache.switched_from}`));
+  const warm = cache.warm_up;
+  if (warm) lines.push(pill(`warm-up ${warm.deployment} ${warm.outcome}`, warm.outcome === "started" ? "ok" : "warn"));
+  return lines;
 }
 
 // --- refresh, sign-in ---
