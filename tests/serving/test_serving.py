@@ -190,12 +190,11 @@ def test_validate_raises_naming_deployment_and_flag(monkeypatch: pytest.MonkeyPa
         validate({})
 
 
-def test_tiny_model_builds_deterministically_and_fast(tmp_path: Path) -> None:
-    started = time.monotonic()
+def test_tiny_model_builds_deterministically_and_once(tmp_path: Path) -> None:
+    """Its build time is reported by `up`, not asserted here (a loaded machine doubles it): what matters is that
+    two builds are the same bytes and that a built family is reused, not rebuilt."""
     first = tiny_model.build(tmp_path / "a")
-    elapsed = time.monotonic() - started
     second = tiny_model.build(tmp_path / "b")
-    assert elapsed < 10, f"building the tiny family took {elapsed:.1f} s"
     assert first.name == second.name
     assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in second.iterdir())
     files = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
@@ -205,9 +204,9 @@ def test_tiny_model_builds_deterministically_and_fast(tmp_path: Path) -> None:
     # One family: the members share the tokenizer and chat template byte for byte.
     _, mismatch, errors = filecmp.cmpfiles(first / "small", first / "large", tiny_model.TOKENIZER_FILES, shallow=False)
     assert not mismatch and not errors
-    again = time.monotonic()
+    written = {p: p.stat().st_mtime_ns for p in first.rglob("*") if p.is_file()}
     assert tiny_model.build(tmp_path / "a") == first
-    assert time.monotonic() - again < 1.0  # a cache hit does not rebuild
+    assert {p: p.stat().st_mtime_ns for p in first.rglob("*") if p.is_file()} == written  # a cache hit writes nothing
 
 
 @pytest.fixture(scope="module")
