@@ -28,10 +28,6 @@ from tests.fixtures.conditions import until, wait_until
 from tests.fixtures.cutting_proxy import CuttingProxy
 from tests.fixtures.vllm_pair import PairSupervisor, VllmPair
 
-# Fixtures used here by name (assigned rather than imported so parameters may share the names).
-vllm_supervisor = vllm_fixtures.vllm_supervisor
-vllm_pair = vllm_fixtures.vllm_pair
-
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 MESSAGES = [{"role": "user", "content": "Say something about the old stone bridge over the river."}]
 ADMIN_TOKEN = "e2e-admin-token"

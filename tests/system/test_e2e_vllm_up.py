@@ -13,11 +13,6 @@ import openai
 import pytest
 
 from serving.launcher import free_port
-from tests.fixtures import vllm_pair as vllm_fixtures
-
-# Fixtures used here by name (assigned rather than imported so parameters may share the names).
-vllm_supervisor = vllm_fixtures.vllm_supervisor
-vllm_machine_free = vllm_fixtures.vllm_machine_free
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
