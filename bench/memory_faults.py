@@ -121,8 +121,9 @@ async def _stream(http: aiohttp.ClientSession, gw: Gateway) -> bool:
         return resp.status == 200 and text.rstrip().endswith("data: [DONE]")
 
 
-async def stream_rounds(gw: Gateway, rounds: int, n: int) -> Row:
-    """`rounds` rounds of n concurrent 64-chunk streams; RSS once each round has left the gateway."""
+async def stream_rounds(gw: Gateway, rounds: int, n: int, every_round: bool = False) -> Row:
+    """`rounds` rounds of n concurrent 64-chunk streams; RSS once each round has left the gateway (shown for
+    rounds 1, 3 and the last, or for every round)."""
     before = gw.rss_mib()
     after: list[float] = []
     good = 0
@@ -133,7 +134,8 @@ async def stream_rounds(gw: Gateway, rounds: int, n: int) -> Row:
             await settled(http, gw)
             await asyncio.sleep(SETTLE_S)
             after.append(gw.rss_mib())
-    shown = ", ".join(f"{i}: {after[i - 1]:.0f}" for i in sorted({1, min(3, rounds), rounds}))
+    shown_rounds = range(1, rounds + 1) if every_round else sorted({1, min(3, rounds), rounds})
+    shown = ", ".join(f"{i}: {after[i - 1]:.1f}" for i in shown_rounds)
     # Caches fill up over the first rounds (the explain memory keeps the last 2,048 decisions): growth
     # must stop after them, not go on with every round.
     late_growth = after[-1] - after[min(3, rounds) - 1]

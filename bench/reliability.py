@@ -3,6 +3,8 @@
     .venv/bin/python -m bench.reliability [--groups faults,memory,agents] [--slow-clients 500]
         [--header-timeout-s 2] [--slow-readers 200] [--slow-read-kib 215] [--rounds 10] [--round-streams 1000]
 
+    .venv/bin/python -m bench.reliability --groups rounds --rounds 5   # RSS after each round of 1,000 streams
+
 `fast` is a fake deployment that fails on cue (bench/fake_upstream.py --faults, picked per request by the
 x-fake-fault header), `hq` one that always answers: the policy sends `auto` to fast and fails over to hq.
 Every process runs on a free loopback port, is started here and stopped by PID at the end; every loop is
@@ -191,7 +193,7 @@ async def dead_redis(rig: Rig, ports: tuple[int, int], n: int) -> Row:
                good == n and degraded and all(s == 200 for s, _, _ in warm))
 
 
-GROUPS = ("faults", "resume", "memory", "agents")
+GROUPS = ("faults", "resume", "memory", "agents", "rounds")
 # A pair of one deterministic model family (bench/greedy_upstream.py), so a resumed answer can be compared with
 # the uninterrupted one; a short read timeout, so a stall is seen as one.
 RESUME_POLICY = POLICY.replace("resume: {{enabled: false}}", "resume: {{enabled: true, max: 1}}").replace(
@@ -272,6 +274,14 @@ async def memory(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> 
     return rows
 
 
+async def rounds(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> list[Row]:
+    """The memory group's rounds of concurrent streams alone, on a fresh gateway, RSS after every round."""
+    gw = rig.gateway("rounds", memory_faults.POLICY.format(fast=ports[0]), {})
+    row = await memory_faults.stream_rounds(gw, args.rounds, args.round_streams, every_round=True)
+    rig.stop([gw.pid])
+    return [row]
+
+
 async def agents(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> list[Row]:
     return [await agent_faults.agent_bad_input(rig, ports, 3), await agent_faults.cut_holds(rig, ports, 400)]
 
@@ -280,7 +290,8 @@ async def run(args: argparse.Namespace, rig: Rig) -> list[Row]:
     ports = rig.fakes()
     rows: list[Row] = []
     for group in args.groups.split(","):
-        rows += await {"faults": faults, "resume": resume, "memory": memory, "agents": agents}[group](args, rig, ports)
+        rows += await {"faults": faults, "resume": resume, "memory": memory, "agents": agents,
+                         "rounds": rounds}[group](args, rig, ports)
     return rows
 
 

@@ -209,7 +209,9 @@ def batching() -> dict[str, Any]:
     return options
 
 
-ENCODE_SLICE = 64  # spans encoded between two yields to the event loop: about half a millisecond
+# Spans encoded between two yields to the event loop: ~0.1 ms (64 took ~0.5 ms with a cold cache: at one request
+# at a time, the request that came in meanwhile waited that long, a batch's eight slices twice a second).
+ENCODE_SLICE = 16
 
 # A finished span as Spans.record hands it over: trace id, span id, parent span id (None: a root), name,
 # start and end (ns since the epoch), attributes, error message (None: not an error), kind, events.
@@ -324,6 +326,7 @@ class LoopExport(SpanProcessor):
     async def _export_batch(self) -> None:
         spans = await self._encode_batch()
         body = request_json([resource_spans_json(self._resource, self._scope, spans)])
+        await asyncio.sleep(0)  # joining a batch's ~0.5 MB and writing it out are each ~0.3 ms: not in one go
         try:
             reply = await self._pool.request("POST", self.endpoint, body, self._headers,
                                              connect_s=self._timeout_s, read_s=self._timeout_s,

@@ -174,7 +174,10 @@ class Response:
         self._loop = connection.loop
         self._read_s = read_s
         self._deadline = deadline
-        self._parser = httptools.HttpResponseParser(self)
+        # None once released: the parser holds this response's callbacks, so keeping it would make each
+        # response a reference cycle, freed only by the cyclic collector (the first 1,000 streams in flight
+        # at one of its passes would wait for a full one), and a pass every few thousand requests.
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: dict[str, str] = {}  # lower-case names; repeated headers joined with ", "
         self.keep_alive = False
@@ -196,8 +199,10 @@ class Response:
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
-        self.keep_alive = self._parser.should_keep_alive()
+        parser = self._parser
+        assert parser is not None  # it is the one calling
+        self.status = parser.get_status_code()
+        self.keep_alive = parser.should_keep_alive()
         if self.status >= 200:  # an interim 1xx response is followed by the real one
             self.headers_done = True
             self._wake()
@@ -219,9 +224,12 @@ class Response:
     # -- fed by the connection ------------------------------------------------------------------------
 
     def feed(self, data: bytes | memoryview) -> None:
+        parser = self._parser
+        if parser is None:  # released: its connection is reused or dropped, so nothing feeds it any more
+            return
         self.got_bytes = True
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self.fail(Disconnected(f"The deployment sent an invalid HTTP response: {exc}"))
             self._connection.abort()
@@ -345,6 +353,7 @@ class Response:
         if self._released:
             return
         self._released = True
+        self._parser = None
         if self.complete and self.keep_alive and self._error is None:
             self._connection.reuse()
         else:
@@ -357,6 +366,7 @@ class Response:
         self._buffered = 0
         if not self._released:
             self._released = True
+            self._parser = None
             self._connection.abort()
             self._connection.pool.heap.ended(self._loop)
 
@@ -399,6 +409,7 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.deadline.cancel()
+        self.transport = None  # it holds this protocol: the pair would wait for the cyclic collector
         if self.response is not None:
             self.response.connection_lost()
         self.pool.forget(self)

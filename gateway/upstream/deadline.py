@@ -48,8 +48,11 @@ class Deadline:
         self._at = math.inf
 
     def cancel(self) -> None:
-        """The owner is done for good (its connection closed): no timer is left holding it."""
+        """The owner is done for good (its connection closed): no timer is left holding it, and neither is
+        this deadline (`expired` is usually the owner's bound method, which holds it: a reference cycle that
+        only the cyclic collector's full passes would free, a thousand connections' worth after a wave)."""
         self._at = math.inf
+        self._expired = _owner_gone
         if self._timer is not None:
             self._timer.cancel()
             self._timer, self._timer_at = None, math.inf
@@ -64,3 +67,7 @@ class Deadline:
             return
         self._at = math.inf
         self._expired()
+
+
+def _owner_gone() -> None:
+    """What a cancelled deadline calls should it be set again: nothing, its owner is gone."""

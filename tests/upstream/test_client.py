@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import pytest
+import uvloop
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -365,3 +368,31 @@ async def test_a_waiter_cancelled_just_after_it_was_handed_a_connection_passes_i
     finally:
         await pool.close()
     assert len(set(peers)) == 1  # the handed connection itself was reused
+
+
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+def test_a_released_response_and_a_closed_connection_are_freed_at_once_not_by_the_cyclic_collector(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """A response that held its parser (which holds the response's callbacks), a connection its deadline and
+    its transport: each was a reference cycle, left for the collector. A wave of 1,000 streams in flight at
+    one of its passes then waited for a rare full pass, and the process grew with every wave (issue 32)."""
+    async def test() -> None:
+        async with raw_server(replying(OK, then_close=False)) as base:
+            pool = Pool(idle_s=0.05)
+            try:
+                response = await pool.request("POST", f"{base}/", b"{}", read_s=5)
+                assert await response.read() == b"{}"
+                freed_response, freed_connection = weakref.ref(response), weakref.ref(response._connection)
+                del response
+                assert freed_response() is None
+                await until(lambda: freed_connection() is None, what="the idle connection closed and freed")
+            finally:
+                await pool.close()
+
+    gc.disable()  # only reference counting frees anything here
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(test())
+    finally:
+        gc.enable()

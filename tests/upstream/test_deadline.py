@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -97,3 +99,28 @@ def test_a_thousand_waits_on_one_connection_arm_one_timer(monkeypatch: pytest.Mo
 
     _on(lambda: loop, test)
     assert armed == ["Deadline._fire"]
+
+
+def test_a_cancelled_deadline_lets_its_owner_go_without_the_cyclic_collector() -> None:
+    """The owner holds its deadline and the deadline the owner's bound method: cancelled (the owner is done),
+    the deadline drops it, so the pair is freed by reference counting, not at the collector's next full pass."""
+    class Owner:
+        def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+            self.deadline = Deadline(loop, self.expired)
+
+        def expired(self) -> None:
+            raise AssertionError("a cancelled deadline expired")
+
+    async def test() -> None:
+        owner = Owner(asyncio.get_running_loop())
+        owner.deadline.set_at(asyncio.get_running_loop().time() + 60)
+        owner.deadline.cancel()
+        freed = weakref.ref(owner)
+        del owner
+        assert freed() is None
+
+    gc.disable()
+    try:
+        _on(uvloop.new_event_loop, test)
+    finally:
+        gc.enable()
