@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from gateway.context.masking import reference
 from gateway.store.contract import StoreError
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,12 @@ def object_key(tenant: str, ref: str) -> str:
     if not _REF.match(ref):
         raise ValueError(f"not an object reference: {ref!r}")
     return f"{tenant_folder(tenant)}/{ref[4:6]}/{ref}"
+
+
+def addressed(ref: str, data: bytes) -> None:
+    """An object goes only under its own content's reference (what makes a reference mean one content)."""
+    if reference(data) != ref:
+        raise ValueError(f"{ref} is not the reference of these {len(data)} bytes")
 
 
 class DiskObjects:
@@ -96,6 +103,7 @@ class DiskObjects:
             self._index.move_to_end(key)
             await self._run(_touch, self.root / key, now)
             return
+        addressed(ref, data)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writing[key] = done
         try:

@@ -17,7 +17,7 @@ from obstore.exceptions import BaseError, NotFoundError
 from obstore.store import S3Store
 
 from gateway.store.contract import StoreError
-from gateway.store.objects import object_key
+from gateway.store.objects import addressed, object_key
 
 
 class S3Objects:
@@ -37,6 +37,7 @@ class S3Objects:
 
     async def put(self, tenant: str, ref: str, data: bytes) -> None:
         key = object_key(tenant, ref)
+        addressed(ref, data)
         try:
             await obstore.put_async(self._store, key, data)
         except (BaseError, OSError) as exc:
