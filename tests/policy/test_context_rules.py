@@ -71,3 +71,11 @@ def test_the_object_store_section() -> None:
     assert store.s3 is not None and store.s3.bucket == "ctx-shared" and store.ttl_s == 86400
     with pytest.raises(PolicyError, match=r"store.objects.max_bytes"):
         model.parse(yaml.safe_dump(_policy(store={"objects": {"max_bytes": 10}})), "p.yaml")
+
+
+def test_the_long_runs_policy_masks_on_every_route() -> None:
+    from pathlib import Path
+
+    policy = model.load(Path(__file__).resolve().parents[2] / "policies" / "long-runs.yaml")
+    assert policy.masks_context
+    assert all(policy.mask_rule(route, None) == MaskRule(3, 200, 4000, 600, 600) for route in policy.models)
