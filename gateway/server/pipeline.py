@@ -120,8 +120,10 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
         body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
     body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
-    body, masking = await request.app[OFFLOAD].mask(adapter.tool_outputs, policy, body, tenant,
-                                                    tenant or ANONYMOUS)
+    masking = None
+    if policy.masks_context:  # the policy's context rules: old tool outputs masked, their originals stored first
+        body, masking = await request.app[OFFLOAD].mask(adapter.tool_outputs, policy, body, tenant,
+                                                        tenant or ANONYMOUS)
     view = adapter.view(body)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
                      tenant, chain, managed, masking)
