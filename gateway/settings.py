@@ -28,6 +28,7 @@ class Settings:
     request_log_prompts: int = 0  # 1: the request log keeps bodies (prompts); 0: features only
     max_upstream_body_bytes: int = 32 * 1024 * 1024  # a longer non-streamed answer is a deployment failure
     header_timeout_s: float = 10.0  # a request's head (request line and headers) must arrive within this
+    objects_dir: str = ""  # the local object store of masked tool outputs when the policy names none (a temp dir)
     upstream_connections: int = 1024  # open connections per deployment at most; more requests wait connect_s
     # Set by `serve --workers N` for each worker: its number and the folder the workers of this run share.
     worker_index: int = 0

@@ -3,5 +3,6 @@
 pytest_plugins = [
     "tests.fixtures.stack",
     "tests.fixtures.redis_server",
+    "tests.fixtures.s3_server",
     "tests.fixtures.vllm_pair",
 ]

@@ -19,7 +19,7 @@ PURE = {"frozen", "errors", "openai", "token_pieces", "features", "agents", "ste
 # the pure core also runs no tasks, threads, sockets or processes of its own: that belongs to the runtime
 IO_LIBRARIES = ("aiohttp", "redis", "opentelemetry", "prometheus_client", "asyncio", "os", "socket", "threading")
 # One module per foreign library translates its errors and owns its objects.
-OWNERS = {"redis": {"gateway.store.redis_store"},
+OWNERS = {"redis": {"gateway.store.redis_store"}, "obstore": {"gateway.store.s3_objects"},
           "prometheus_client": {"gateway.telemetry.metrics"}}
 
 

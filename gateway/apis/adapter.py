@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gateway.context.anthropic_edits import Managed
+from gateway.context.tool_outputs import ToolOutputs
 from gateway.errors import GatewayError
 from gateway.features import Features
 from gateway.openai import StreamTally, Usage
@@ -45,6 +46,7 @@ class Adapter(Protocol):
     chains: bool  # its requests may continue a stored response (`previous_response_id`)
     generates: bool  # it generates tokens (count_tokens does not: no agent step, nothing to charge)
     step_from_chunks: bool  # the agent step reads the tool calls from the relayed chat chunks themselves
+    tool_outputs: ToolOutputs | None  # where its bodies hold tool outputs, for the policy's masking (None: none)
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         """The request body, checked leniently: a 400 names a field the gateway reads that has a wrong type."""

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway import openai
-from gateway.context import anthropic_answers
+from gateway.context import anthropic_answers, tool_outputs
 from gateway.context.anthropic_config import FIELD, read_edits
 from gateway.context.anthropic_edits import Managed, manage
 from gateway.errors import GatewayError
@@ -29,6 +29,7 @@ class ResponsesAdapter:
 
     endpoint, path, operation = "responses", responses.PATH, "chat"
     chains, generates, step_from_chunks = True, True, False
+    tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.RESPONSES
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = openai.decode(raw)
@@ -75,6 +76,7 @@ class MessagesAdapter:
     """`POST /v1/messages` (and, with `counting`, `/v1/messages/count_tokens`, which generates nothing)."""
 
     operation, chains, step_from_chunks = "chat", False, False
+    tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.MESSAGES
 
     def __init__(self, counting: bool = False) -> None:
         self.counting = counting

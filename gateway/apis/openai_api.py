@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway import openai
+from gateway.context import tool_outputs
 from gateway.context.anthropic_edits import Managed
 from gateway.errors import GatewayError
 from gateway.features import Features, extract
@@ -14,7 +15,7 @@ from gateway.features import Features, extract
 class OpenAIAdapter:
     """One of the three OpenAI APIs vLLM serves under their own names; the decision reads their bodies as sent."""
 
-    __slots__ = ("endpoint", "generates", "operation", "path")
+    __slots__ = ("endpoint", "generates", "operation", "path", "tool_outputs")
     chains, step_from_chunks = False, True
 
     def __init__(self, endpoint: str) -> None:
@@ -22,6 +23,7 @@ class OpenAIAdapter:
         self.endpoint = endpoint
         self.path = openai.PATHS[endpoint]
         self.operation = openai.OPERATION[endpoint]
+        self.tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.CHAT if endpoint == "chat" else None
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = openai.decode(raw)

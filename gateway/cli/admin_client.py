@@ -23,24 +23,33 @@ class CliError(Exception):
 def request(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     """One admin API call; every failure becomes a CliError naming the URL and the gateway's message."""
     url = args.url.rstrip("/") + path
+    try:
+        return json.loads(request_bytes(args, method, path, body) or b"null")
+    except ValueError:
+        raise CliError(f"{method} {url}: the reply is not JSON") from None
+
+
+def request_bytes(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
+                  token: str | None = None) -> bytes:
+    """One call's answer as it came; `token` signs it in instead of the admin token (a tenant's API key)."""
+    url = args.url.rstrip("/") + path
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Accept", "application/json")
     if data is not None:
         req.add_header("Content-Type", "application/json")
-    token = args.admin_token or os.environ.get(TOKEN_ENV)
+    token = token or args.admin_token or os.environ.get(TOKEN_ENV)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=args.timeout_s) as resp:
-            return json.loads(resp.read() or b"null")
+            found: bytes = resp.read()
+            return found
     except urllib.error.HTTPError as exc:
         raise CliError(f"{method} {url}: HTTP {exc.code}: {_envelope_message(exc.read())}") from None
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise CliError(f"{method} {url}: cannot reach the gateway ({reason})") from None
-    except ValueError:
-        raise CliError(f"{method} {url}: the reply is not JSON") from None
 
 
 def _envelope_message(raw: bytes) -> str:

@@ -29,6 +29,7 @@ Register = Callable[[Any], None]
 def _registrations() -> list[Register]:
     """Sub-commands owned by other modules; each exposes register(subparsers)."""
     from gateway.cli import classifier as classifier_cli
+    from gateway.cli import context as context_cli
     from gateway.cli import eval as eval_cli
     from gateway.cli import rollout as rollout_cli
     from gateway.cli import sessions as sessions_cli
@@ -36,7 +37,7 @@ def _registrations() -> list[Register]:
     from serving import up
 
     return [up.register, classifier_cli.register, store_cli.register, rollout_cli.register, sessions_cli.register,
-            eval_cli.register]
+            eval_cli.register, context_cli.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

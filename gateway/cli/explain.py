@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import openai
 from gateway.apis.routes import BY_ENDPOINT
+from gateway.context.tool_outputs import masked_body
 from gateway.decision.admission import (
     ANONYMOUS,
     Admission,
@@ -50,16 +51,21 @@ def offline(
     if adapter is None:
         raise ExplainInputError(f"--endpoint {endpoint!r}: expected one of {', '.join(BY_ENDPOINT)}")
     body, managed = adapter.manage_context(adapter.parse(raw))
+    shape, masking = adapter.tool_outputs, None
+    rule = policy.mask_rule(str(body.get("model")), tenant) if shape is not None else None
+    if shape is not None and rule is not None:  # what the gateway would mask (nothing is stored offline)
+        body, masking = masked_body(shape, body, rule)
     view = adapter.view(body)
     given = _headers(headers)
-    call = read_call(policy, endpoint, body, view, len(raw), adapter.features(view), given, tenant, context=managed)
+    call = read_call(policy, endpoint, body, view, len(raw), adapter.features(view), given, tenant, context=managed,
+                     masking=masking)
     verdict, state = _admission(policy, call, spent, session)
     scoring = ColdStart(_default_classifier)
     ctx = gather(call, scoring, Surroundings(load=_loads(policy.deployments, loads), admission=verdict,
                                              session=state))
     decision = decide(policy, call.features, ctx, explain=True)
 
-    report = explanation(decision, call.features, ctx, call.context)
+    report = explanation(decision, call.features, ctx, call.context, call.masking)
     top = scoring.model(policy).explain(call.features) if ctx.complexity is not None else []
     report["top_features"] = [[name, round(weight, 4)] for name, weight in top]
     return report

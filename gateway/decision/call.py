@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.context.anthropic_edits import Managed
+from gateway.context.masking import Masking
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.sessions import session_id
 from gateway.features import Features
@@ -18,18 +19,20 @@ class Call:
     loop, who sends it. Built once (by `read_call`, or from a log line); treated as immutable (slots, not
     frozen: a frozen class sets each field through object.__setattr__, which costs microseconds a request)."""
 
-    __slots__ = ("_session", "body", "body_bytes", "chain", "context", "endpoint", "features", "headers", "policy",
-                 "step", "tenant", "view")
+    __slots__ = ("_session", "body", "body_bytes", "chain", "context", "endpoint", "features", "headers",
+                 "masking", "policy", "step", "tenant", "view")
 
     def __init__(self, policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any],
                  body_bytes: int, features: Features, headers: Mapping[str, str], tenant: str | None,
-                 step: AgentStep | None, chain: str | None = None, context: Managed | None = None) -> None:
+                 step: AgentStep | None, chain: str | None = None, context: Managed | None = None,
+                 masking: Masking | None = None) -> None:
         self.policy, self.endpoint, self.body, self.view = policy, endpoint, body, view
         self.body_bytes, self.features, self.headers = body_bytes, features, headers
         self.tenant = tenant  # None when auth is off: no tenant rule can match it
         self.step = step
         self.chain = chain  # the session of the stored response this call continues (the Responses API)
         self.context = context  # the API's context edits the gateway made to `body` (Anthropic's context_management)
+        self.masking = masking  # the old tool outputs the gateway masked in `body` (the policy's context rules)
         self._session: tuple[str | None] | None = None
 
     @property
@@ -47,7 +50,7 @@ class Call:
 
 def read_call(policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any], body_bytes: int,
               features: Features, headers: Mapping[str, str], tenant: str | None, chain: str | None = None,
-              context: Managed | None = None) -> Call:
+              context: Managed | None = None, masking: Masking | None = None) -> Call:
     """The call of a request body: its agent step read from the view when a rule of the policy reads it."""
     step = read_step(view) if policy.reads_steps else None
-    return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step, chain, context)
+    return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step, chain, context, masking)

@@ -5,15 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.context.anthropic_edits import Managed
+from gateway.context.masking import MASK, Masking
 from gateway.decision.routing import Context, Decision
 from gateway.decision.sessions import shown_id
 from gateway.features import Features
 
 
 def explanation(decision: Decision, features: Features, ctx: Context,
-                context: Managed | None = None) -> dict[str, Any]:
+                context: Managed | None = None, masking: Masking | None = None) -> dict[str, Any]:
     """The decision trail as JSON: what was chosen, why, every input the decision read, and the context edits
-    that made the prompt it read (under `context`, when the API asked for any)."""
+    that made the prompt it read (under `context`, when the API asked for any, and the policy's masking of old
+    tool outputs under `context.mask_tool_outputs`)."""
     report: dict[str, Any] = {
         "deployment": decision.deployment,
         "rule": decision.rule,
@@ -39,4 +41,6 @@ def explanation(decision: Decision, features: Features, ctx: Context,
     }
     if context is not None:
         report["context"] = context.describe()
+    if masking is not None:
+        report.setdefault("context", {})[MASK] = masking.describe()
     return report

@@ -21,10 +21,12 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.context.masking import MaskRule
 from gateway.frozen import Frozen
 from gateway.policy.agents import AgentsPolicy
+from gateway.policy.context import ContextPolicy
 from gateway.policy.switch import DEFAULT_RULE, SwitchPolicy
-from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy
+from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy, find_tenant
 from gateway.rollout import spec as rollout_spec
 from gateway.rollout.labels import LabelsSpec
 from gateway.rollout.spec import RolloutSpec, ShadowSpec
@@ -108,6 +110,7 @@ class ClientModel(Frozen):
     pin: str | None = None
     description: str = ""
     resume: ResumePolicy | None = None  # this route's own; default: the policy's
+    context: ContextPolicy | None = None  # this route's own context rules; default: the policy's
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ClientModel:
@@ -278,6 +281,7 @@ class PolicyShadow(Frozen):
     percent: float = Field(100.0, gt=0, le=100)
 
 
+MEMO_KEYS = 4096  # (route, tenant) pairs whose resolved rules a policy remembers
 LIVE_POLICY = "live"  # the target name of the live policy itself (`policy:live`), for `auto`-like routes
 
 
@@ -305,6 +309,8 @@ class Policy(Frozen):
     agents: AgentsPolicy = AgentsPolicy()
     # A switch's price in the decision (policy/switch.py); None: every step goes where its rule says.
     switch: SwitchPolicy | None = None
+    # What the gateway does to a conversation's context (policy/context.py); off unless given.
+    context: ContextPolicy = ContextPolicy()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Policy:
@@ -453,6 +459,30 @@ class Policy(Frozen):
         """The resume rule of the route a call asked for: its own, else the policy's."""
         route = self.models.get(requested_model)
         return route.resume if route is not None and route.resume is not None else self.resume
+
+    def mask_rule(self, requested_model: str, tenant: str | None) -> MaskRule | None:
+        """The masking rule of a call: its tenant's own, else its route's, else the policy's (None: off)."""
+        key = (requested_model, tenant)
+        if key in self._mask_rules:
+            return self._mask_rules[key]
+        found = find_tenant(self.tenants, tenant) if tenant is not None else None
+        route = self.models.get(requested_model)
+        chosen = next((c for c in (found.context if found else None, route.context if route else None)
+                       if c is not None), self.context)
+        rule = chosen.mask_tool_outputs.rule() if chosen.mask_tool_outputs is not None else None
+        if len(self._mask_rules) < MEMO_KEYS:  # routes x tenants; a flood of unknown model names is not kept
+            self._mask_rules[key] = rule
+        return rule
+
+    @functools.cached_property
+    def masks_context(self) -> bool:
+        """Whether any route or tenant masks tool outputs (else the request path skips it)."""
+        sections = [self.context, *(m.context for m in self.models.values()), *(t.context for t in self.tenants)]
+        return any(s is not None and s.mask_tool_outputs is not None for s in sections)
+
+    @functools.cached_property
+    def _mask_rules(self) -> dict[tuple[str, str | None], MaskRule | None]:
+        return {}
 
     def failover_order(self, first: str) -> tuple[str, ...]:
         """Deployments to try for a request that prefers `first`: it, then the fallback list, then the rest

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gateway.frozen import Frozen
+from gateway.policy.context import ContextPolicy, ObjectStorePolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9_.*-]{1,64}$"
 
@@ -65,6 +66,7 @@ class TenantPolicy(Frozen):
     tokens_per_minute: int | None = Field(None, ge=1)
     max_concurrent: int | None = Field(None, ge=1)
     above_soft: AboveSoft = AboveSoft()
+    context: ContextPolicy | None = None  # this tenant's own context rules; default: its route's, the policy's
 
     @model_validator(mode="after")
     def _one_budget_per_window(self) -> TenantPolicy:
@@ -95,6 +97,7 @@ class StorePolicy(Frozen):
     memory_max_keys: int = Field(200_000, ge=1000)  # the in-memory store's bound; idle sessions go first
     retry_s: float = Field(1.0, gt=0)  # while Redis is down, probe it again this often
     reservation_ttl_s: float = Field(900.0, gt=0)  # a crashed replica's reservations expire after this
+    objects: ObjectStorePolicy = ObjectStorePolicy()  # where masked tool outputs are kept
 
 
 class AuthPolicy(Frozen):

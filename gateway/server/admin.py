@@ -26,7 +26,7 @@ async def explain_recent(request: web.Request) -> web.Response:
         raise NotFound(f"No recent request with id {request_id!r} (only the last "
                        f"{request.app[SETTINGS].explain_memory} are kept)")
     report = explanation(decide(remembered.policy, remembered.features, remembered.ctx, explain=True),
-                         remembered.features, remembered.ctx, remembered.context)
+                         remembered.features, remembered.ctx, remembered.context, remembered.masking)
     served = remembered.served
     report["served"] = {"deployment": served.deployment, "rule": served.rule, "attempts": list(served.attempts),
                         "reasons": list(served.reasons), "resumes": list(remembered.resumes)}
@@ -44,7 +44,8 @@ async def explain_body(request: web.Request) -> web.Response:
     sighting = await request.app[SESSION_CACHES].sighting(call)  # read only: nothing is recorded as served
     ctx = gather(call, LiveScoring(request.app, observed=False),
                  pipeline.surroundings(request.app, None, None, sighting))
-    report = explanation(decide(call.policy, call.features, ctx, explain=True), call.features, ctx, call.context)
+    report = explanation(decide(call.policy, call.features, ctx, explain=True), call.features, ctx, call.context,
+                         call.masking)
     report["shares"] = request.app[SHARES].describe(call.features.requested_model)
     return web.json_response(report)
 

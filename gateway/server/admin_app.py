@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.accounting.keys import check_admin
-from gateway.server import admin, deployment_admin, outcome_api, rollout_admin, session_admin
+from gateway.server import admin, context_api, deployment_admin, outcome_api, rollout_admin, session_admin
 from gateway.server.resources import POLICY_FILE, SETTINGS
 
 PREFIX = "/admin/"
@@ -33,7 +33,7 @@ async def admin_auth(request: web.Request, handler: Handler) -> web.StreamRespon
 def create_admin_app() -> web.Application:
     admin_app = web.Application(middlewares=[admin_auth])
     for add_routes in (admin.add_routes, rollout_admin.add_routes, session_admin.add_routes,
-                       deployment_admin.add_routes, outcome_api.add_admin_routes):
+                       deployment_admin.add_routes, outcome_api.add_admin_routes, context_api.add_admin_routes):
         add_routes(admin_app.router)
     return admin_app
 

@@ -8,6 +8,7 @@ import contextlib
 import gc
 import os
 import signal
+import tempfile
 import time
 from collections.abc import AsyncIterator
 
@@ -26,7 +27,8 @@ from gateway.experiments.shares import keep_in_step
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin_app, conversations, middleware, outcome_api, pipeline, public, ui
+from gateway.server import admin_app, context_api, conversations, middleware, outcome_api, pipeline, public, ui
+from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import (
     ACCOUNTING,
@@ -35,6 +37,7 @@ from gateway.server.resources import (
     COUNTS,
     DEPLOYMENTS,
     EXPERIMENTS,
+    OFFLOAD,
     POLICY_FILE,
     POOL,
     RECENT,
@@ -54,7 +57,8 @@ from gateway.server.warmups import Warmups
 from gateway.settings import Settings
 from gateway.store.conversations import Conversations
 from gateway.store.fallback import FallbackStore
-from gateway.store.opening import open_stores
+from gateway.store.objects import DiskObjects
+from gateway.store.opening import open_objects, open_stores
 from gateway.telemetry import metrics as m
 from gateway.telemetry.spans import LoopExport, Spans, make_spans
 from gateway.telemetry.traffic import TrafficWindows
@@ -72,12 +76,13 @@ def create_app(settings: Settings) -> web.Application:
     app[RECENT] = Recent(settings.explain_memory)
     app[TRAFFIC] = TrafficWindows(time.time())
     # In order: each context may use the resources of those before it, and closes after them.
-    app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _conversations, _shares,
-                            _session_caches, _accounting, _experiments, _trajectories, _long_lived_heap])
+    app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _offload, _conversations,
+                            _shares, _session_caches, _accounting, _experiments, _trajectories, _long_lived_heap])
     for adapter in ADAPTERS:
         app.router.add_post(adapter.path, pipeline.handler(adapter))
     public.add_routes(app.router)
     conversations.add_routes(app.router)
+    context_api.add_routes(app.router)
     ui.add_routes(app.router)
     outcome_api.install(app)
     admin_app.mount(app)  # everything under /admin/, behind the admin token
@@ -193,6 +198,19 @@ async def _stores(app: web.Application) -> AsyncIterator[None]:
     app[STORES] = stores = open_stores(app[POLICY_FILE].current.store, app[SETTINGS].redis_url)
     yield
     await stores.close()
+
+
+async def _offload(app: web.Application) -> AsyncIterator[None]:
+    """The object store of masked tool outputs, opened from the policy's `store.objects` at start (like the
+    other stores, a reload does not move it)."""
+    section = app[POLICY_FILE].current.store.objects
+    default_dir = app[SETTINGS].objects_dir or os.path.join(tempfile.gettempdir(), "agent-gateway-objects")
+    store = open_objects(section, default_dir)
+    if isinstance(store, DiskObjects):
+        await store.open()
+    app[OFFLOAD] = Offload(store, app[TELEMETRY].metrics, section.ttl_s)
+    yield
+    await store.close()
 
 
 async def _conversations(app: web.Application) -> AsyncIterator[None]:

@@ -33,6 +33,7 @@ from gateway.server.resources import (
     DEPLOYMENTS,
     EXCHANGE,
     EXPERIMENTS,
+    OFFLOAD,
     POLICY_FILE,
     RECENT,
     SESSION_CACHES,
@@ -119,9 +120,13 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
         body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
     body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
+    masking = None
+    if policy.masks_context:  # the policy's context rules: old tool outputs masked, their originals stored first
+        body, masking = await request.app[OFFLOAD].mask(adapter.tool_outputs, policy, body, tenant,
+                                                        tenant or ANONYMOUS)
     view = adapter.view(body)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
-                     tenant, chain, managed)
+                     tenant, chain, managed, masking)
 
 
 async def verdict(app: web.Application, call: Call, ex: Exchange, recording: bool) -> AgentVerdict | None:
@@ -183,6 +188,9 @@ def record(
     if managed is not None and managed.applied:
         ex.edited([(a.type, a.cleared, a.cleared_input_tokens) for a in managed.applied], managed.tokens_before,
                   managed.tokens_after)
+    masking = call.masking
+    if masking is not None and masking.masked:
+        ex.masked_outputs(len(masking.masked), masking.tokens_saved, masking.frontier)
     app[RECENT].remember(ex.request_id, call, ctx, decision)
     if recording and adapter.generates and call.session_id is not None:
         app[TRAJECTORIES].begin(ex, call, enrollment.cohorted() if enrollment is not None else None)

@@ -11,6 +11,7 @@ from aiohttp import web
 from gateway.accounting.ledger import Accounting
 from gateway.classifier.scoring import Classifier
 from gateway.context.anthropic_edits import Managed
+from gateway.context.masking import Masking
 from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision
 from gateway.decision.share import ShareTracker
@@ -18,6 +19,7 @@ from gateway.experiments.hook import Experiments
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import Features
 from gateway.policy.model import Policy
+from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
 from gateway.server.session_caches import SessionCaches
 from gateway.server.warmups import Warmups
@@ -43,6 +45,7 @@ class Remembered:
     served: Decision  # after the rollout arm and the budget hold, which may narrow the failover
     resumes: list[str] = field(default_factory=list)  # each break of its stream, and what became of it
     context: Managed | None = None  # the context edits that made the prompt (its body is not kept: see below)
+    masking: Masking | None = None  # the old tool outputs masked in the prompt (their originals are not kept)
 
 
 class Recent:
@@ -56,7 +59,8 @@ class Recent:
         # The context holds only the headers the policy reads (decision/context.gather), never the request's
         # own: the last 2,048 requests' could hold gigabytes.
         self._items[request_id] = Remembered(call.policy, call.features, ctx, served,
-                                             context=None if call.context is None else call.context.without_body())
+                                             context=None if call.context is None else call.context.without_body(),
+                                             masking=None if call.masking is None else call.masking.without_originals())
         if len(self._items) > self._size:
             self._items.popitem(last=False)
 
@@ -94,6 +98,7 @@ TRAJECTORIES = web.AppKey("trajectories", Trajectories)
 CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API's stored responses
 SESSION_CACHES = web.AppKey("session_caches", SessionCaches)  # each agent session's prefix caches
 WARMUPS = web.AppKey("warmups", Warmups)  # the deployments' caches warmed for sessions' next steps
+OFFLOAD = web.AppKey("offload", Offload)  # masked tool outputs and the object store of their originals
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)

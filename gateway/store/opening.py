@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.policy.context import ObjectStorePolicy
 from gateway.policy.tenancy import StorePolicy
 from gateway.store.contract import Store
 from gateway.store.fallback import FallbackStore
 from gateway.store.labels import LabelStore, MemoryLabelStore, RedisLabelStore
 from gateway.store.memory import MemoryStore
+from gateway.store.objects import DiskObjects, ObjectStore
 from gateway.store.pairs import MemoryShadowPairStore, RedisShadowPairStore, ShadowPairStore
 from gateway.store.prefixes import MemoryPrefixStore, PrefixStore, RedisPrefixStore
 from gateway.store.redis_store import RedisStore
@@ -16,6 +18,7 @@ from gateway.store.response_memory import MemoryResponseStore
 from gateway.store.responses import RedisResponseStore, ResponseStore
 from gateway.store.rollout_memory import MemoryRolloutStore
 from gateway.store.rollouts import RedisRolloutStore, RolloutStore
+from gateway.store.s3_objects import S3Objects
 from gateway.store.shares import MemoryShareWindowStore, RedisShareWindowStore, ShareWindowStore
 from gateway.store.trajectories import RedisTrajectoryStore, TrajectoryStore
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
@@ -71,3 +74,12 @@ def open_stores(section: StorePolicy, env_redis_url: str | None = None, *, prefi
                   RedisTrajectoryStore(url, timeout_s=timeout_s, prefix=prefix),
                   RedisResponseStore(url, timeout_s=timeout_s, prefix=prefix),
                   RedisPrefixStore(url, timeout_s=timeout_s, prefix=prefix), shared=True)
+
+
+def open_objects(section: ObjectStorePolicy, default_dir: str) -> ObjectStore:
+    """The object store of masked tool outputs: S3 when the policy names a bucket, else the local disk (the
+    policy's `store.objects.path`, else `default_dir`); a DiskObjects must still be opened (`open()`)."""
+    if section.s3 is not None:
+        s3 = section.s3
+        return S3Objects(s3.bucket, s3.prefix, s3.region, s3.endpoint, s3.timeout_s, section.ttl_s)
+    return DiskObjects(section.path or default_dir, section.max_bytes, section.ttl_s, section.tenant_max_bytes)

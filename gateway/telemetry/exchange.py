@@ -67,6 +67,7 @@ class Exchange:
         "endpoint",
         "error",
         "first_byte_at",
+        "masked",
         "parts",
         "price",
         "prompt_tokens",
@@ -116,6 +117,7 @@ class Exchange:
         self.parts: list[tuple[str, Price | None, Usage]] | None = None
         self.resumes: list[Resume] | None = None
         self.context_edits: list[tuple[str, int]] = []  # (edit, input tokens it cleared): metrics at the end
+        self.masked: tuple[int, int] | None = None  # (tool outputs masked, tokens saved): metrics at the end
         # Calls made for this request beside its answer (a compaction's summary): (deployment, price, usage)
         self.side_parts: list[tuple[str, Price | None, Usage]] | None = None
 
@@ -145,6 +147,14 @@ class Exchange:
         if tokens_before is not None and tokens_after is not None:
             attrs[t.CONTEXT_TOKENS_BEFORE] = tokens_before
             attrs[t.CONTEXT_TOKENS_AFTER] = tokens_after
+
+    def masked_outputs(self, masked: int, tokens_saved: int, frontier: int) -> None:
+        """The old tool outputs the policy's context rules sent as stubs in this prompt."""
+        self.masked = (masked, tokens_saved)
+        attrs = self.attributes
+        attrs[t.CONTEXT_MASKED] = masked
+        attrs[t.CONTEXT_MASKED_TOKENS] = tokens_saved
+        attrs[t.CONTEXT_MASK_FRONTIER] = frontier
 
     def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics) -> None:
         """A call made for this request beside its answer: its tokens and cost counted now, and charged to the
@@ -216,6 +226,8 @@ class Exchange:
                                 elapsed_s, ttft_s)
         for edit, cleared_tokens in self.context_edits:
             metrics.count_context_edit(self.endpoint, edit, cleared_tokens)
+        if self.masked is not None:
+            metrics.count_masking(self.endpoint, *self.masked)
         if self.step is not None:
             self.step.finished(self, status, elapsed_s, ttft_s, spans, end_ns)
         elif spans is not None:

@@ -48,6 +48,9 @@ COMPLEXITY = "gateway.complexity"
 CONTEXT_EDITS = "gateway.context.edits"  # each edit made to the prompt: "type: cleared N, M tokens"
 CONTEXT_TOKENS_BEFORE = "gateway.context.tokens_before"  # the prompt's tokens before the edits (gateway count)
 CONTEXT_TOKENS_AFTER = "gateway.context.tokens_after"
+CONTEXT_MASKED = "gateway.context.masked_outputs"  # old tool outputs given way to stubs (the policy's context rules)
+CONTEXT_MASKED_TOKENS = "gateway.context.masked_tokens_saved"  # the prompt's tokens the stubs saved (gateway count)
+CONTEXT_MASK_FRONTIER = "gateway.context.mask_frontier"  # tool outputs before this index are masked
 REQUEST_ID = "gateway.request_id"
 CLIENT_REQUEST_ID = "gateway.client_request_id"
 AGENT_STEP = "gateway.agent.step"
@@ -263,6 +266,10 @@ class Metrics:
     classifier_scores: Counter
     context_edits: Counter
     context_cleared_tokens: Counter
+    context_masked_outputs: Counter
+    context_masked_tokens: Counter
+    context_offloads: Counter
+    context_offloaded_bytes: Counter
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
@@ -297,6 +304,17 @@ class Metrics:
         """One context edit the gateway made to a prompt (rare next to requests: counted in place)."""
         self.context_edits.labels(api, edit).inc()
         self.context_cleared_tokens.labels(api, edit).inc(max(cleared_input_tokens, 0))
+
+    def count_masking(self, api: str, masked: int, tokens_saved: int) -> None:
+        """Old tool outputs one prompt sent as stubs, and the tokens that saved."""
+        self.context_masked_outputs.labels(api).inc(masked)
+        self.context_masked_tokens.labels(api).inc(max(tokens_saved, 0))
+
+    def count_offload(self, outcome: str, objects: int, stored_bytes: int = 0) -> None:
+        """Masked originals written to the object store (stored) or not (failed: the prompt went unmasked)."""
+        self.context_offloads.labels(outcome).inc(objects)
+        if stored_bytes:
+            self.context_offloaded_bytes.inc(stored_bytes)
 
     def fold(self) -> None:
         """Apply the waiting figures to the Prometheus series (at a scrape, every FOLD_EVERY requests and,
@@ -457,6 +475,15 @@ def make_metrics() -> Metrics:
                               registry=r),
         context_cleared_tokens=Counter("gateway_context_cleared_tokens", "Input tokens the context edits took out "
                                        "of prompts (the gateway's count)", ["api", "edit"], registry=r),
+        context_masked_outputs=Counter("gateway_context_masked_outputs", "Old tool outputs sent as stubs by the "
+                                       "policy's context rules, by API (each prompt's, every step)", ["api"],
+                                       registry=r),
+        context_masked_tokens=Counter("gateway_context_masked_tokens_saved", "Prompt tokens the stubs of masked "
+                                      "tool outputs saved (the gateway's count), by API", ["api"], registry=r),
+        context_offloads=Counter("gateway_context_offloads", "Masked tool outputs written to the object store, by "
+                                 "outcome (stored; failed: the prompt was sent unmasked)", ["outcome"], registry=r),
+        context_offloaded_bytes=Counter("gateway_context_offloaded_bytes", "Bytes of masked tool outputs written to "
+                                        "the object store", registry=r),
         policy_valid=Gauge("gateway_policy_last_reload_ok", "1 when the last policy reload succeeded", registry=r,
                            multiprocess_mode="livemin"),
         deployment_healthy=Gauge("gateway_deployment_healthy", "1 when routable", dep, registry=r,

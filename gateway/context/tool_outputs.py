@@ -1,0 +1,118 @@
+"""Each agent API's tool outputs as masking's neutral view, and its body with stubs put in their place (pure).
+
+    chat        `role: tool` messages                      (Chat Completions)
+    responses   `function_call_output` input items          (Responses: Codex CLI, the Agents SDK)
+    messages    `tool_result` blocks of the user's turns    (Anthropic Messages: Claude Code)
+
+A stub replaces an output's whole content (a string); every other field (ids, `is_error`, `cache_control`)
+stays, and only the messages it touches are copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from gateway.context.counting import Count, text_tokens
+from gateway.context.masking import Masking, MaskRule, ToolOutput, mask
+
+Where = tuple[int, ...]  # the output's place: a message's or item's index (and a block's, in Messages)
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+
+
+class ToolOutputs(Protocol):
+    """One API's tool outputs: found in a body, and the body with some of them replaced."""
+
+    def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]: ...
+
+    def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]: ...
+
+
+def masked_body(shape: ToolOutputs, body: dict[str, Any], rule: MaskRule,
+                count: Count = text_tokens) -> tuple[dict[str, Any], Masking]:
+    """The body with its old tool outputs masked by `rule`, and what was masked."""
+    found = shape.find(body)
+    masking = mask([output for _, output in found], rule, count)
+    changed = {found[m.index][0]: m.stub for m in masking.masked if m.original is not None}
+    return (shape.replaced(body, changed) if changed else body), masking
+
+
+def _text(content: Any) -> str | None:
+    """An output's text when it is text alone: a string, or parts that are all text (joined by newlines, as
+    vLLM's chat templates join them); None otherwise."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        return None
+    texts = []
+    for part in content:
+        if not isinstance(part, Mapping) or part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            return None
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _list(body: Mapping[str, Any], key: str) -> Sequence[Any]:
+    found = body.get(key)
+    return found if isinstance(found, list) else ()
+
+
+class ChatOutputs:
+    """Chat Completions: each `role: tool` message's content."""
+
+    def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]:
+        return [((i,), ToolOutput(_text(m.get("content")))) for i, m in enumerate(_list(body, "messages"))
+                if isinstance(m, Mapping) and m.get("role") == "tool"]
+
+    def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
+        messages = list(_list(body, "messages"))
+        for (i, *_), stub in stubs.items():
+            messages[i] = {**messages[i], "content": stub}
+        return {**body, "messages": messages}
+
+
+class ResponsesOutputs:
+    """Responses: each `function_call_output` (and `custom_tool_call_output`) input item's output."""
+
+    KINDS = frozenset({"function_call_output", "custom_tool_call_output"})
+
+    def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]:
+        return [((i,), ToolOutput(_text(item.get("output")))) for i, item in enumerate(_list(body, "input"))
+                if isinstance(item, Mapping) and item.get("type") in self.KINDS]
+
+    def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
+        items = list(_list(body, "input"))
+        for (i, *_), stub in stubs.items():
+            items[i] = {**items[i], "output": stub}
+        return {**body, "input": items}
+
+
+class MessagesOutputs:
+    """Anthropic Messages: each `tool_result` block's content, with its `is_error` flag."""
+
+    def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]:
+        found: list[tuple[Where, ToolOutput]] = []
+        for i, message in enumerate(_list(body, "messages")):
+            if not isinstance(message, Mapping) or message.get("role") != "user":
+                continue
+            for j, block in enumerate(_list(message, "content")):
+                if isinstance(block, Mapping) and block.get("type") == "tool_result":
+                    flag = block.get("is_error")
+                    found.append(((i, j), ToolOutput(_text(block.get("content")),
+                                                     flag if isinstance(flag, bool) else None)))
+        return found
+
+    def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
+        messages = list(_list(body, "messages"))
+        copied: set[int] = set()
+        for (i, j), stub in stubs.items():
+            if i not in copied:
+                messages[i] = {**messages[i], "content": list(messages[i]["content"])}
+                copied.add(i)
+            messages[i]["content"][j] = {**messages[i]["content"][j], "content": stub}
+        return {**body, "messages": messages}
+
+
+CHAT = ChatOutputs()
+RESPONSES = ResponsesOutputs()
+MESSAGES = MessagesOutputs()
