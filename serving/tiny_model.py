@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import struct
-import sysconfig
 import tempfile
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -19,7 +18,7 @@ import numpy as np
 from serving.profile import TINY_MEMBERS
 
 # Bump when the build changes in a way the content hash cannot see (e.g. tensor naming).
-BUILD_VERSION = 3
+BUILD_VERSION = 2
 DEFAULT_CACHE_DIR = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-gateway/tiny-model"
 )
@@ -57,41 +56,18 @@ class TinyModelSpec:
     large: Shape = Shape(512, 1536, 8, 8, 2)
     # A coding agent's first request is 10-20k tokens (Claude Code's system prompt and tools alone ~19k).
     max_position_embeddings: int = 32768
-    # Trained on the shipped corpus and ~2 MB of Python's standard library (code, and English in pydoc's topics):
-    # 24,576 entries count ~1.2 tokens per cl100k token of agent text (python -m serving.tokenizer_ratio), where
-    # 1,024 trained on the shipped corpus alone counted ~2.0. A larger budget gains little (3 MB: ~1.19).
-    tokenizer_vocab_size: int = 24576
-    stdlib_corpus_chars: int = 2_000_000
+    tokenizer_vocab_size: int = 1024
     seed: int = 0
     # What vLLM generates for a call that names no output limit (Codex names none): random weights rarely stop
     # by themselves, and filling a 32k window takes minutes on CPU. Only a default: a call's max_tokens wins.
     default_max_new_tokens: int = 512
 
 
-def read_corpus(stdlib_chars: int = TinyModelSpec.stdlib_corpus_chars) -> list[str]:
-    """Return the training texts in a stable order: the shipped ones, then the standard library's."""
+def read_corpus() -> list[str]:
+    """Return the shipped training texts in a stable order."""
     folder = resources.files("serving") / "corpus"
     names = sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".txt"))
-    return [(folder / name).read_text(encoding="utf-8") for name in names] + stdlib_texts(stdlib_chars)
-
-
-def stdlib_texts(max_chars: int) -> list[str]:
-    """About `max_chars` of this Python's standard library: pydoc's topics (the reference manual's English), then
-    modules in name order. Local text only (no model hub, no network); the same Python gives the same texts, and
-    the content hash covers them, so another Python's build lands in its own directory."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    texts: list[str] = []
-    total = 0
-    for path in [root / "pydoc_data" / "topics.py", *sorted(root.glob("*.py"))]:
-        if total >= max_chars:
-            break
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):  # a stripped Python: train on what there is
-            continue
-        texts.append(text)
-        total += len(text)
-    return texts
+    return [(folder / name).read_text(encoding="utf-8") for name in names]
 
 
 def content_hash(spec: TinyModelSpec, corpus: list[str]) -> str:
@@ -108,7 +84,7 @@ def build(cache_dir: str | Path | None = None, spec: TinyModelSpec | None = None
     """Return the family's directory (one servable model directory per member), built under cache_dir
     unless an identical one exists."""
     spec = spec or TinyModelSpec()
-    corpus = read_corpus(spec.stdlib_corpus_chars)
+    corpus = read_corpus()
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     target = root / content_hash(spec, corpus)
     if (target / _DONE_MARKER).exists():
