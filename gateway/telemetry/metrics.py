@@ -563,5 +563,6 @@ STORE_PENDING_SETTLES: Series = ("gateway_store_pending_settles",
                                  "Settles kept locally until the shared store answers again", "livesum")
 STORE_DROPPED_SETTLES: Series = ("gateway_store_dropped_settles", "Settles dropped because the pending queue was full",
                                  "livesum")
-SPANS_EXPORTED: Series = ("gateway_spans_exported", "Spans posted to the OTLP endpoint", "livesum")
-SPANS_DROPPED: Series = ("gateway_spans_dropped", "Spans dropped: the export queue was full", "livesum")
+SPANS_EXPORTED: Series = ("gateway_spans_exported", "Spans the collector took", "livesum")
+SPANS_DROPPED: Series = ("gateway_spans_dropped", "Spans dropped: the export queue was full or the export failed",
+                         "livesum")
