@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import signal
 import tempfile
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway import native
 from gateway.accounting.ledger import Accounting
 from gateway.apis.routes import ADAPTERS
 from gateway.classifier.scoring import Classifier
@@ -67,6 +69,8 @@ from gateway.upstream.board import Board
 from gateway.upstream.deployment_counts import DeploymentCounts
 from gateway.upstream.deployments import Deployments, Tracked
 
+log = logging.getLogger(__name__)
+
 
 def create_app(settings: Settings) -> web.Application:
     # The body limit is enforced by pipeline.read_body with a clear message; aiohttp's own cap sits above it.
@@ -97,6 +101,8 @@ async def _pool(app: web.Application) -> AsyncIterator[None]:
 
 async def _telemetry(app: web.Application) -> AsyncIterator[None]:
     metrics = m.make_metrics()
+    m.export_native(metrics, native.loaded())
+    log.info("%s", native.describe())
     spans = make_spans(app[SETTINGS].traces)
     app[TELEMETRY] = telemetry = Telemetry(metrics, spans)
     if spans is not None:

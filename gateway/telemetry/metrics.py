@@ -6,7 +6,7 @@ import bisect
 import logging
 import os
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -554,6 +554,14 @@ def watch(metrics: Metrics, series: Series, read: Callable[[], float]) -> None:
     gauge = Gauge(name, help_text, registry=metrics.registry, multiprocess_mode=mode)
     gauge.set(read())
     metrics.watched.append((gauge, read))
+
+
+def export_native(metrics: Metrics, loaded: Mapping[str, bool]) -> None:
+    """gateway_native_info: 1 per C extension, loaded="true" where it runs, "false" where its Python twin does."""
+    info = Gauge("gateway_native_info", "C extensions of this process: loaded (true) or their Python twin runs "
+                 "(false)", ["extension", "loaded"], registry=metrics.registry, multiprocess_mode="livemostrecent")
+    for extension, ok in loaded.items():
+        info.labels(extension, "true" if ok else "false").set(1)
 
 
 # The gauges that `watch` adds, named here so the one metrics module lists every series.
