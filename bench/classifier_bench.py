@@ -7,7 +7,8 @@ Prints p50/p99 (µs) of `extract` and `score` (and of the task cues `score` read
 exact-count memo cleared, and warm, as a repeated system prompt would be), the
 same scored by scikit-learn's transform + predict_proba for comparison, `score` over 10,000 distinct
 short prompts (so that nothing keyed by the prompt can help), `extract` on a 200k-token prompt to
-show that its cost is bounded, and the text logit's three paths (C extension, dict walk, numpy) side by side.
+show that its cost is bounded, and the text logit's two paths (the C extension and its Python twin, the dict
+walk) side by side.
 """
 
 from __future__ import annotations
@@ -159,8 +160,7 @@ def text_logit_paths(model: Classifier, iterations: int) -> None:
     block = model.text_block
     paths = {
         "C extension": block._table.logit if block._table is not None else None,
-        "dict walk": block._short_logit,
-        "numpy": block._packed.logit if block._packed is not None else None,
+        "dict walk (its Python twin)": block.dict_logit,
     }
     print(f"-- text logit by path, mean µs per preprocessed prompt (C extension built: {block._table is not None})")
     for chars in (40, 250, 1_000):

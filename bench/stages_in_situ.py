@@ -51,7 +51,7 @@ STAGES = [
     ("gateway.apis.openai_api", "OpenAIAdapter.upstream_body", 0),
     ("gateway.server.relay", "_relay_body", 0),
     ("gateway.telemetry.exchange", "Exchange.finish", 0),
-    ("gateway.telemetry.otlp", "_attributes_json", 1),
+    ("gateway.telemetry.spans", "Spans.record", 1),
 ]
 _CLOCK = time.thread_time_ns
 

@@ -1,7 +1,7 @@
-"""An OTLP/HTTP trace receiver for benchmarks: accepts span batches (JSON or protobuf), counts spans, keeps nothing.
+"""An OTLP/HTTP trace receiver for benchmarks: accepts span batches (protobuf or JSON), counts spans, keeps nothing.
 
-The gateway's benchmark runs with spans exported here, so "telemetry on" includes the SDK's span
-creation, batching and protobuf encoding in the gateway process, not just metrics.
+The gateway's benchmark runs with spans exported here, so "telemetry on" includes the span's creation and the
+SDK's batching and protobuf encoding in the gateway process, not just metrics.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ EMPTY_RESPONSE = ExportTraceServiceResponse().SerializeToString()
 
 
 async def traces(request: web.Request) -> web.Response:
-    """OTLP/HTTP in either encoding: JSON (the gateway's `otlp`) or protobuf (`otlp-protobuf`)."""
+    """OTLP/HTTP in either encoding: protobuf (the SDK's exporter, the gateway's `otlp`) or JSON (other senders)."""
     raw = await request.read()
     if request.content_type == "application/json":
         batch = json.loads(raw)["resourceSpans"]

@@ -18,13 +18,9 @@ from typing import Any
 
 import pydantic_core
 
+from gateway.native import features_walk as _features_walk  # None: the Python walk reads every request
 from gateway.openai import output_cap
 from gateway.token_pieces import Encoding, PieceCounter
-
-try:
-    from gateway import _features_walk
-except ImportError:  # the optional extension did not compile: the Python walk reads every request
-    _features_walk = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 

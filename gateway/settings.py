@@ -17,7 +17,7 @@ class Settings:
     policy: str = ""  # path of the policy YAML
     max_body_bytes: int = 16 * 1024 * 1024
     admin_token: str = ""  # empty: the admin API is disabled
-    traces: str = "none"  # none | console | otlp (JSON) | otlp-protobuf; OTEL_EXPORTER_OTLP_* set the endpoint
+    traces: str = "none"  # none | console | otlp (OTLP/HTTP protobuf; otlp-protobuf: the same); OTEL_* set the rest
     policy_poll_s: float = 1.0
     classifier_model: str = ""  # empty: the packaged default model
     explain_memory: int = 2048  # recent requests whose decision trail /admin/requests/{id}/explain can show

@@ -11,11 +11,7 @@ import re
 from dataclasses import dataclass
 
 from gateway.features import Features
-
-try:
-    from gateway.classifier import _ask_cues as native
-except ImportError:  # the optional extension did not compile: read_ask_text reads every ask
-    native = None  # type: ignore[assignment]
+from gateway.native import ask_cues as native  # None: read_ask_text reads every ask
 
 # The cues read the ask's last characters, where its question, options and instructions are.
 ASK_SCAN_CHARS = 600

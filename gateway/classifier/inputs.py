@@ -1,9 +1,11 @@
 """The structured inputs a classifier may use, by the name its artifact stores: each reads a request as one float.
 
 Each input is written once, as a Source: one attribute of the features `f` or the cues `c` and an operation on
-it. From that come both the per-input functions (training, explanations), as Python expressions, and a model's
-whole structured part summed by one call (`compile_terms`): in the running gateway 23 lambda calls and their
-helpers cost ~10 µs a request, one compiled Python sum ~25,000 instructions, the C table (_terms.c) ~6,600.
+it. From that come both the per-input functions (training, explanations; summed one by one, the reference the
+tests hold the sum to), as Python expressions, and a model's whole structured part summed by one call
+(`compile_terms`): in the running gateway 23 lambda calls and their helpers cost ~10 µs a request, one compiled
+Python sum ~25,000 instructions. A C table did it in ~6,600 and was removed: ~5 µs a request on calls of
+0.1 s and more did not pay for its C, its build flags and its bit-for-bit tests.
 """
 
 from __future__ import annotations
@@ -16,18 +18,13 @@ from typing import Any
 from gateway.classifier.cues import KINDS, Cues
 from gateway.features import Features
 
-try:
-    from gateway.classifier import _terms as _native_terms
-except ImportError:  # the optional extension did not compile: compile_terms writes the sum in Python
-    _native_terms = None  # type: ignore[assignment]
-
 Input = Callable[[Features, Cues], float]
 
 
 @dataclass(frozen=True, slots=True)
 class Source:
     """How an input reads a request: one attribute of the features (`f`) or the cues (`c`), and what is made of
-    it (`op`, one of OPS). The Python expression and the C extension's row both come from it."""
+    it (`op`, one of OPS), from which its Python expression is written."""
 
     reads: str  # "f" or "c"
     attr: str
@@ -39,12 +36,8 @@ class Source:
         value = f"{self.reads}.{self.attr}"
         return OPS[self.op].format(x=value, arg=self.arg)
 
-    def row(self) -> tuple[bool, str, int, Any]:
-        """(reads the cues, attribute, op code, argument): the start of the C extension's row (_terms.c)."""
-        return self.reads == "c", self.attr, OP_CODES[self.op], self.arg
 
-
-# Each operation's Python expression over the value x; the order is the op codes of gateway/classifier/_terms.c.
+# Each operation's Python expression over the value x.
 OPS: dict[str, str] = {
     "log1p": "log1p(0.0 if {x} < 0.0 else {x})",  # a count's log, negatives as 0 (max() without the call)
     "log1p_or_zero": "log1p(0.0 if ({x} or 0) < 0.0 else ({x} or 0))",  # the same, None read as 0
@@ -55,7 +48,6 @@ OPS: dict[str, str] = {
     "value": "{x}",
     "eq": "float({x} == {arg!r})",
 }
-OP_CODES = {op: code for code, op in enumerate(OPS)}
 
 
 def _f(attr: str, op: str = "log1p", arg: Any = None) -> Source:
@@ -124,15 +116,10 @@ FEATURES_ONLY = frozenset(CONVERSATION)
 Terms = Callable[[Features, Cues, float], float]
 
 
-def compile_terms(terms: Sequence[tuple[str, float, float, float, float]], *, native: bool = True) -> Terms:
+def compile_terms(terms: Sequence[tuple[str, float, float, float, float]]) -> Terms:
     """One function adding each term's `slope * (clamp(value, low, high) - mean)` to z, in the order given (so
     the sum is the same float as a loop over the terms would make): terms are (input name, mean, slope, low,
-    high). In C where gateway/classifier/_terms.c built (a table of the terms' rows, ~10x cheaper), else (or with
-    native=False) in Python, the constants written into the code as exact float literals."""
-    if native and _native_terms is not None:
-        rows = tuple((*READS[name].row(), mean, slope, low, high) for name, mean, slope, low, high in terms)
-        summed: Terms = _native_terms.Terms(rows).add
-        return summed
+    high). Written as Python, the constants as exact float literals."""
     lines = ["def terms(f, c, z):"]
     for name, mean, slope, low, high in terms:
         lines.append(f"    v = {SOURCES[name]}")

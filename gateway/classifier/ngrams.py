@@ -1,8 +1,8 @@
 """Character n-grams of a text and the classifier's weight for each: the text block of its logit.
 
-The optional C extension gateway.classifier._ngram_score scores every text when it built: inside the running gateway
-the dict walk cost 35-60 µs per short prompt (each lookup missing cache and TLB in ~10 MB of Python
-objects); the Python paths here are the fallback, and the reference the extension is tested against.
+The C extension gateway.classifier._ngram_score scores every text where it built (the image builds it): inside the
+running gateway the dict walk cost 35-60 µs per short prompt (each lookup missing cache and TLB in ~10 MB of Python
+objects). The dict walk here is its one Python twin: the reference it is tested against, and the fallback.
 """
 
 from __future__ import annotations
@@ -13,17 +13,9 @@ import operator
 from array import array
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from gateway.classifier.vocabulary import SHORT_TEXT_CHARS, Alphabet, CharNgrams, open_addressing
-
-if TYPE_CHECKING:
-    from gateway.classifier.packed import PackedVocabulary
-
-try:
-    from gateway.classifier import _ngram_score as native
-except ImportError:  # the optional extension did not compile: the Python paths score alone
-    native = None  # type: ignore[assignment]
+from gateway.classifier.vocabulary import Alphabet, CharNgrams, open_addressing
+from gateway.native import ngram_score as native  # None: the dict walk scores every text
 
 
 class NgramWeights:
@@ -31,8 +23,7 @@ class NgramWeights:
 
     N-grams outside the vocabulary count for nothing, neither in the dot product nor in the norm: they are
     what scikit-learn's CountVectorizer(vocabulary=...) drops. The vocabulary is held as an open-addressing
-    table for the C extension, which scores every text when it built; and for the Python paths, as a dict
-    for the short texts most requests carry and as sorted integer keys for numpy on long ones.
+    table for the C extension, which scores every text when it built; and for its Python twin, as a dict.
     """
 
     def __init__(self, text: CharNgrams, weights: Mapping[str, float]) -> None:
@@ -45,17 +36,7 @@ class NgramWeights:
         text = self.text.preprocess(text)
         if self._table is not None:
             return self._table.logit(text)
-        if len(text) <= SHORT_TEXT_CHARS or self._packed is None:
-            return self._short_logit(text)
-        return self._packed.logit(text)
-
-    @functools.cached_property
-    def _packed(self) -> PackedVocabulary | None:
-        """The numpy walk for long texts, built on first use: only without the C extension (and as the tests'
-        reference) does a process need numpy, ~15 MiB resident."""
-        from gateway.classifier.packed import PackedVocabulary
-
-        return PackedVocabulary.build(self.text, self.weights)
+        return self.dict_logit(text)
 
     @functools.cached_property
     def _walk_index(self) -> tuple[dict[str, int], list[float]]:
@@ -64,8 +45,9 @@ class NgramWeights:
         Built on first use: with the C table, about 8 MB of Python objects a process need not hold."""
         return {gram: i for i, gram in enumerate(self.weights, start=1)}, [0.0, *self.weights.values()]
 
-    def _short_logit(self, text: str) -> float:
-        """map/filter/sum keep the per-n-gram work in C; a text that repeats no n-gram skips the Counter."""
+    def dict_logit(self, text: str) -> float:
+        """The C table's Python twin, over a preprocessed text: map/filter/sum keep the per-n-gram work in the
+        interpreter's C; a text that repeats no n-gram skips the Counter."""
         position, values = self._walk_index
         positions = list(filter(None, map(position.get, self.text.ngrams(text))))
         if not positions:

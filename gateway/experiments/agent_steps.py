@@ -21,8 +21,7 @@ from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.state import RolloutState
 from gateway.telemetry import metrics as t
 from gateway.telemetry.exchange import Exchange
-from gateway.telemetry.otlp import SpanEvent
-from gateway.telemetry.spans import Spans
+from gateway.telemetry.spans import SpanEvent, Spans
 
 log = logging.getLogger("gateway.experiments.trajectories")
 

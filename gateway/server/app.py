@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import signal
 import tempfile
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway import native
 from gateway.accounting.ledger import Accounting
 from gateway.apis.routes import ADAPTERS
 from gateway.classifier.scoring import Classifier
@@ -60,12 +62,14 @@ from gateway.store.fallback import FallbackStore
 from gateway.store.objects import DiskObjects
 from gateway.store.opening import open_objects, open_stores
 from gateway.telemetry import metrics as m
-from gateway.telemetry.spans import LoopExport, Spans, make_spans
+from gateway.telemetry.spans import BoundedBatches, Spans, make_spans
 from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream import forward as upstream
 from gateway.upstream.board import Board
 from gateway.upstream.deployment_counts import DeploymentCounts
 from gateway.upstream.deployments import Deployments, Tracked
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -97,10 +101,11 @@ async def _pool(app: web.Application) -> AsyncIterator[None]:
 
 async def _telemetry(app: web.Application) -> AsyncIterator[None]:
     metrics = m.make_metrics()
-    spans = make_spans(app[SETTINGS].traces, app[POOL])
+    m.export_native(metrics, native.loaded())
+    log.info("%s", native.describe())
+    spans = make_spans(app[SETTINGS].traces)
     app[TELEMETRY] = telemetry = Telemetry(metrics, spans)
     if spans is not None:
-        spans.start()
         _watch_spans(metrics, spans)
     # Several workers: another worker may answer the scrape, so this one's figures must reach the shared files.
     folding = asyncio.get_running_loop().create_task(_fold_every(metrics)) if m.multiprocess_dir() else None
@@ -111,7 +116,7 @@ async def _telemetry(app: web.Application) -> AsyncIterator[None]:
             await folding
         metrics.fold()
     if telemetry.spans is not None:
-        await telemetry.spans.close()  # exports what is still queued, over the pool: before it closes
+        await telemetry.spans.close()  # exports what is still queued
 
 
 async def _fold_every(metrics: m.Metrics) -> None:
@@ -121,10 +126,10 @@ async def _fold_every(metrics: m.Metrics) -> None:
 
 
 def _watch_spans(metrics: m.Metrics, spans: Spans) -> None:
-    """Spans posted and spans dropped at the full queue (the loop exporter's own counts, read at scrape)."""
+    """Spans exported and spans dropped (the batch processor's own counts, read at scrape)."""
     processor = spans.processor
-    if isinstance(processor, LoopExport):
-        m.watch(metrics, m.SPANS_EXPORTED, lambda: processor.exported)
+    if isinstance(processor, BoundedBatches):
+        m.watch(metrics, m.SPANS_EXPORTED, lambda: processor.counts.exported)
         m.watch(metrics, m.SPANS_DROPPED, lambda: processor.dropped)
 
 

@@ -47,7 +47,7 @@ def exchange_middleware(app: web.Application) -> Middleware:
         ex = None
         if adapter is not None:
             spans = telemetry.spans
-            trace = spans.begin(span_name(adapter.endpoint), request.headers.get("traceparent")) if spans else None
+            trace = spans.begin(span_name(adapter.endpoint), request.headers) if spans else None
             ex = Exchange(request_id, adapter.endpoint, adapter.operation, trace, _client_request_id(request))
             request[EXCHANGE] = ex
         status = 500

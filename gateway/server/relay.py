@@ -46,7 +46,7 @@ async def forward(
     headers = upstream.forwardable(request.headers)
     headers["x-request-id"] = ex.request_id
     if ex.trace is not None:  # the deployment's spans become children of this request's span
-        headers["traceparent"] = ex.trace.traceparent()
+        ex.trace.inject(headers)
     limit = app[SETTINGS].max_upstream_body_bytes
     answer_id = adapter.new_id()
     plan = resuming.plan(adapter, call, caps, answer_id, headers) if call.features.stream else None

@@ -16,8 +16,7 @@ from gateway.features import Features, count_tokens, prompt_tokens_with_template
 from gateway.openai import StreamTally, Usage
 from gateway.policy.model import Price
 from gateway.telemetry import metrics as t
-from gateway.telemetry.otlp import SpanEvent
-from gateway.telemetry.spans import Spans, TraceContext
+from gateway.telemetry.spans import SpanEvent, Spans, TraceContext
 
 
 def span_name(endpoint: str) -> str:

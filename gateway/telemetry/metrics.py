@@ -6,7 +6,7 @@ import bisect
 import logging
 import os
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -556,6 +556,14 @@ def watch(metrics: Metrics, series: Series, read: Callable[[], float]) -> None:
     metrics.watched.append((gauge, read))
 
 
+def export_native(metrics: Metrics, loaded: Mapping[str, bool]) -> None:
+    """gateway_native_info: 1 per C extension, loaded="true" where it runs, "false" where its Python twin does."""
+    info = Gauge("gateway_native_info", "C extensions of this process: loaded (true) or their Python twin runs "
+                 "(false)", ["extension", "loaded"], registry=metrics.registry, multiprocess_mode="livemostrecent")
+    for extension, ok in loaded.items():
+        info.labels(extension, "true" if ok else "false").set(1)
+
+
 # The gauges that `watch` adds, named here so the one metrics module lists every series.
 Series = tuple[str, str, Mode]
 STORE_DEGRADED: Series = ("gateway_store_degraded", "1 while the shared store (Redis) is unreachable", "livemax")
@@ -563,5 +571,6 @@ STORE_PENDING_SETTLES: Series = ("gateway_store_pending_settles",
                                  "Settles kept locally until the shared store answers again", "livesum")
 STORE_DROPPED_SETTLES: Series = ("gateway_store_dropped_settles", "Settles dropped because the pending queue was full",
                                  "livesum")
-SPANS_EXPORTED: Series = ("gateway_spans_exported", "Spans posted to the OTLP endpoint", "livesum")
-SPANS_DROPPED: Series = ("gateway_spans_dropped", "Spans dropped: the export queue was full", "livesum")
+SPANS_EXPORTED: Series = ("gateway_spans_exported", "Spans the collector took", "livesum")
+SPANS_DROPPED: Series = ("gateway_spans_dropped", "Spans dropped: the export queue was full or the export failed",
+                         "livesum")

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import struct
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.classifier import inputs
-from gateway.classifier.cues import KINDS, NO_CUES, read_cues
+from gateway.classifier.cues import NO_CUES, read_cues
 from gateway.classifier.inputs import FEATURES_ONLY, INPUTS, SOURCES, compile_terms
 from gateway.classifier.scoring import Classifier
 from gateway.features import extract
@@ -63,21 +60,10 @@ def test_counts_below_zero_read_as_zero() -> None:
     assert INPUTS["max_tokens"](f, NO_CUES) == 0.0
 
 
-needs_native = pytest.mark.skipif(inputs._native_terms is None and os.environ.get("CI") != "true",
-                                  reason="outside CI, a missing extension means the Python sum")
-BOTH_SUMS = pytest.mark.parametrize("native", [True, False], ids=["C", "Python"])
-
-
-@pytest.mark.skipif(os.environ.get("CI") != "true", reason="outside CI, a missing extension means the Python sum")
-def test_extension_builds_in_ci() -> None:
-    assert inputs._native_terms is not None, "gateway/classifier/_terms.c did not build: terms summed in Python"
-
-
-@BOTH_SUMS
-def test_the_default_model_sums_its_terms_as_one_by_one(native: bool) -> None:
+def test_the_default_model_sums_its_terms_as_one_by_one() -> None:
     model = Classifier.default()
     terms = [(n.name, n.mean, n.coef / n.scale, n.low, n.high) for n in model.numeric if n.coef]
-    compiled = compile_terms(terms, native=native)
+    compiled = compile_terms(terms)
     for ask in ASKS:
         for extra in ({}, {"max_tokens": 7}, {"tools": [{"type": "function", "function": {"name": "x"}}]}):
             f = features_of(ask, **extra)
@@ -102,70 +88,25 @@ def test_any_terms_compile_to_their_one_by_one_sum(
     c = read_cues(f)
     expected = one_by_one(terms, f, c, -1.5)
     assert compile_terms(terms)(f, c, -1.5) == expected
-    assert compile_terms(terms, native=False)(f, c, -1.5) == expected
 
 
-def same_float(x: float, y: float) -> bool:
-    """The same float to the bit (0.0 is not -0.0), any NaN being the same NaN: the Python sum writes its
-    constants as literals, and `nan` as a literal loses the payload bits an artifact's NaN may carry."""
-    return (math.isnan(x) and math.isnan(y)) or struct.pack("<d", x) == struct.pack("<d", y)
-
-
-_ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True)
-_COUNT = st.one_of(st.integers(min_value=-(2**60), max_value=2**60), st.sampled_from([0, -1, 1, 2, 9, 10, 11]))
-
-
-@needs_native
-@given(
-    st.fixed_dictionaries({
-        "prompt_tokens": _COUNT, "last_user_tokens": _COUNT, "history_tokens": _COUNT, "system_tokens": _COUNT,
-        "message_count": _COUNT, "tools_count": _COUNT, "tool_result_turns": _COUNT, "has_code": st.booleans(),
-        "has_math": st.booleans(), "max_tokens": st.one_of(st.none(), _COUNT),
-        "response_format": st.sampled_from([None, "text", "json_object", "json_schema", "json"]),
-    }),
-    st.fixed_dictionaries({
-        "ask_chars": _COUNT, "shots": _COUNT, "options": _COUNT, "letter_only": st.booleans(), "digits": _COUNT,
-        "latex": st.booleans(), "word_problem": st.booleans(), "code_request": st.booleans(),
-        "open_ended": st.booleans(), "reasoning": st.booleans(), "negation": st.booleans(),
-        "question_mark": st.booleans(), "cjk_share": _ANY_FLOAT, "word_chars": _ANY_FLOAT,
-        "kind": st.sampled_from([*KINDS, "other"]), "expected_answer_tokens": _COUNT,
-    }),
-    st.lists(st.tuples(st.sampled_from(sorted(SOURCES)), _ANY_FLOAT, _ANY_FLOAT, _ANY_FLOAT, _ANY_FLOAT),
-             max_size=40),
-    _ANY_FLOAT,
-)
-def test_the_c_sum_is_the_python_sum_bit_for_bit(
-    feature_values: dict[str, Any], cue_values: dict[str, Any], terms: list[tuple[str, float, float, float, float]],
-    z: float,
-) -> None:
-    # Any value an input can read (negative and huge counts, NaN, infinities, -0.0, None) and any constants.
-    f = dataclasses.replace(features_of(ASKS[0]), **feature_values)
-    c = dataclasses.replace(NO_CUES, **cue_values)
-    got, expected = compile_terms(terms)(f, c, z), compile_terms(terms, native=False)(f, c, z)
-    assert same_float(got, expected), (got, expected)
-
-
-@needs_native
-def test_the_c_sum_raises_where_the_python_sum_does() -> None:
+def test_the_sum_raises_where_the_one_by_one_sum_does() -> None:
     terms = [("prompt_tokens", 0.0, 1.0, -math.inf, math.inf)]
     f = dataclasses.replace(features_of(ASKS[0]), prompt_tokens=None)  # type: ignore[arg-type]
-    for native in (True, False):
-        with pytest.raises(TypeError):
-            compile_terms(terms, native=native)(f, NO_CUES, 0.0)
-    with pytest.raises(AttributeError):
-        compile_terms(terms)(object(), NO_CUES, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        compile_terms(terms)(f, NO_CUES, 0.0)
+    with pytest.raises(TypeError):
+        one_by_one(terms, f, NO_CUES, 0.0)
 
 
-@BOTH_SUMS
-def test_no_terms_leave_z_as_it_is(native: bool) -> None:
-    assert compile_terms([], native=native)(features_of(""), NO_CUES, 3.0) == 3.0
+def test_no_terms_leave_z_as_it_is() -> None:
+    assert compile_terms([])(features_of(""), NO_CUES, 3.0) == 3.0
 
 
-@BOTH_SUMS
 @pytest.mark.parametrize("constant", [math.nan, math.inf, -math.inf])
-def test_non_finite_constants_compile(constant: float, native: bool) -> None:
+def test_non_finite_constants_compile(constant: float) -> None:
     # an artifact could hold them; the compiled code must read them as the loop does, not fail to compile
     f = features_of(ASKS[0])
     terms = [("ask_chars", constant, 1.0, -math.inf, math.inf), ("digits", 0.0, constant, constant, math.inf)]
-    expected, got = one_by_one(terms, f, NO_CUES, 0.0), compile_terms(terms, native=native)(f, NO_CUES, 0.0)
+    expected, got = one_by_one(terms, f, NO_CUES, 0.0), compile_terms(terms)(f, NO_CUES, 0.0)
     assert got == expected or (math.isnan(got) and math.isnan(expected))

@@ -88,14 +88,13 @@ def block_2_4() -> NgramWeights:
 
 
 def assert_walks_agree(block: NgramWeights, raw_texts: list[str]) -> None:
-    """The C logit equals the dict walk and the numpy walk on every text, and the texts are not trivial."""
-    assert block._table is not None and block._packed is not None
+    """The C logit equals its Python twin, the dict walk, on every text, and the texts are not trivial."""
+    assert block._table is not None
     logits, repeats = [], 0
     for raw in raw_texts:
         text = block.text.preprocess(raw)
         logit = block._table.logit(text)
-        assert logit == pytest.approx(block._short_logit(text), abs=1e-12), raw
-        assert logit == pytest.approx(block._packed.logit(text), abs=1e-12), raw
+        assert logit == pytest.approx(block.dict_logit(text), abs=1e-12), raw
         logits.append(logit)
         repeats += len(set(block.text.ngrams(text))) < len(block.text.ngrams(text))
     assert np.count_nonzero(logits) > len(logits) // 3 and np.std(logits) > 0.05
@@ -109,7 +108,7 @@ def test_extension_builds_in_ci() -> None:
 
 
 @needs_native
-def test_c_logit_equals_the_python_walks_on_the_packaged_model(default_block: NgramWeights) -> None:
+def test_c_logit_equals_the_dict_walk_on_the_packaged_model(default_block: NgramWeights) -> None:
     rng = random.Random(3)
     prompts = ["Explain how a hash map handles collisions, with an example in Python.", "What's 2+2?"]
     prompts += [" ".join(rng.choices(prompts[0].split(), k=rng.randint(1, 200))) for _ in range(100)]
@@ -118,7 +117,7 @@ def test_c_logit_equals_the_python_walks_on_the_packaged_model(default_block: Ng
 
 @needs_native
 @pytest.mark.parametrize("sizes", [(2, 4), (4, 4), (1, 1), (1, 4), (3, 3)])
-def test_c_logit_equals_the_python_walks_on_a_hand_made_vocabulary(sizes: tuple[int, int]) -> None:
+def test_c_logit_equals_the_dict_walk_on_a_hand_made_vocabulary(sizes: tuple[int, int]) -> None:
     assert_walks_agree(hand_made(sizes), list(corpus(seed=sum(sizes), max_chars=5_000)))
 
 
@@ -128,7 +127,7 @@ def test_c_logit_equals_the_python_walks_on_a_hand_made_vocabulary(sizes: tuple[
 def test_c_logit_equals_the_dict_walk_on_any_text(block_2_4: NgramWeights, raw: str) -> None:
     text = block_2_4.text.preprocess(raw)
     assert block_2_4._table is not None
-    assert block_2_4._table.logit(text) == pytest.approx(block_2_4._short_logit(text), abs=1e-12)
+    assert block_2_4._table.logit(text) == pytest.approx(block_2_4.dict_logit(text), abs=1e-12)
 
 
 def test_forced_fallback_scores_the_same(monkeypatch: pytest.MonkeyPatch) -> None:

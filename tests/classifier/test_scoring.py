@@ -75,7 +75,7 @@ def test_scores_equal_sklearn_predict_proba(fitted: Fitted) -> None:
     rng = random.Random(7)
     texts = [r["prompt"] for r in synthetic_rows(200, seed=1)] + [random_text(rng) for _ in range(150)]
     texts += [t for t in TRICKY_TEXTS if "\ud800" not in t]
-    texts += [" ".join(texts[i : i + 12]) for i in range(0, 240, 12)]  # long enough for the numpy walk
+    texts += [" ".join(texts[i : i + 12]) for i in range(0, 240, 12)]  # long texts, beyond the n-gram cutter's cache
     features = [request(t) for t in texts]
     model = Classifier.from_dict(json.loads(json.dumps(fitted.model.to_dict())))  # through the artifact
     ours = np.array([model.score(f) for f in features])
@@ -91,7 +91,7 @@ def test_repeats_add_up_and_unknown_ngrams_count_for_nothing() -> None:
     assert block.logit("ababab!?") == pytest.approx(2.5 / math.sqrt(5))
     assert block.logit("ABABAB") == pytest.approx(2.5 / math.sqrt(5))  # lowercased, as sklearn does
     assert block.logit("nothing known here") == 0.0
-    long_text = "ababab!?" + " " * 2 + "x" * (SHORT_TEXT_CHARS + 10)  # the numpy walk, same figure
+    long_text = "ababab!?" + " " * 2 + "x" * (SHORT_TEXT_CHARS + 10)  # a long text, same figure
     assert block.logit(long_text) == pytest.approx(2.5 / math.sqrt(5))
 
 

@@ -188,3 +188,16 @@ def test_grafana_is_provisioned_with_the_datasource_and_the_dashboard() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["grafana"]
     assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in compose["volumes"]
     assert f"./grafana/agent-gateway.json:{provider['options']['path']}/agent-gateway.json:ro" in compose["volumes"]
+
+
+def test_the_image_builds_the_c_extensions_and_refuses_to_ship_without_them() -> None:
+    """No docker engine runs the tests: the Dockerfile is read. A build stage with a compiler builds the wheel,
+    its extensions required; the runtime stage installs that wheel and checks every extension imports."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    _, build, runtime = text.split("\nFROM ")
+    assert build.startswith("python:3.11-slim AS build") and "gcc" in build
+    assert "AGENT_GATEWAY_NATIVE=required pip wheel" in build
+    assert "COPY --from=build /wheels /wheels" in runtime and "pip install --no-cache-dir /wheels/*.whl" in runtime
+    assert "gcc" not in runtime and "native.loaded()" in runtime
+    assert 'os.environ.get("AGENT_GATEWAY_NATIVE", "optional") != "required"' in (
+        DEPLOY.parent / "setup.py").read_text()

@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from google.protobuf import json_format
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
+from bench import trace_sink
 from gateway.server.resources import TELEMETRY
 from gateway.settings import Settings
-from gateway.telemetry import otlp
-from gateway.telemetry.metrics import CLIENT_REQUEST_ID, FOLD_EVERY, REQUEST_ID, make_metrics
-from gateway.telemetry.otlp import otlp_json
-from gateway.telemetry.spans import LoopExport, Spans, make_spans
-from gateway.upstream.client import Pool
+from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
+from gateway.telemetry.spans import BoundedBatches, Spans, make_spans
 from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack
@@ -123,12 +125,15 @@ async def test_with_spans_off_the_callers_traceparent_goes_upstream_as_sent(stac
 def test_a_parent_based_sampler_follows_the_callers_sampled_flag() -> None:
     exporter = InMemorySpanExporter()
     spans = Spans(SimpleSpanProcessor(exporter), sampler=ParentBased(ALWAYS_ON))
-    unsampled = spans.begin("gateway chat", f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")
-    sampled = spans.begin("gateway chat", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01")
-    assert unsampled.traceparent().endswith("-00") and sampled.traceparent().endswith("-01")
+    unsampled = spans.begin("gateway chat", {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"})
+    sampled = spans.begin("gateway chat", {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
+    sent: list[dict[str, str]] = [{}, {}]
+    unsampled.inject(sent[0])
+    sampled.inject(sent[1])
+    assert sent[0]["traceparent"].endswith("-00") and sent[1]["traceparent"].endswith("-01")
     spans.record("gateway chat", 1, {}, trace=unsampled)
     spans.record("gateway chat", 1, {}, trace=sampled)
-    assert [span.context.span_id for span in exporter.get_finished_spans()] == [sampled.span_id]
+    assert [span.context.span_id for span in exporter.get_finished_spans()] == [sampled.span.span_id]
 
 
 async def test_failed_request_span_is_an_error_and_secrets_stay_out(stack: Stack) -> None:
@@ -223,7 +228,8 @@ async def collector() -> AsyncIterator[tuple[str, list[tuple[dict[str, str], byt
 
     async def traces(request: web.Request) -> web.Response:
         batches.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
-        return web.json_response({})
+        answer = ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=answer, content_type="application/x-protobuf")
 
     app = web.Application()
     app.router.add_post("/v1/traces", traces)
@@ -233,7 +239,12 @@ async def collector() -> AsyncIterator[tuple[str, list[tuple[dict[str, str], byt
     await server.close()
 
 
-async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: ignore[no-untyped-def]
+def _sent_spans(body: bytes) -> list[Any]:
+    request = ExportTraceServiceRequest.FromString(body)
+    return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
+async def test_otlp_export_sends_each_request_span_as_otlp_protobuf_through_the_sdk(  # type: ignore[no-untyped-def]
     make_stack: Any, collector, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     endpoint, batches = collector
@@ -245,153 +256,127 @@ async def test_otlp_export_sends_each_request_span_as_valid_otlp_json(  # type: 
             await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5, extra_headers={
                 "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"} if i == 0 else None)
     spans = stack.gateway.app[TELEMETRY].spans
-    assert isinstance(spans.processor, LoopExport)
-    await spans.processor.flush()  # the batch is not full yet: send it now rather than after the delay
+    assert isinstance(spans.processor, BoundedBatches)
+    await until(lambda: spans.processor.handed == 3, what="the three spans recorded after their responses")
+    # the batch is not full yet: the SDK's processor sends it now rather than after its delay
+    assert await asyncio.to_thread(spans.processor.force_flush)
     async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
         exposition = await resp.text()
     assert "gateway_spans_exported 3.0" in exposition and "gateway_spans_dropped 0.0" in exposition
-    await asyncio.sleep(0)
     assert batches, "no batch reached the collector"
     headers, body = batches[0]
-    assert headers["content-type"] == "application/json" and headers["x-collector-key"] == "k=v"
-    # The collector's own schema: the JSON must parse as an ExportTraceServiceRequest.
-    request = json_format.Parse(body, ExportTraceServiceRequest())
-    spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
-    assert len(spans) == 3 and len({span.trace_id for span in spans}) == 3
-    span = spans[0]
+    assert headers["content-type"] == "application/x-protobuf" and headers["x-collector-key"] == "k=v"
+    sent = _sent_spans(body)
+    assert len(sent) == 3 and len({span.trace_id for span in sent}) == 3
+    (continued,) = [s for s in sent if s.trace_id.hex() == CALLER_TRACE]
+    assert continued.parent_span_id.hex() == CALLER_SPAN
+    span = sent[0]
     attrs = {kv.key: kv.value for kv in span.attributes}
     assert span.name == "gateway chat" and span.kind == span.SPAN_KIND_SERVER
-    # OTLP's JSON encoding departs from protobuf's here: ids are hex, not base64.
-    raw_span = json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
-    assert len(bytes.fromhex(raw_span["traceId"])) == 16 and len(bytes.fromhex(raw_span["spanId"])) == 8
-    (continued,) = [s for s in json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"]
-                    if s["traceId"] == CALLER_TRACE]
-    assert continued["parentSpanId"] == CALLER_SPAN
     assert span.end_time_unix_nano > span.start_time_unix_nano
     assert attrs["gateway.deployment"].string_value == "fast"
     assert attrs["gen_ai.request.max_tokens"].int_value == 5
     assert attrs["http.response.status_code"].int_value == 200
     assert any("default" in v.string_value for v in attrs["gateway.reasons"].array_value.values)
-    resource = {kv.key: kv.value.string_value for kv in request.resource_spans[0].resource.attributes}
+    resource = {kv.key: kv.value.string_value
+                for kv in ExportTraceServiceRequest.FromString(body).resource_spans[0].resource.attributes}
     assert resource["service.name"] == "agent-gateway"
 
 
-async def test_an_unreachable_collector_drops_the_batch_without_naming_its_secrets(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    from tests.fixtures.processes import free_port
-
-    pool = Pool()
-    export = LoopExport(pool, f"http://127.0.0.1:{free_port()}/v1/traces", {"authorization": "Bearer sk-otel"})
-    spans = Spans(export)
-    spans.record("gateway chat", 1, {"k": "v"})
-    await export.flush()
-    await pool.close()
-    assert "could not export 1 spans" in caplog.text
-    assert "sk-otel" not in caplog.text
-    assert export.exported == 0
-
-
-async def test_a_full_queue_drops_new_spans_and_counts_them(collector) -> None:  # type: ignore[no-untyped-def]
-    endpoint, batches = collector
-    pool = Pool()
-    export = LoopExport(pool, endpoint, max_queue=10, batch_size=4)
-    spans = Spans(export)
-    for _ in range(15):
-        spans.record("gateway chat", 1, {"k": "v"})
-    await export.flush()
-    await pool.close()
-    assert (export.dropped, export.exported) == (5, 10)
-    assert [len(json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"]) for _, body in batches] == [4, 4, 2]
-
-
-async def test_a_batch_cancelled_while_encoding_keeps_its_spans(collector) -> None:  # type: ignore[no-untyped-def]
-    endpoint, batches = collector
-    pool = Pool()
-    export = LoopExport(pool, endpoint, batch_size=200)
-    spans = Spans(export)
-    for i in range(200):
-        spans.record("gateway chat", 1, {"n": i})
-    encoding = asyncio.ensure_future(export.flush())
-    await asyncio.sleep(0)  # the first slice is encoded, then the encoder yields
-    assert len(export._queue) < 200
-    encoding.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await encoding
-    assert len(export._queue) == 200 and isinstance(export._queue[0], str)
-    await export.flush()
-    await pool.close()
-    sent = json.loads(batches[0][1])["resourceSpans"][0]["scopeSpans"][0]["spans"]
-    assert [span["attributes"][0]["value"]["intValue"] for span in sent] == [str(i) for i in range(200)]
-
-
-async def test_under_load_the_exporter_posts_whole_batches_not_what_arrived_during_the_last_post() -> None:
-    # A collector that holds its answer until told: spans keep arriving while a batch is being posted, as they
-    # do under load. They wait for a whole batch (the delay here is far longer than the test), not posted in
-    # a small batch of their own as soon as the previous post returns.
-    sizes: list[int] = []
-    answer = asyncio.Event()
-
-    async def traces(request: web.Request) -> web.Response:
-        sizes.append(len(json.loads(await request.read())["resourceSpans"][0]["scopeSpans"][0]["spans"]))
-        await answer.wait()
-        answer.clear()
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", traces)
-    server = TestServer(app, host="127.0.0.1")
+async def test_the_bench_trace_sink_counts_what_the_sdk_exporter_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    sink = web.Application()
+    sink[trace_sink.SPANS] = [0]
+    sink.router.add_post("/v1/traces", trace_sink.traces)
+    server = TestServer(sink, host="127.0.0.1")
     await server.start_server()
-    pool = Pool()
-    export = LoopExport(pool, f"http://127.0.0.1:{server.port}/v1/traces", batch_size=8, delay_s=600)
-    spans = Spans(export)
-    export.start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{server.port}/v1/traces")
+    spans = make_spans("otlp")
+    assert spans is not None
     try:
-        for i in range(8):
-            spans.record("gateway chat", 1, {"n": i})
-        await until(lambda: sizes == [8], what="the first whole batch posted")
-        for i in range(3):  # arrive while that post is in flight
-            spans.record("gateway chat", 1, {"n": 8 + i})
-        answer.set()
-        await until(lambda: export.exported == 8, what="the first post answered")
-        for i in range(5):
-            spans.record("gateway chat", 1, {"n": 11 + i})
-        await until(lambda: len(sizes) == 2, what="the second batch posted")
-        answer.set()
-        await until(lambda: export.exported == 16, what="the second post answered")
-        assert sizes == [8, 8]
+        for _ in range(5):
+            spans.record("gateway chat", 1, {"k": "v"})
+        assert await asyncio.to_thread(spans.processor.force_flush)
+        assert sink[trace_sink.SPANS] == [5]
     finally:
-        answer.set()
-        await export.close()
-        await pool.close()
+        await spans.close()
         await server.close()
 
 
-def test_a_sampler_from_the_environment_is_honoured() -> None:
+async def test_an_unreachable_collector_counts_the_batch_dropped_without_naming_its_secrets(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fixtures.processes import free_port
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{free_port()}/v1/traces")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer sk-otel")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds: the exporter's retries stop within it
+    spans = make_spans("otlp")
+    assert spans is not None and isinstance(spans.processor, BoundedBatches)
+    spans.record("gateway chat", 1, {"k": "v"})
+    await asyncio.to_thread(spans.processor.force_flush)
+    await spans.close()
+    assert (spans.processor.counts.exported, spans.processor.dropped) == (0, 1)
+    assert "sk-otel" not in caplog.text
+
+
+class _HeldExporter(SpanExporter):
+    """An exporter whose export waits until released, as a slow collector's answer does."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.exported: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.release.wait(timeout=30)
+        self.exported.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+async def test_a_full_queue_drops_new_spans_and_counts_them() -> None:
+    held = _HeldExporter()
+    processor = BoundedBatches(held, max_queue=10, batch_size=4)
+    spans = Spans(processor)
+    try:
+        for i in range(15):
+            spans.record("gateway chat", 1, {"n": i})
+        assert processor.dropped == 5
+    finally:
+        held.release.set()
+        await spans.close()
+    assert processor.counts.exported == 10 and sorted(s.attributes["n"] for s in held.exported) == list(range(10))
+
+
+def test_the_queue_bound_is_the_sdks_queue_size(monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "1024")
+    spans = make_spans("console")
+    assert spans is not None and isinstance(spans.processor, BoundedBatches)
+    assert spans.processor.max_queue == 1024
+    spans.processor.shutdown()
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "-5")
+    spans = make_spans("console")
+    assert spans is not None and isinstance(spans.processor, BoundedBatches)
+    assert spans.processor.max_queue == 2048
+    assert "OTEL_BSP_MAX_QUEUE_SIZE='-5' is not a positive whole number" in caplog.text
+    spans.processor.shutdown()
+
+
+def test_a_sampler_from_the_environment_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    spans = make_spans("console")
+    assert spans is not None
+    spans.processor.shutdown()
     exporter = InMemorySpanExporter()
-    spans = Spans(SimpleSpanProcessor(exporter), sampler=TraceIdRatioBased(0.25))
+    spans.processor = SimpleSpanProcessor(exporter)
     for _ in range(2000):
         spans.record("gateway chat", 1, {})
     assert 350 < len(exporter.get_finished_spans()) < 650
-
-
-async def test_the_batch_processors_variables_set_the_exporters_batching(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # ms, as the SDK reads it
-    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "64")
-    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "-5")
-    pool = Pool()
-    try:
-        spans = make_spans("otlp", pool)
-        assert spans is not None and isinstance(spans.processor, LoopExport)
-        export = spans.processor
-        assert (export._delay_s, export._batch_size) == (600.0, 64)
-        assert export._max_queue == 8192  # the default: -5 is no queue size
-        assert "OTEL_BSP_MAX_QUEUE_SIZE='-5' is not a positive number" in caplog.text
-    finally:
-        await pool.close()
+    # parent-based: a sampled caller's trace is always kept
+    caller = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"}
+    for _ in range(50):
+        spans.record("gateway chat", 1, {}, trace=spans.begin("gateway chat", caller))
+    assert sum(f"{s.context.trace_id:032x}" == CALLER_TRACE for s in exporter.get_finished_spans()) == 50
 
 
 def test_an_unknown_trace_exporter_is_a_clear_settings_error() -> None:
@@ -399,13 +384,13 @@ def test_an_unknown_trace_exporter_is_a_clear_settings_error() -> None:
         Settings.from_env({"AGENT_GATEWAY_TRACES": "jaeger"})
 
 
-def test_span_json_has_the_error_status_and_typed_values() -> None:
+def test_spans_encode_to_otlp_with_the_error_status_and_typed_values() -> None:
     exporter = InMemorySpanExporter()
     spans = Spans(SimpleSpanProcessor(exporter))
-    attributes = {"s": 'x "quoted"\n', "i": 3, "f": 0.5, "b": True, "a": ("p", "q"), "nan": float("nan")}
+    attributes = {"s": 'x "quoted"\n', "i": 3, "f": 0.5, "b": True, "a": ("p", "q"), "nan": float("nan"),
+                  "one": 1, "true": True, "one.0": 1.0}
     spans.record("gateway chat", 5, attributes, error="boom")
-    encoded = json.loads(otlp_json(exporter.get_finished_spans()))
-    request = json_format.ParseDict(encoded, ExportTraceServiceRequest())
+    request = encode_spans(exporter.get_finished_spans())
     span = request.resource_spans[0].scope_spans[0].spans[0]
     assert span.status.code == span.status.STATUS_CODE_ERROR and span.status.message == "boom"
     values = {kv.key: kv.value for kv in span.attributes}
@@ -413,33 +398,8 @@ def test_span_json_has_the_error_status_and_typed_values() -> None:
         'x "quoted"\n', 3, 0.5, True)
     assert math.isnan(values["nan"].double_value)
     assert [v.string_value for v in values["a"].array_value.values] == ["p", "q"]
-
-
-def test_equal_but_differently_typed_values_keep_their_own_encoding() -> None:
-    exporter = InMemorySpanExporter()
-    spans = Spans(SimpleSpanProcessor(exporter))
-    for value in (1, True, 1.0, "1", ("1",)):
-        spans.record("gateway chat", 5, {"x": value})
-    encoded = json.loads(otlp_json(exporter.get_finished_spans()))
-    values = [span["attributes"][0]["value"] for span in encoded["resourceSpans"][0]["scopeSpans"][0]["spans"]]
-    assert values == [{"intValue": "1"}, {"boolValue": True}, {"doubleValue": 1.0}, {"stringValue": "1"},
-                      {"arrayValue": {"values": [{"stringValue": "1"}]}}]
-
-
-def test_request_ids_are_encoded_but_never_kept_among_the_repeating_fragments() -> None:
-    # Each span's request id is new: kept, they filled the fragment cache and emptied it every 4,096 spans,
-    # re-encoding what does repeat (rule, reasons, models) after each.
-    exporter = InMemorySpanExporter()
-    spans = Spans(SimpleSpanProcessor(exporter))
-    otlp._FRAGMENTS.clear()
-    for i in range(otlp._FRAGMENTS_MAX + 10):
-        attributes = {REQUEST_ID: f"req-{i}", CLIENT_REQUEST_ID: f"c-{i}", "gateway.rule": "default"}
-        spans.record("gateway chat", 5, attributes)
-    encoded = json.loads(otlp_json(exporter.get_finished_spans()[-1:]))
-    attributes = encoded["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
-    assert attributes[0] == {"key": REQUEST_ID, "value": {"stringValue": f"req-{otlp._FRAGMENTS_MAX + 9}"}}
-    kept = {key for key, _ in otlp._FRAGMENTS}
-    assert "gateway.rule" in kept and not kept & {REQUEST_ID, CLIENT_REQUEST_ID}
+    assert [values[k].WhichOneof("value") for k in ("one", "true", "one.0")] == ["int_value", "bool_value",
+                                                                               "double_value"]
 
 
 def test_request_figures_reach_prometheus_in_batches_and_at_every_scrape() -> None:
