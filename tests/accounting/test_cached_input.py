@@ -3,12 +3,17 @@ charged at the cached input price in the settle, the session's steps and /metric
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
+import yaml
 
+from gateway.cli import simulate
+from gateway.policy import model as policy_module
 from gateway.policy.model import Price
 from gateway.policy.tenancy import Window
 from gateway.server.resources import ACCOUNTING
@@ -37,8 +42,7 @@ def _charged(price: Price, counted: list[Prompt]) -> list[float]:
     return [price.cost_usd(p.tokens, OUTPUT_TOKENS, cached_tokens=p.cached) for p in counted]
 
 
-@pytest.fixture
-async def cached_stack(fake_pair: Any, make_stack: Callable[..., Any]) -> Stack:
+async def _cached_stack(fake_pair: Any, make_stack: Callable[..., Any], **settings: Any) -> Stack:
     """The two fakes with prefix caches, hq priced with an explicit cached price, fast with the default one."""
     hq, hq_server, fast, fast_server = fake_pair
     hq.prefix_cache = fast.prefix_cache = True
@@ -46,8 +50,13 @@ async def cached_stack(fake_pair: Any, make_stack: Callable[..., Any]) -> Stack:
                               str(fast_server.make_url("")).rstrip("/"))["deployments"]
     deployments["hq"]["price"] = HQ.model_dump(exclude={"cached_input_fraction"})
     budget = [{"name": "anonymous", "budgets": [{"window": "day", "hard_usd": 100}]}]  # its spend is then kept
-    stack: Stack = await make_stack({"deployments": deployments, "tenants": budget})
+    stack: Stack = await make_stack({"deployments": deployments, "tenants": budget}, settings=settings)
     return stack
+
+
+@pytest.fixture
+async def cached_stack(fake_pair: Any, make_stack: Callable[..., Any]) -> Stack:
+    return await _cached_stack(fake_pair, make_stack)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -126,3 +135,29 @@ def test_the_fakes_prefix_cache_is_per_server() -> None:
     seen = first._prompt(longer)
     assert 0 < seen.cached < seen.tokens
     assert second._prompt(longer).cached == 0  # the other deployment never read it
+
+
+async def test_the_request_log_and_policy_simulate_price_the_cached_tokens(
+        fake_pair: Any, make_stack: Callable[..., Any], tmp_path: Path) -> None:
+    log_path = tmp_path / "requests.jsonl"
+    stack = await _cached_stack(fake_pair, make_stack, request_log=str(log_path))
+    async with stack.client() as client:
+        await Agent(client, "logged-run").run(3)
+    lines = await until(lambda: log_path.exists() and len(rows := log_path.read_text().splitlines()) == 3 and rows,
+                        what="three log lines")
+    counted = stack.hq.counted
+    logged = [json.loads(line) for line in lines]
+    assert [r["usage"]["cached_tokens"] for r in logged] == [p.cached for p in counted]
+    assert [r["cost_usd"] for r in logged] == pytest.approx(_charged(HQ, counted))
+    # replayed: at the logged cached count, at each policy's cached price
+    live = policy_module.load(str(stack.policy_path))
+    assert simulate.replay(str(log_path), live, None)["tallies"]["live"]["cost_usd"] == \
+        pytest.approx(sum(_charged(HQ, counted)))
+    dearer = policy_data("http://hq", "http://fast")
+    dearer["deployments"]["hq"]["price"] = {"input_per_mtok_usd": 3, "output_per_mtok_usd": 15,
+                                            "cached_input_fraction": 0.5}
+    candidate_path = tmp_path / "candidate.yaml"
+    candidate_path.write_text(yaml.safe_dump(dearer))
+    replayed = simulate.replay(str(log_path), policy_module.load(str(candidate_path)), None)
+    dearer_price = Price(input_per_mtok_usd=3, output_per_mtok_usd=15, cached_input_fraction=0.5)
+    assert replayed["tallies"]["candidate"]["cost_usd"] == pytest.approx(sum(_charged(dearer_price, counted)))
