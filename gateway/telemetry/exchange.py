@@ -158,8 +158,8 @@ class Exchange:
     def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics) -> None:
         """A call made for this request beside its answer: its tokens and cost counted now, and charged to the
         tenant with the answer's."""
-        cost_usd = price.cost_usd(usage.prompt_tokens, usage.completion_tokens) if price is not None else 0.0
-        metrics.count_tokens(deployment, self.tenant, usage.prompt_tokens, usage.completion_tokens, cost_usd)
+        cost_usd = price.cost_usd_of(usage) if price is not None else 0.0
+        metrics.count_tokens(deployment, self.tenant, usage, cost_usd)
         if self.side_parts is None:
             self.side_parts = []
         self.side_parts.append((deployment, price, usage))
