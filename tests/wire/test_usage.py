@@ -17,13 +17,15 @@ from gateway.wire.responses import ResponsesReader
 
 # (what the cached figure is, as sent; the usage read): the same table for every API
 CACHED_FIGURES = [
-    pytest.param(9000, Usage(10_000, 7, cached_tokens=9000), id="reported"),
+    pytest.param(9000, Usage(10_000, 7, cached_tokens=9000, cached_reported=True), id="reported"),
+    pytest.param(0, Usage(10_000, 7, cached_reported=True), id="none-cached"),
     pytest.param(None, Usage(10_000, 7), id="absent"),
     pytest.param("9000", Usage(10_000, 7), id="a-string"),
     pytest.param(-5, Usage(10_000, 7), id="negative"),
     pytest.param(True, Usage(10_000, 7), id="a-boolean"),
     pytest.param(12.5, Usage(10_000, 7), id="a-fraction"),
-    pytest.param(25_000, Usage(10_000, 7, cached_tokens=10_000, cached_overstated=True), id="more-than-the-prompt"),
+    pytest.param(25_000, Usage(10_000, 7, cached_tokens=10_000, cached_overstated=True, cached_reported=True),
+                 id="more-than-the-prompt"),
 ]
 
 
@@ -65,7 +67,7 @@ def test_responses_read_input_tokens_details(cached: Any, expected: Usage) -> No
     assert reader.usage == expected and reader.done
 
 
-@pytest.mark.parametrize(("cached", "expected"), CACHED_FIGURES[:2])
+@pytest.mark.parametrize(("cached", "expected"), CACHED_FIGURES[:3])
 def test_messages_read_cache_read_input_tokens_as_vllm_reports_them(cached: Any, expected: Usage) -> None:
     # vLLM's /v1/messages: input_tokens is the prompt less its cache read (as Anthropic counts them)
     usage = {"input_tokens": 10_000 - (cached or 0), "output_tokens": 7}
@@ -99,4 +101,4 @@ def test_garbled_details_are_none_cached(details: Any) -> None:
 @pytest.mark.parametrize("prompt", ["12", None, -1, 3.0])
 def test_a_garbled_prompt_count_is_zero_and_any_cached_count_clamped_to_it(prompt: Any) -> None:
     usage = {"prompt_tokens": prompt, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}}
-    assert openai.usage_of({"usage": usage}) == Usage(0, 2, cached_tokens=0, cached_overstated=True)
+    assert openai.usage_of({"usage": usage}) == Usage(0, 2, cached_overstated=True, cached_reported=True)
