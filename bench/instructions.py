@@ -1,6 +1,7 @@
 """Benchmark: instructions per request of the gateway and the minimal proxy, counted by callgrind, one run.
 
     .venv/bin/python -m bench.instructions [--requests 1000] [--warmup 300] [--concurrency 8] [--no-spans-off]
+                                           [--body agent-100k [--stream]]
 
 Wall-clock figures on a shared 2-core VM move by ±10% between runs of the same code; instructions do not
 depend on the load, so they are the measure of a change on the request path. Each proxy runs under
@@ -33,10 +34,11 @@ HEALTH_INTERVAL_S = 3600  # one probe per deployment at the start, none while co
 SPANS_BATCHED = {"OTEL_BSP_SCHEDULE_DELAY": str(3600 * 1000)}
 
 
-def _loadgen(url: str, requests: int, concurrency: int) -> int:
-    """Run `requests` non-streamed calls at `concurrency`; how many the proxy served (the warm-up call too)."""
+def _loadgen(url: str, requests: int, concurrency: int, load: tuple[str, ...] = ()) -> int:
+    """Run `requests` calls at `concurrency` (`load`: the body and stream options); how many the proxy served (the
+    warm-up call too)."""
     out = subprocess.run([PY, "-m", "bench.loadgen", "--url", url, "--concurrency", str(concurrency),
-                          "--duration-s", "3600", "--max-requests", str(requests)],
+                          "--duration-s", "3600", "--max-requests", str(requests), *load],
                          cwd=ROOT, capture_output=True, text=True, timeout=3600, check=True)
     figures = json.loads(out.stdout)
     if figures["errors"]:
@@ -57,7 +59,7 @@ def _dumped_instructions(out_dir: Path, before: set[Path]) -> int:
 
 
 def count(name: str, argv: list[str], port: int, env: dict[str, str], requests: int, warmup: int,
-          concurrency: int, out_dir: Path) -> float:
+          concurrency: int, out_dir: Path, load: tuple[str, ...] = ()) -> float:
     """Instructions per request of one proxy under callgrind."""
     out_dir.mkdir()
     proc = start(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_dir}/callgrind.out.%p",
@@ -65,9 +67,9 @@ def count(name: str, argv: list[str], port: int, env: dict[str, str], requests: 
     try:
         wait_ready(port, READY_S)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        _loadgen(url, warmup, concurrency)
+        _loadgen(url, warmup, concurrency, load)
         subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-        served = _loadgen(url, requests, concurrency)
+        served = _loadgen(url, requests, concurrency, load)
         before = set(out_dir.glob("callgrind.out.*"))
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
         per_request = _dumped_instructions(out_dir, before) / served
@@ -87,7 +89,11 @@ def main() -> None:
     parser.add_argument("--no-spans-off", action="store_true", help="skip the gateway with spans off")
     parser.add_argument("--keep", type=Path, help="keep each target's callgrind dump under this new folder "
                                                    "(for callgrind_annotate)")
+    parser.add_argument("--body", default="chat", help="chat (small), or agent-100k / agent-180k: coding agents' "
+                                                         "steps (bench/agent_bodies.py)")
+    parser.add_argument("--stream", action="store_true", help="streamed calls")
     args = parser.parse_args()
+    load = ("--body", args.body, *(["--stream"] if args.stream else []))
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         dumps = args.keep or Path(tmp)
@@ -111,7 +117,7 @@ def main() -> None:
                 port = free_port()
                 figures[name] = count(name, [PY, *(a.format(port=port) for a in argv)], port,
                                       {"AGENT_GATEWAY_LOG_LEVEL": "WARNING", **env}, args.requests, args.warmup,
-                                      args.concurrency, dumps / f"target-{i}")
+                                      args.concurrency, dumps / f"target-{i}", load)
             minimal = figures["minimal proxy"]
             for name, per_request in figures.items():
                 if name != "minimal proxy":

@@ -12,6 +12,8 @@ import time
 
 import aiohttp
 
+from bench import agent_bodies
+
 _TURN = itertools.count(random.randrange(1_000_000))
 
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -34,15 +36,18 @@ def payloads(stream: bool) -> list[bytes]:
 
 
 SESSIONS = [0]  # --sessions N: each call names one of N agent sessions (x-session-id), so the gateway records it
+SESSION_NAMES: list[str] = []  # --body agent-*: each body's own session, named as an agent names it
 
 
 async def one(session: aiohttp.ClientSession, url: str, payload: bytes | list[bytes]) -> tuple[float, float, bool]:
     """(latency_s, ttfb_s, ok) of one request, reading the whole body."""
     headers = {"content-type": "application/json"}
     if isinstance(payload, list):
-        turn = next(_TURN)
-        payload = payload[turn % len(payload)]
-        if SESSIONS[0]:
+        turn = next(_TURN) % len(payload)
+        payload = payload[turn]
+        if SESSION_NAMES:
+            headers["x-session-id"] = SESSION_NAMES[turn]
+        elif SESSIONS[0]:
             headers["x-session-id"] = f"agent-{turn % SESSIONS[0]}"
     start = time.perf_counter()
     async with session.post(url, data=payload, headers=headers) as resp:
@@ -131,8 +136,14 @@ def main() -> None:
     parser.add_argument("--max-requests", type=int, default=100_000)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--sessions", type=int, default=0, help="spread the calls over this many agent sessions")
+    parser.add_argument("--body", default="chat", choices=("chat", *agent_bodies.KINDS),
+                        help="small chats, or coding agents' steps of about that size (bench/agent_bodies.py)")
     args = parser.parse_args()
-    payload = payloads(args.stream)
+    if args.body == "chat":
+        payload = payloads(args.stream)
+    else:
+        found = agent_bodies.steps(args.body, args.stream)
+        payload, SESSION_NAMES[:] = [raw for raw, _ in found], [name for _, name in found]
     SESSIONS[0] = args.sessions
     import uvloop
 

@@ -1,6 +1,7 @@
 """Benchmark: direct to a fake upstream vs a minimal aiohttp proxy vs the gateway, interleaved, one run.
 
     .venv/bin/python -m bench.proxy_bench [--rounds 3] [--duration-s 3] [--workers 1] [--sessions N]
+    .venv/bin/python -m bench.proxy_bench --body agent-100k     coding agents' steps (bench/agent_bodies.py)
 
 Prints req/s and latency per scenario and target (median over rounds) and the ratios the core issue
 asks for. Every process is started here on free loopback ports and stopped by PID at the end.
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from bench import agent_bodies
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 SCENARIOS = [
@@ -30,6 +33,12 @@ SCENARIOS = [
     ("non-stream c=1", ["--concurrency", "1"]),
     ("stream 64 chunks c=16", ["--concurrency", "16", "--stream"]),
     ("open loop 400 req/s", ["--rate", "400"]),
+]
+# Coding agents' steps (--body agent-*): an agent waits on each step, so a gateway sees few at once.
+AGENT_SCENARIOS = [
+    ("non-stream c=8", ["--concurrency", "8"]),
+    ("stream 64 chunks c=8", ["--concurrency", "8", "--stream"]),
+    ("non-stream c=1", ["--concurrency", "1"]),
 ]
 TARGETS = ("direct", "minimal proxy", "gateway")
 NO_SCORE = "gw w/o score"  # with --without-classifier: the same gateway and policy minus its score rules
@@ -121,7 +130,7 @@ Results = dict[str, dict[str, list[dict[str, float]]]]
 
 def run(
     rounds: int, duration_s: float, workers: int, policy: Path, without_classifier: bool, only: str | None,
-    traces: bool, sessions: int = 0,
+    traces: bool, sessions: int = 0, body: str = "chat",
 ) -> tuple[Results, int, dict[str, float]]:
     """Figures per scenario and target, how many spans the gateways exported meanwhile, and the proxies' resident
     memory after the run (MiB)."""
@@ -148,8 +157,9 @@ def run(
                 wait_ready(port)
             time.sleep(1.0)  # first health probes
             urls = {name: f"http://127.0.0.1:{port}/v1/chat/completions" for name, port in ports.items()}
-            scenarios = [(name, [*extra, *(["--sessions", str(sessions)] if sessions else [])])
-                         for name, extra in SCENARIOS if only is None or f" {only} " in f" {name} "]
+            scenarios = [(name, [*extra, *(["--sessions", str(sessions)] if sessions else []), "--body", body])
+                         for name, extra in (SCENARIOS if body == "chat" else AGENT_SCENARIOS)
+                         if only is None or f" {only} " in f" {name} "]
             results: Results = {s: {t: [] for t in ports} for s, _ in scenarios}
             for r in range(rounds):
                 for scenario, extra in scenarios:
@@ -229,6 +239,8 @@ def report(results: Results, spans: int, rss: dict[str, float]) -> None:
                                                                                          "cpu_us_per_req")
             print(f"{scenario}: the classifier's share, A/B against the gateway without it: "
                   f"{(with_score - without) / with_score:.1%} ({with_score:.0f} vs {without:.0f} µs; target <= 10%)")
+    if "non-stream c=32" not in results:
+        agent_report(results, rss)
     if "non-stream c=32" not in results or "open loop 400 req/s" not in results:
         return
     c32 = results["non-stream c=32"]
@@ -240,6 +252,23 @@ def report(results: Results, spans: int, rss: dict[str, float]) -> None:
           + " (target: gateway <= 120 MiB)")
     print(f"added p50 at 400 req/s: gateway {added['gateway']:.2f} ms, minimal proxy {added['minimal proxy']:.2f} ms "
           f"(target: gateway <= 2x minimal = {2 * added['minimal proxy']:.2f} ms)")
+
+
+def agent_report(results: Results, rss: dict[str, float]) -> None:
+    """The figures issue 36 budgets coding agents' steps by (--body agent-*)."""
+    for scenario in ("non-stream c=8", "stream 64 chunks c=8"):
+        if scenario in results:
+            by_target = results[scenario]
+            ratio = median(by_target["gateway"], "rps") / median(by_target["minimal proxy"], "rps")
+            print(f"{scenario}: gateway req/s vs minimal proxy {ratio:.2f}x (target >= 0.6), CPU "
+                  f"{median(by_target['gateway'], 'cpu_us_per_req'):.0f} µs a request (target <= 600), minimal "
+                  f"proxy {median(by_target['minimal proxy'], 'cpu_us_per_req'):.0f}")
+    if "non-stream c=1" in results:
+        c1 = results["non-stream c=1"]
+        print(f"non-stream c=1: gateway p99 over direct "
+              f"{median(c1['gateway'], 'p99_ms') - median(c1['direct'], 'p99_ms'):.2f} ms (target <= 2)")
+    print("RSS after the run: " + ", ".join(f"{name} {mib:.0f} MiB" for name, mib in rss.items())
+          + " (target: gateway <= 120 MiB)")
 
 
 def main() -> None:
@@ -257,9 +286,12 @@ def main() -> None:
     parser.add_argument("--only", help="run only the scenarios whose name has these words, e.g. c=32 or 'open loop'")
     parser.add_argument("--sessions", type=int, default=0,
                         help="calls name one of this many agent sessions (x-session-id): each is a recorded step")
+    parser.add_argument("--body", default="chat", choices=("chat", *agent_bodies.KINDS),
+                        help="small chats (the default scenarios), or coding agents' steps of about that size, "
+                             "each naming its session (scenarios at c=8 and c=1)")
     args = parser.parse_args()
     report(*run(args.rounds, args.duration_s, args.workers, args.policy, args.without_classifier, args.only,
-                not args.no_traces, args.sessions))
+                not args.no_traces, args.sessions, args.body))
 
 
 if __name__ == "__main__":
