@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pydantic_core
 
 from gateway.errors import BadRequest, GatewayError
@@ -149,6 +150,39 @@ def encode(value: Any) -> bytes:
         return _COMPACT.encode(value).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A request body's bytes and the object they parse to (kept while nothing has edited that object)."""
+
+    raw: bytes
+    body: Mapping[str, Any]
+
+
+# A body's top-level members as the bytes they were sent as: msgspec skips over each value without building it.
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_ENCODER = msgspec.json.Encoder()
+_ABSENT = object()
+
+
+def encode_edited(out: Mapping[str, Any], source: Source | None) -> bytes:
+    """`out`, a copy of the body `source` was parsed into with top-level members set, added or dropped, as JSON.
+    The members `out` holds as parsed are copied from the request's bytes as sent and only the others are
+    encoded: an agent's 100-200 KB body costs one scan of its bytes (~60 µs), not an encode of every message
+    (~180 µs). A body the scan refuses (NaN, a lone surrogate escape) or reads otherwise is encoded whole."""
+    if source is None:
+        return encode(out)
+    try:
+        members = _MEMBERS.decode(source.raw)
+    except msgspec.DecodeError:
+        return encode(out)
+    parsed = source.body
+    if members.keys() != parsed.keys():
+        return encode(out)
+    edited = {name: members[name] if parsed.get(name, _ABSENT) is value else msgspec.Raw(encode(value))
+              for name, value in out.items()}
+    return _RAW_ENCODER.encode(edited)
+
+
 # The fields each API's deployment reads as its cap on generated tokens per choice, in the order it reads
 # them: the first one set wins (vLLM 0.32: chat_completion/protocol.py reads max_completion_tokens, else
 # the deprecated max_tokens; completion/protocol.py reads max_tokens alone, and a max_completion_tokens
@@ -180,11 +214,13 @@ def endpoint_of(body: Mapping[str, Any]) -> str:
 
 
 def upstream_body(
-    body: dict[str, Any], served_model: str, cap_tokens: int | None = None, *, endpoint: str | None = None
+    body: dict[str, Any], served_model: str, cap_tokens: int | None = None, *, endpoint: str | None = None,
+    source: Source | None = None,
 ) -> tuple[bytes, bool]:
     """The body for a deployment: only `model` rewritten, usage always requested on streams, and, when
     `cap_tokens` is given (budgets apply), the output cap the hold assumed, written where the deployment of
-    `endpoint` reads it first (left as it is when the body already caps at exactly that).
+    `endpoint` reads it first (left as it is when the body already caps at exactly that). `source`: the request's
+    bytes and their parse, of which `body` is that parse or a copy with members added (encode_edited).
 
     Returns the encoded body and whether the client itself asked for the usage chunk (if not, the
     gateway drops it from the client's stream).
@@ -201,7 +237,7 @@ def upstream_body(
         client_wants_usage = bool(options.get("include_usage"))
         if not client_wants_usage:
             out["stream_options"] = {**options, "include_usage": True}
-    return encode(out), client_wants_usage
+    return encode_edited(out, source), client_wants_usage
 
 
 def choices_of(body: Mapping[str, Any], endpoint: str) -> int:

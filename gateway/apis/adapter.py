@@ -9,7 +9,7 @@ from gateway.context.anthropic_edits import Managed
 from gateway.context.tool_outputs import ToolOutputs
 from gateway.errors import GatewayError
 from gateway.features import Features
-from gateway.openai import StreamTally, Usage
+from gateway.openai import Source, StreamTally, Usage
 
 
 class StreamReader(Protocol):
@@ -62,8 +62,10 @@ class Adapter(Protocol):
 
     def features(self, view: Mapping[str, Any]) -> Features: ...
 
-    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
-        """The body for a deployment and whether the client asked for the stream's usage itself."""
+    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
+                      source: Source | None = None) -> tuple[bytes, bool]:
+        """The body for a deployment and whether the client asked for the stream's usage itself; `source`: the
+        request's bytes and their parse, when nothing edited it (`body` is that parse or a copy with members added)."""
         ...
 
     def usage_of(self, answer: Mapping[str, Any]) -> Usage | None: ...

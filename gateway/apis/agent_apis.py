@@ -45,8 +45,9 @@ class ResponsesAdapter:
     def features(self, view: Mapping[str, Any]) -> Features:
         return _features(view, self.endpoint)
 
-    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
-        return responses.upstream_body(body, served_model, cap_tokens)
+    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
+                      source: openai.Source | None = None) -> tuple[bytes, bool]:
+        return responses.upstream_body(body, served_model, cap_tokens, source)
 
     def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
         return responses.usage_of(answer)
@@ -105,8 +106,9 @@ class MessagesAdapter:
     def features(self, view: Mapping[str, Any]) -> Features:
         return _features(view, "messages")
 
-    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
-        return messages.upstream_body(body, served_model, None if self.counting else cap_tokens)
+    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
+                      source: openai.Source | None = None) -> tuple[bytes, bool]:
+        return messages.upstream_body(body, served_model, None if self.counting else cap_tokens, source)
 
     def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
         return None if self.counting else messages.usage_of(answer)

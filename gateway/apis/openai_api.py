@@ -39,8 +39,9 @@ class OpenAIAdapter:
     def features(self, view: Mapping[str, Any]) -> Features:
         return extract(view, self.endpoint)
 
-    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None) -> tuple[bytes, bool]:
-        return openai.upstream_body(body, served_model, cap_tokens, endpoint=self.endpoint)
+    def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
+                      source: openai.Source | None = None) -> tuple[bytes, bool]:
+        return openai.upstream_body(body, served_model, cap_tokens, endpoint=self.endpoint, source=source)
 
     def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
         return openai.usage_of(answer)

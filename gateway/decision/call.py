@@ -10,6 +10,7 @@ from gateway.context.masking import Masking
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.sessions import session_id
 from gateway.features import Features
+from gateway.openai import Source
 from gateway.policy.model import Policy
 from gateway.steps import AgentStep, read_step
 
@@ -20,12 +21,12 @@ class Call:
     frozen: a frozen class sets each field through object.__setattr__, which costs microseconds a request)."""
 
     __slots__ = ("_session", "body", "body_bytes", "chain", "context", "endpoint", "features", "headers",
-                 "masking", "policy", "step", "tenant", "view")
+                 "masking", "policy", "source", "step", "tenant", "view")
 
     def __init__(self, policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any],
                  body_bytes: int, features: Features, headers: Mapping[str, str], tenant: str | None,
                  step: AgentStep | None, chain: str | None = None, context: Managed | None = None,
-                 masking: Masking | None = None) -> None:
+                 masking: Masking | None = None, source: Source | None = None) -> None:
         self.policy, self.endpoint, self.body, self.view = policy, endpoint, body, view
         self.body_bytes, self.features, self.headers = body_bytes, features, headers
         self.tenant = tenant  # None when auth is off: no tenant rule can match it
@@ -33,6 +34,7 @@ class Call:
         self.chain = chain  # the session of the stored response this call continues (the Responses API)
         self.context = context  # the API's context edits the gateway made to `body` (Anthropic's context_management)
         self.masking = masking  # the old tool outputs the gateway masked in `body` (the policy's context rules)
+        self.source = source  # the request's bytes and `body` as their parse (None when the gateway edited it)
         self._session: tuple[str | None] | None = None
 
     @property
@@ -50,7 +52,8 @@ class Call:
 
 def read_call(policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any], body_bytes: int,
               features: Features, headers: Mapping[str, str], tenant: str | None, chain: str | None = None,
-              context: Managed | None = None, masking: Masking | None = None) -> Call:
+              context: Managed | None = None, masking: Masking | None = None, source: Source | None = None) -> Call:
     """The call of a request body: its agent step read from the view when a rule of the policy reads it."""
     step = read_step(view) if policy.reads_steps else None
-    return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step, chain, context, masking)
+    return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step, chain, context, masking,
+                source)

@@ -24,6 +24,7 @@ from gateway.decision.loops import AgentVerdict
 from gateway.decision.routing import Context, Decision, decide
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
+from gateway.openai import Source
 from gateway.policy.model import Policy
 from gateway.server import compaction, relay
 from gateway.server.resources import (
@@ -113,7 +114,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
 async def read(request: web.Request, adapter: Adapter) -> Call:
     """The one view of the call: the body read within its limit, checked, its features and agent step."""
     raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
-    body = adapter.parse(raw)
+    body = parsed = adapter.parse(raw)
     policy = request.app[POLICY_FILE].current
     # Only tenant auth names a tenant: without it, no lookup (a missing key costs the mapping a KeyError).
     tenant, chain = request.get(TENANT) if policy.auth.enabled else None, None
@@ -126,7 +127,7 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
                                                         tenant or ANONYMOUS)
     view = adapter.view(body)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
-                     tenant, chain, managed, masking)
+                     tenant, chain, managed, masking, Source(raw, body) if body is parsed else None)
 
 
 async def verdict(app: web.Application, call: Call, ex: Exchange, recording: bool) -> AgentVerdict | None:

@@ -54,7 +54,8 @@ async def forward(
     last: GatewayError | None = None
     for name in decision.attempts:
         dep = call.policy.deployments[name]
-        payload, client_wants_usage = adapter.upstream_body(body, dep.served_model, caps.get(name) if caps else None)
+        payload, client_wants_usage = adapter.upstream_body(body, dep.served_model, caps.get(name) if caps else None,
+                                                            call.source)
         ex.trying(name)
         with deployments.sending(name):
             try:

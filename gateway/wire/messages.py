@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway import openai
 from gateway.errors import BadRequest, GatewayError
-from gateway.openai import StreamTally, Usage, expect
+from gateway.openai import Source, StreamTally, Usage, expect
 from gateway.wire import events, message_content
 from gateway.wire.events import EventReader
 
@@ -108,14 +108,17 @@ def _tool(spec: Any) -> dict[str, Any]:
                                 spec.get("input_schema"))
 
 
-def upstream_body(body: dict[str, Any], served_model: str, cap_tokens: int | None = None) -> tuple[bytes, bool]:
+def upstream_body(
+    body: dict[str, Any], served_model: str, cap_tokens: int | None = None, source: Source | None = None
+) -> tuple[bytes, bool]:
     """The body for a deployment: `model` rewritten and the gateway's cap when it sets one (the usage is
-    always in the stream's message_start and message_delta events: the client never lacks it)."""
+    always in the stream's message_start and message_delta events: the client never lacks it). `source`: the
+    request's bytes and their parse (openai.encode_edited)."""
     out = dict(body)
     out["model"] = served_model
     if cap_tokens is not None:
         out[CAP_FIELD] = cap_tokens
-    return openai.encode(out), True
+    return openai.encode_edited(out, source), True
 
 
 def usage_of(answer: Any) -> Usage | None:

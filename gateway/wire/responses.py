@@ -20,7 +20,7 @@ from typing import Any
 
 from gateway import openai
 from gateway.errors import BadRequest, GatewayError, RateLimited
-from gateway.openai import StreamTally, Usage, expect
+from gateway.openai import Source, StreamTally, Usage, expect
 from gateway.wire import events
 from gateway.wire.events import EventReader
 
@@ -111,17 +111,20 @@ def _tool(spec: Any) -> dict[str, Any]:
     return events.function_tool(name, spec.get("description"), spec.get("parameters", spec.get("format")))
 
 
-def upstream_body(body: dict[str, Any], served_model: str, cap_tokens: int | None = None) -> tuple[bytes, bool]:
+def upstream_body(
+    body: dict[str, Any], served_model: str, cap_tokens: int | None = None, source: Source | None = None
+) -> tuple[bytes, bool]:
     """The (expanded) body for a deployment: `model` rewritten, the gateway's cap when it sets one, and the
     deployment's own store off (the gateway keeps the state; a deployment's store would only leak memory).
-    The usage is always in the final event, so the client never lacks it: the flag is True."""
+    The usage is always in the final event, so the client never lacks it: the flag is True. `source`: the
+    request's bytes and their parse (openai.encode_edited)."""
     out = dict(body)
     out["model"] = served_model
     out["store"] = False
     out.pop("previous_response_id", None)
     if cap_tokens is not None:
         out[CAP_FIELD] = cap_tokens
-    return openai.encode(out), True
+    return openai.encode_edited(out, source), True
 
 
 def usage_of(answer: Any) -> Usage | None:
