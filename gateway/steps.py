@@ -9,12 +9,13 @@ the shape the OpenAI API gives a field is ignored. The policy's trajectory condi
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.agents.tool_outcomes import judge
+from gateway.agents.tool_outcomes import Verdict, judge
 
 MAX_MESSAGES = 200
 # Longer arguments are compared as written: re-encoding megabytes per call would cost more than it tells.
@@ -29,6 +30,14 @@ class AgentStep:
     turn: str  # "user": a new user turn (planning); "tool_result": tool results fed back; "other"
     tool_error: bool  # a tool result fed back by this call failed, by what the tool reports (tool_outcomes.judge)
     repeated_calls: int  # how many times in a row the latest tool call (name and arguments) was made
+    # The verdicts of the tool results fed back, newest first, as far as `tool_error` read them: the step's record
+    # takes them rather than judging each result again (decision/trajectory.tool_results).
+    verdicts: tuple[Verdict, ...] = field(default=(), compare=False, repr=False)
+
+    def as_record(self) -> dict[str, Any]:
+        """What the request log keeps of the step (the rules' inputs; `policy simulate` reads them back)."""
+        return {"step": self.step, "turn": self.turn, "tool_error": self.tool_error,
+                "repeated_calls": self.repeated_calls}
 
 
 def read_step(body: Mapping[str, Any]) -> AgentStep | None:
@@ -40,7 +49,8 @@ def read_step(body: Mapping[str, Any]) -> AgentStep | None:
     if not recent:
         return None
     assistant_turns = sum(1 for m in recent if m.get("role") == "assistant")
-    return AgentStep(assistant_turns + 1, _turn(recent), _tool_error(recent), _repeats(recent))
+    failed, verdicts = _tool_error(recent)
+    return AgentStep(assistant_turns + 1, _turn(recent), failed, _repeats(recent), verdicts)
 
 
 def _turn(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -50,30 +60,39 @@ def _turn(messages: Sequence[Mapping[str, Any]]) -> str:
     return "user" if role == "user" else "other"
 
 
-def _tool_error(messages: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether a tool result after the last assistant turn (the results this call feeds back) failed."""
+def _tool_error(messages: Sequence[Mapping[str, Any]]) -> tuple[bool, tuple[Verdict, ...]]:
+    """Whether a tool result after the last assistant turn (the results this call feeds back) failed, and the
+    verdicts read on the way (newest first; only while the messages are plain dicts, as the record reads them)."""
+    found: list[Verdict] = []
+    shared = True
     for message in reversed(messages):
         if message.get("role") not in ("tool", "function"):
-            return False
+            break
         # Anthropic's tool_result blocks say so themselves (`is_error`, kept on the chat view's tool message)
-        if judge(_text(message.get("content")), message.get("is_error")).failed is True:
-            return True
-    return False
+        verdict = judge(_text(message.get("content")), message.get("is_error"))
+        shared = shared and type(message) is dict
+        if shared:
+            found.append(verdict)
+        if verdict.failed is True:
+            return True, tuple(found)
+    return False, tuple(found)
 
 
 def _repeats(messages: Sequence[Mapping[str, Any]]) -> int:
     """The run length of the latest tool call at the end of the trajectory (0: the agent called no tool).
 
     Walked back from the latest call, each one made canonical only when its name matches and its arguments
-    differ as written: an agent's history of dozens of calls costs two or three JSON round trips, not one each.
+    differ as written, and the messages read only as far back as the run goes: an agent's history of dozens of
+    calls costs two or three JSON round trips and a few messages' calls, not one each.
     """
-    calls = [call for m in messages if m.get("role") == "assistant" for call in _calls(m)]
-    if not calls:
+    calls = _calls_backwards(messages)
+    found = next(calls, None)
+    if found is None:
         return 0
-    name, arguments = calls[-1]
+    name, arguments = found
     latest: str | None = None  # the latest call's canonical arguments, once a call needs them
     run = 0
-    for other_name, other_arguments in reversed(calls):
+    for other_name, other_arguments in itertools.chain((found,), calls):
         if other_name != name:
             break
         written_alike = isinstance(arguments, str) and other_arguments == arguments  # a dict equal by == may not be:
@@ -83,6 +102,13 @@ def _repeats(messages: Sequence[Mapping[str, Any]]) -> int:
                 break
         run += 1
     return run
+
+
+def _calls_backwards(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """The assistants' tool calls, latest first, read only as far as the caller walks back."""
+    for message in reversed(messages):
+        if message.get("role") == "assistant":
+            yield from reversed(_calls(message))
 
 
 def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import openai
-from gateway.agents.tool_outcomes import judge
+from gateway.agents.tool_outcomes import Verdict, judge
 from gateway.decision.outcomes import Membership, Outcome
 from gateway.decision.sessions import names_session, shown_id, text_of
 from gateway.features import Features
@@ -358,23 +358,28 @@ class Sent:
     prompt: str | None = None
 
 
-def sent(messages: Any, keep: bool = False) -> Sent:
+def sent(messages: Any, keep: bool = False, judged: Sequence[Verdict] = ()) -> Sent:
     recent = _recent(messages)
-    return Sent(tool_results(recent, keep), echo(recent), last_prompt(recent) if keep else None)
+    return Sent(tool_results(recent, keep, judged), echo(recent), last_prompt(recent) if keep else None)
 
 
-def tool_results(messages: Any, keep: bool = False) -> tuple[ToolResult, ...]:
+def tool_results(messages: Any, keep: bool = False, judged: Sequence[Verdict] = ()) -> tuple[ToolResult, ...]:
     """The tool outputs this request sends back: its `tool` messages after the last assistant message (the
-    latest MAX_TOOL_RESULTS of them, within the last MAX_MESSAGES messages)."""
+    latest MAX_TOOL_RESULTS of them, within the last MAX_MESSAGES messages). `judged`: the verdicts routing
+    read of the latest of them (steps.AgentStep.verdicts), taken as they are where the text judged was the same."""
     found: list[ToolResult] = []
     for message in reversed(_recent(messages)):
         if not isinstance(message, dict):
             continue
         role = message.get("role")
         if role in ("tool", "function"):
-            text = text_of(message.get("content"))
+            content = message.get("content")
+            text = text_of(content)
             call_id = message.get("tool_call_id") or message.get("name") or ""
-            verdict = judge(text, message.get("is_error"))  # Anthropic's tool_result says so itself
+            if len(found) < len(judged) and isinstance(content, str):  # routing judged this very text
+                verdict = judged[len(found)]
+            else:
+                verdict = judge(text, message.get("is_error"))  # Anthropic's tool_result says so itself
             found.append(ToolResult(str(call_id)[:NAME_CHARS], verdict.ok, len(text), digest(text),
                                     text[:KEPT_CHARS] if keep else None, verdict.source, verdict.exit_code))
             if len(found) == MAX_TOOL_RESULTS:

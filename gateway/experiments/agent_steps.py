@@ -10,6 +10,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
+from gateway.agents.tool_outcomes import Verdict
 from gateway.decision import trajectory as tr
 from gateway.decision.loops import Finding
 from gateway.decision.sessions import shown_id
@@ -46,13 +47,16 @@ class PendingStep:
     it is queued) leaves only what the record needs, so a queued step costs a bounded amount of memory.
     """
 
-    __slots__ = ("at", "cache", "calls", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "kept_bytes", "messages",
-                 "outcome", "policy", "queue", "raw", "sent", "session_id", "spans", "status", "tenant", "ttft_s")
+    __slots__ = ("at", "cache", "calls", "chunks", "cohorted", "elapsed_s", "end_ns", "ex", "judged", "kept_bytes",
+                 "messages", "outcome", "policy", "queue", "raw", "sent", "session_id", "spans", "status", "tenant",
+                 "ttft_s")
 
     def __init__(self, queue: Callable[[PendingStep], None], at: float, policy: Policy, tenant: str,
-                 session_id: str, messages: Any, tools: bool, cohorted: Cohorted | None) -> None:
+                 session_id: str, messages: Any, tools: bool, cohorted: Cohorted | None,
+                 judged: tuple[Verdict, ...] = ()) -> None:
         self.queue, self.at, self.policy, self.tenant, self.session_id = queue, at, policy, tenant, session_id
         self.messages, self.cohorted = messages, cohorted
+        self.judged = judged  # routing's verdicts of the tool results the messages end with (steps.AgentStep)
         self.chunks: list[bytes] | None = [] if tools else None  # a stream's tool-call events, as relayed
         self.raw: bytes | None = None  # a non-streamed body that may hold tool calls
         self.ex: Exchange | None = None
@@ -75,8 +79,8 @@ class PendingStep:
     def distill(self, keep: bool, room_bytes: int) -> None:
         """Drop the request and keep its digests; keep the response's tool-call bytes for the flusher when they
         fit in MAX_KEPT_BYTES and the queue's `room_bytes`, else read the tool calls now and drop the bytes."""
-        self.sent = tr.sent(self.messages, keep)
-        self.messages = None
+        self.sent = tr.sent(self.messages, keep, self.judged)
+        self.messages, self.judged = None, ()
         size = len(self.raw) if self.raw is not None else sum(len(c) for c in self.chunks or ())
         if size <= min(MAX_KEPT_BYTES, room_bytes):
             self.kept_bytes = size

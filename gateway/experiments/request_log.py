@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import re
@@ -55,7 +54,7 @@ def log_record(enrollment: Enrollment, finish: Finish, prompts: bool) -> dict[st
         "tenant": call.tenant,
         "headers": loggable_headers(call.headers, policy.read_headers),
         "features": f.as_record(with_prompt=prompts),
-        "step": None if call.step is None else dataclasses.asdict(call.step),
+        "step": None if call.step is None else call.step.as_record(),
         "complexity": enrollment.complexity,
         "decision": {"deployment": d.deployment, "rule": d.rule, "attempts": list(d.attempts)},
         "served_by": ex.deployment,

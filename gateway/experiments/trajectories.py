@@ -112,7 +112,8 @@ class Trajectories:
         outcome = read_header(call.headers)
         ex.attributes[t.GEN_AI_CONVERSATION_ID] = shown_id(session_id)  # the conversation as its client names it
         ex.step = step = PendingStep(self.queue, self.clock(), call.policy, call.tenant_or_anonymous, session_id,
-                                     call.view.get("messages"), call.features.tools_count > 0, cohorted)
+                                     call.view.get("messages"), call.features.tools_count > 0, cohorted,
+                                     call.step.verdicts if call.step is not None else ())
         step.outcome = outcome
 
     def queue(self, step: PendingStep) -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.agents.tool_outcomes import judge
 from gateway.decision.trajectory import (
     MAX_TOOL_CALLS,
     MAX_TOOL_RESULTS,
@@ -24,6 +25,7 @@ from gateway.decision.trajectory import (
     tool_calls_in_stream,
     tool_results,
 )
+from gateway.steps import read_step
 
 
 def _call(name: str, arguments: str, call_id: str = "c1") -> dict[str, Any]:
@@ -193,3 +195,39 @@ def test_a_step_reads_a_bounded_number_and_size_of_what_it_is_sent() -> None:
     deltas = [{"index": i, "id": str(i), "function": {"name": "f", "arguments": "{}"}} for i in range(500)]
     event = json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": deltas}}]})
     assert len(tool_calls_in_stream([f"data: {event}\n\n".encode()])) == MAX_TOOL_CALLS
+
+
+# Tool outputs as agents send them back: ok and failing by exit code, a traceback, an `is_error` flag, content
+# parts (judged on their joined text, which routing and the record join apart), and messages routing stops at.
+_OUTPUTS = st.sampled_from([
+    "Exit code: 0\nOutput:\nok", "Exit code: 1\nOutput:\nFAILED tests/test_x.py::t", '{"error": "denied"}',
+    "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad", "plain text",
+    [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "Error: no"}], None])
+_TRAILING = st.lists(st.one_of(
+    st.builds(lambda content, flag: {"role": "tool", "tool_call_id": "c", "content": content,
+                                     **({"is_error": True} if flag else {})}, _OUTPUTS, st.booleans()),
+    st.just({"role": "user", "content": "go on"})), max_size=8)
+
+
+@given(_TRAILING)
+def test_the_record_takes_routings_verdicts_and_they_are_what_judging_each_result_gives(
+    trailing: list[dict[str, Any]],
+) -> None:
+    """Each tool result is judged once a request (routing's verdicts reused by the record), with the same outcome as
+    when the record judged them all itself."""
+    messages = [{"role": "user", "content": "fix it"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                      "function": {"name": "shell", "arguments": "{}"}}]}, *trailing]
+    step = read_step({"messages": messages})
+    assert step is not None
+    assert tool_results(messages, judged=step.verdicts) == tool_results(messages)
+
+
+def test_routings_verdict_is_taken_for_the_text_it_judged_and_parts_are_judged_again() -> None:
+    """The record takes routing's verdict of a plain-text result as it is (no second judging: a verdict unlike the
+    text's shows it was taken); a result of content parts, whose text routing joins otherwise, is judged anew."""
+    ok = judge("Exit code: 0")
+    text = [{"role": "tool", "tool_call_id": "c", "content": "Exit code: 1"}]
+    assert tool_results(text, judged=(ok,))[0].ok
+    parts = [{"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "Exit code: 1"}]}]
+    assert not tool_results(parts, judged=(ok,))[0].ok
