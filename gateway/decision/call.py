@@ -7,9 +7,10 @@ from typing import Any
 
 from gateway.context.anthropic_edits import Managed
 from gateway.context.masking import Masking
+from gateway.context.prefix import Chain, chain_of
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.sessions import session_id
-from gateway.features import Features
+from gateway.features import Features, prompt_tokens_with_template
 from gateway.openai import Source
 from gateway.policy.model import Policy
 from gateway.steps import AgentStep, read_step
@@ -20,7 +21,7 @@ class Call:
     loop, who sends it. Built once (by `read_call`, or from a log line); treated as immutable (slots, not
     frozen: a frozen class sets each field through object.__setattr__, which costs microseconds a request)."""
 
-    __slots__ = ("_session", "body", "body_bytes", "chain", "context", "endpoint", "features", "headers",
+    __slots__ = ("_prompt", "_session", "body", "body_bytes", "chain", "context", "endpoint", "features", "headers",
                  "masking", "policy", "source", "step", "tenant", "view")
 
     def __init__(self, policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any],
@@ -36,6 +37,7 @@ class Call:
         self.masking = masking  # the old tool outputs the gateway masked in `body` (the policy's context rules)
         self.source = source  # the request's bytes and `body` as their parse (None when the gateway edited it)
         self._session: tuple[str | None] | None = None
+        self._prompt: Chain | None = None
 
     @property
     def tenant_or_anonymous(self) -> str:
@@ -48,6 +50,15 @@ class Call:
         if self._session is None:
             self._session = (session_id(self.headers, self.view, self.chain),)
         return self._session[0]
+
+
+    @property
+    def prompt(self) -> Chain:
+        """The prompt's hash chain (context/prefix.py), hashed on first use only: the session caches read what each
+        deployment holds of it, and the window counter keys its memo by it."""
+        if self._prompt is None:
+            self._prompt = chain_of(self.view, prompt_tokens_with_template(self.features))
+        return self._prompt
 
 
 def read_call(policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any], body_bytes: int,

@@ -16,11 +16,10 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from gateway.context.prefix import NO_PREFIXES, Chain, chain_of, rescaled
+from gateway.context.prefix import NO_PREFIXES, Chain, rescaled
 from gateway.decision.call import Call
 from gateway.decision.switch import SessionCache, session_cache
 from gateway.decision.trajectory import StepCache
-from gateway.features import prompt_tokens_with_template
 from gateway.openai import Usage
 from gateway.store.contract import StoreError, StoreFault
 from gateway.store.prefixes import PrefixStore
@@ -62,7 +61,7 @@ class SessionCaches:
         switch, session_id = call.policy.switch, call.session_id
         if switch is None or session_id is None:
             return None
-        prompt = chain_of(call.view, prompt_tokens_with_template(call.features))
+        prompt = call.prompt
         tenant = call.tenant_or_anonymous
         try:
             record = await self.store.prefixes(tenant, session_id)

@@ -15,7 +15,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from gateway import openai
@@ -40,23 +40,40 @@ Part = str | int  # a text to count, or a number of tokens already known (a prom
 Counted = Callable[[str, str], None]
 
 
-def parts(view: Mapping[str, Any], endpoint: str) -> Iterator[Part]:
+def parts(view: Mapping[str, Any], endpoint: str, start: int = 0) -> Iterator[Part]:
     """What the model reads, in the order its prompt has it: the tool schemas as a chat template lists them (one
-    JSON object a line), then each message's text (an assistant's tool calls with it); a completion's prompts."""
+    JSON object a line), then each message's text (an assistant's tool calls with it); a completion's prompts.
+    From the part numbered `start` on (the ones before are not built)."""
     tools = view.get("tools")
     if isinstance(tools, list) and tools:
-        yield "\n".join(json.dumps(tool, ensure_ascii=False, default=str) for tool in tools)
+        if start == 0:
+            yield "\n".join(json.dumps(tool, ensure_ascii=False, default=str) for tool in tools)
+        start = max(start - 1, 0)
     if endpoint == "completions":
         prompt = view.get("prompt")
         if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
             prompt = [prompt]
-        for item in prompt if isinstance(prompt, list) else ():
+        for item in prompt[start:] if isinstance(prompt, list) else ():
             yield item if isinstance(item, str) else len(item) if isinstance(item, list) else 0
         return
     messages = view.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        if isinstance(message, Mapping):
-            yield _message_text(message)
+    for message in [m for m in messages if isinstance(m, Mapping)][start:] if isinstance(messages, list) else ():
+        yield _message_text(message)
+
+
+def links_of(call: Call, endpoint: str) -> tuple[list[bytes] | list[str], list[Part] | None]:
+    """The prompt's links, one a part: a chat's are the call's own prompt chain (context/prefix.py, hashed once a
+    call for the session caches too), whose links fall where the parts do, one for the tools and one a message;
+    else (a completion's prompts, a chain cut at its MAX_LINKS) a chain of the parts, returned with them."""
+    if endpoint == "chat":
+        tools, messages = call.view.get("tools"), call.view.get("messages")
+        count = (1 if isinstance(tools, list) and tools else 0) + sum(
+            1 for m in (messages if isinstance(messages, list) else ()) if isinstance(m, Mapping))
+        shared = call.prompt
+        if len(shared) == count:  # else tools of another type, or more messages than MAX_LINKS
+            return [link.digest for link in shared], None
+    prompt = list(parts(call.view, endpoint))
+    return chain(prompt), prompt
 
 
 def _message_text(message: Mapping[str, Any]) -> str:
@@ -79,13 +96,14 @@ def chain(prompt: list[Part]) -> list[bytes]:
 
 
 class Memo:
-    """Texts' token counts by (deployment, chain link), least recently used first out."""
+    """Texts' token counts by (deployment, chain link), least recently used first out. A link is a chain_of digest
+    (hex) or a `chain` one (bytes): the two never compare equal."""
 
     def __init__(self, size: int = MEMO_ENTRIES) -> None:
         self._size = size
-        self._counts: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._counts: OrderedDict[tuple[str, bytes | str], int] = OrderedDict()
 
-    def longest(self, name: str, links: list[bytes]) -> tuple[int, int]:
+    def longest(self, name: str, links: Sequence[bytes | str]) -> tuple[int, int]:
         """(how many parts, their tokens) of the longest prefix counted before; (0, 0) when none was."""
         for i in range(len(links) - 1, -1, -1):
             key = (name, links[i])
@@ -95,7 +113,7 @@ class Memo:
                 return i + 1, tokens
         return 0, 0
 
-    def keep(self, name: str, link: bytes, tokens: int) -> None:
+    def keep(self, name: str, link: bytes | str, tokens: int) -> None:
         self._counts[(name, link)] = tokens
         self._counts.move_to_end((name, link))
         while len(self._counts) > self._size:
@@ -120,20 +138,21 @@ class DeploymentCounts:
                 and windows.near_edge(windows.window_of(dep.max_model_len, learned.get(name)), features)]
         if not near:
             return {}
-        prompt = list(parts(call.view, "completions" if features.endpoint == "completions" else "chat"))
-        links = chain(prompt)
-        found = await asyncio.gather(*(self._count(name, policy.deployments[name], prompt, links, call)
+        endpoint = "completions" if features.endpoint == "completions" else "chat"
+        links, prompt = links_of(call, endpoint)
+        found = await asyncio.gather(*(self._count(name, policy.deployments[name], endpoint, prompt, links, call)
                                        for name in near))
         return dict(zip(near, found, strict=True))
 
     async def _count(
-        self, name: str, dep: Deployment, prompt: list[Part], links: list[bytes], call: Call
+        self, name: str, dep: Deployment, endpoint: str, prompt: list[Part] | None, links: Sequence[bytes | str],
+        call: Call,
     ) -> windows.Count:
         start, tokens = self.memo.longest(name, links)
-        if start == len(prompt):
+        if start == len(links):
             self._counted(name, "memo")
             return windows.Count(tokens + windows.template_tokens(call.features), True)
-        rest = prompt[start:]
+        rest = prompt[start:] if prompt is not None else list(parts(call.view, endpoint, start))
         tokens += sum(part for part in rest if isinstance(part, int))
         text = "\n".join(part for part in rest if isinstance(part, str))
         try:

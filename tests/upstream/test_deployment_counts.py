@@ -126,3 +126,43 @@ def test_equal_links_are_equal_prefixes_and_the_memo_is_bounded() -> None:
     assert memo.longest("hq", chain([str(i) for i in range(5)])) == (5, 4)
     assert memo.longest("hq", chain(["0", "1"])) == (0, 0)  # the oldest were dropped
     assert memo.longest("fast", chain([str(i) for i in range(5)])) == (0, 0)  # per deployment
+
+
+async def test_a_prompt_whose_history_was_edited_is_counted_anew_not_from_the_memo(
+    fakes: tuple[FakeVLLM, FakeVLLM, Policy],
+) -> None:
+    """The memo is keyed by the call's prompt chain, whose links hash everything before them: a prompt whose
+    history was rewritten (a tool result masked) matches no counted prompt and is counted whole."""
+    hq, _, policy = fakes
+    pool = upstream.make_client(4)
+    try:
+        counter = DeploymentCounts(pool, _counter(make_metrics()))
+        before = await counter.count(_call(policy, _step(3)), WINDOWS)
+        edited = _step(3)
+        edited[3] = {**edited[3], "content": "[output cleared]"}  # the first tool result, masked
+        found = await counter.count(_call(policy, edited), WINDOWS)
+        assert len(hq.tokenized) == 2
+        again = hq.tokenized[1]
+        assert SYSTEM in again and "[output cleared]" in again and "output of step 0" not in again
+        assert found["hq"].tokens < before["hq"].tokens
+    finally:
+        await pool.close()
+
+
+async def test_the_prompt_is_hashed_once_a_call_for_the_window_count_and_the_session_caches(
+    fakes: tuple[FakeVLLM, FakeVLLM, Policy], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gateway.decision.call as call_module
+
+    hashed: list[int] = []
+    chain_of = call_module.chain_of
+    monkeypatch.setattr(call_module, "chain_of", lambda *args: hashed.append(1) or chain_of(*args))
+    _, _, policy = fakes
+    pool = upstream.make_client(4)
+    try:
+        call = _call(policy, _step(2))
+        await DeploymentCounts(pool, _counter(make_metrics())).count(call, WINDOWS)
+        assert call.prompt[-1].digest == chain_of(call.view, 1)[-1].digest  # what the sighting reads
+        assert len(hashed) == 1
+    finally:
+        await pool.close()
