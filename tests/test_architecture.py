@@ -10,12 +10,12 @@ import pytest
 
 GATEWAY = Path(__file__).resolve().parents[1] / "gateway"
 # Lowest first: a module may import its own package and the packages before it, never one after it.
-LAYERS = ["frozen", "errors", "settings", "openai", "token_pieces", "features", "steps", "wire", "classifier",
-          "rollout", "policy", "decision", "apis", "store", "upstream", "telemetry", "accounting", "experiments",
-          "server", "cli"]
+LAYERS = ["frozen", "errors", "settings", "openai", "token_pieces", "features", "steps", "wire", "context",
+          "classifier", "rollout", "policy", "decision", "apis", "store", "upstream", "telemetry", "accounting",
+          "experiments", "server", "cli"]
 # settings is a leaf but not pure: reading the environment is its job
-PURE = {"frozen", "errors", "openai", "token_pieces", "features", "steps", "wire", "classifier", "rollout", "policy",
-        "decision", "apis"}
+PURE = {"frozen", "errors", "openai", "token_pieces", "features", "steps", "wire", "context", "classifier", "rollout",
+        "policy", "decision", "apis"}
 # the pure core also runs no tasks, threads, sockets or processes of its own: that belongs to the runtime
 IO_LIBRARIES = ("aiohttp", "redis", "opentelemetry", "prometheus_client", "asyncio", "os", "socket", "threading")
 # One module per foreign library translates its errors and owns its objects.

@@ -143,6 +143,8 @@ class Accounting:
         tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
         # a stream another deployment finished: each earlier part at the price of the one that generated it
         before = [(part_price or price, part) for _, part_price, part in ex.parts or ()]
+        if ex.compaction is not None:  # the summary written before the answer (context_management)
+            before.append((ex.compaction[1] or price, ex.compaction[2]))
         await self.budgets.settle(held, price, tokens_in, tokens_out, deployment=answered, before=before)
 
 

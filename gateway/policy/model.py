@@ -23,6 +23,7 @@ from pydantic import (
 
 from gateway.frozen import Frozen
 from gateway.policy.agents import AgentsPolicy
+from gateway.policy.compaction import CompactionPolicy
 from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy
 from gateway.rollout import spec as rollout_spec
 from gateway.rollout.labels import LabelsSpec
@@ -302,6 +303,7 @@ class Policy(Frozen):
     store: StorePolicy = StorePolicy()
     auth: AuthPolicy = AuthPolicy()
     agents: AgentsPolicy = AgentsPolicy()
+    compaction: CompactionPolicy = CompactionPolicy()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Policy:
@@ -360,6 +362,8 @@ class Policy(Frozen):
         for field, name in self.agents.targets():
             if name not in known:
                 yield f"{field}: unknown deployment {name!r} (known: {known})"
+        if self.compaction.deployment is not None and self.compaction.deployment not in known:
+            yield f"compaction.deployment: unknown deployment {self.compaction.deployment!r} (known: {known})"
 
     def _experiment_problems(self) -> Iterator[str]:
         known = self.deployments

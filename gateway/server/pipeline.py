@@ -24,7 +24,7 @@ from gateway.decision.routing import Context, Decision, decide
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
 from gateway.policy.model import Policy
-from gateway.server import relay
+from gateway.server import compaction, relay
 from gateway.server.resources import (
     ACCOUNTING,
     CONVERSATIONS,
@@ -61,8 +61,12 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     admitted = await admit(app, call)
     ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent))
     decision = decide(call.policy, call.features, ctx)
+    asked = compaction.asked(adapter, call)  # the gateway answers with a compaction itself
+    if asked is not None:
+        decision = compaction.decision_for(call.policy, asked, decision)
     experiments = app[EXPERIMENTS]
-    enrollment = await experiments.begin(ex, call, ctx, decision) if experiments.engaged(call.policy) else None
+    engaged = asked is None and experiments.engaged(call.policy)
+    enrollment = await experiments.begin(ex, call, ctx, decision) if engaged else None
     if enrollment is not None:
         decision = enrollment.decision  # a rollout's candidate arm
     status, held = 500, None
@@ -72,11 +76,14 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         except GatewayError:
             ex.decided(call.features, decision, ctx.complexity)  # refused by the budget: no deployment reached
             raise
+        compacted = await compaction.compact_input(request, call, decision) if adapter.chains and not asked \
+            else None
+        if compacted is not None:
+            call, decision, adapter = compacted.call, compacted.decision, compacted.adapter
         record(app, ex, adapter, call, ctx, decision, enrollment, recording)
         if enrollment is not None:
             enrollment.sent()
-        keep = app[CONVERSATIONS].keeper(call) if adapter.chains else None
-        response = await relay.forward(request, adapter, call, decision, admitted.caps if admitted else None, keep)
+        response = await answer(request, adapter, call, decision, admitted, asked, compacted)
         status = response.status
         return response
     except GatewayError as exc:
@@ -93,6 +100,19 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
             experiments.finished(enrollment, status)
 
 
+async def answer(
+    request: web.Request, adapter: Adapter, call: Call, decision: Decision, admitted: Admitted | None,
+    asked: str | None, compacted: compaction.Compacted | None,
+) -> web.StreamResponse:
+    """The answer: a compaction the gateway writes itself, else the deployments' (forwarded in failover order)."""
+    if asked is not None:
+        return await compaction.answer(request, call, decision, asked)
+    keep = None
+    if adapter.chains:
+        keep = request.app[CONVERSATIONS].keeper(call, compacted.kept_body if compacted is not None else None)
+    return await relay.forward(request, adapter, call, decision, admitted.caps if admitted else None, keep)
+
+
 async def read(request: web.Request, adapter: Adapter) -> Call:
     """The one view of the call: the body read within its limit, checked, its features and agent step."""
     raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
@@ -102,6 +122,7 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     tenant, chain = request.get(TENANT) if policy.auth.enabled else None, None
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
         body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
+        body = compaction.opened(request, body, tenant or ANONYMOUS)  # no deployment reads a compaction item
     view = adapter.view(body)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
                      tenant, chain)

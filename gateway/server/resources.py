@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
 from gateway.classifier.scoring import Classifier
+from gateway.context.seal import Seal
 from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision
 from gateway.decision.share import ShareTracker
@@ -38,6 +39,7 @@ class Remembered:
     ctx: Context
     served: Decision  # after the rollout arm and the budget hold, which may narrow the failover
     resumes: list[str] = field(default_factory=list)  # each break of its stream, and what became of it
+    compactions: list[str] = field(default_factory=list)  # each summary the gateway wrote for it
 
 
 class Recent:
@@ -58,6 +60,11 @@ class Recent:
         found = self._items.get(request_id)
         if found is not None:
             found.resumes.append(description)
+
+    def compacted(self, request_id: str, description: str) -> None:
+        found = self._items.get(request_id)
+        if found is not None:
+            found.compactions.append(description)
 
     def get(self, request_id: str) -> Remembered | None:
         return self._items.get(request_id)
@@ -85,6 +92,7 @@ ACCOUNTING = web.AppKey("accounting", Accounting)
 EXPERIMENTS = web.AppKey("experiments", Experiments)
 TRAJECTORIES = web.AppKey("trajectories", Trajectories)
 CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API's stored responses
+SEAL = web.AppKey("seal", Seal)  # seals and opens the compaction items clients send back
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)

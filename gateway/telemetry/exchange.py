@@ -60,6 +60,7 @@ class Exchange:
     __slots__ = (
         "attributes",
         "client_request_id",
+        "compaction",
         "deployment",
         "endpoint",
         "error",
@@ -111,6 +112,8 @@ class Exchange:
         # A stream finished by the sibling: the earlier parts' (deployment, price, usage), and each resume
         self.parts: list[tuple[str, Price | None, Usage]] | None = None
         self.resumes: list[Resume] | None = None
+        # A summary the gateway had written before forwarding (context_management): (deployment, price, usage)
+        self.compaction: tuple[str, Price | None, Usage] | None = None
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         """The decision as admission left it; the deployment is set only once one is tried (a call the budget
@@ -166,6 +169,12 @@ class Exchange:
         if self.parts is None:
             self.parts = []
         self.parts.append((self.deployment, self.price, usage))
+
+    def compacted(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics) -> None:
+        """A summary written before the answer, by `deployment`: counted, and charged with the answer."""
+        cost_usd = price.cost_usd(usage.prompt_tokens, usage.completion_tokens) if price is not None else 0.0
+        metrics.count_tokens(deployment, self.tenant, usage.prompt_tokens, usage.completion_tokens, cost_usd)
+        self.compaction = (deployment, price, usage)
 
     def resumed(self, resume: Resume) -> None:
         if self.resumes is None:

@@ -53,6 +53,11 @@ AGENT_FLAGS = "gateway.agent.flags"
 AGENT_ACTION = "gateway.agent.action"
 AGENT_FLAG_EVENT = "gateway.agent.flag"  # a span event: a loop or spike flag raised at this step
 TOOL_ARGS_DIGEST = "gateway.tool.args_digest"
+COMPACTION_TRIGGER = "gateway.compaction.trigger"  # v1_compact | v2_trigger | context_management
+COMPACTION_DEPLOYMENT = "gateway.compaction.deployment"  # the one that wrote the summary
+COMPACTION_TOKENS_BEFORE = "gateway.compaction.tokens_before"  # the conversation it replaced
+COMPACTION_TOKENS_AFTER = "gateway.compaction.tokens_after"  # what stands in for it: kept messages and summary
+COMPACTION_ITEMS_OPENED = "gateway.compaction.items_opened"  # compaction items sent back, expanded
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -209,6 +214,8 @@ class Metrics:
     agents: AgentSeries
     classifier_seconds: Counter
     classifier_scores: Counter
+    compactions: Counter
+    compaction_tokens: Counter
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
@@ -238,6 +245,13 @@ class Metrics:
     def count_tokens(self, deployment: str, tenant: str, input_tokens: int, output_tokens: int,
                      cost_usd: float) -> None:
         self.pending_tokens.append((deployment, tenant, input_tokens, output_tokens, cost_usd))
+
+    def count_compaction(self, api: str, trigger: str, deployment: str, tokens_before: int,
+                         tokens_after: int) -> None:
+        """One summary written (rare beside requests: applied at once)."""
+        self.compactions.labels(api, trigger, deployment).inc()
+        self.compaction_tokens.labels(api, trigger, "before").inc(tokens_before)
+        self.compaction_tokens.labels(api, trigger, "after").inc(tokens_after)
 
     def fold(self) -> None:
         """Apply the waiting figures to the Prometheus series (at a scrape, every FOLD_EVERY requests and,
@@ -445,6 +459,12 @@ def make_metrics() -> Metrics:
         classifier_seconds=Counter("gateway_classifier_seconds", "Wall time spent scoring requests (in the event "
                                    "loop, so about its CPU time)", registry=r),
         classifier_scores=Counter("gateway_classifier_scores", "Requests scored by the classifier", registry=r),
+        compactions=Counter("gateway_compactions", "Conversations the gateway summarized for a client, by API, "
+                            "what asked (v1_compact, v2_trigger, context_management) and the summarizing "
+                            "deployment", ["api", "trigger", "deployment"], registry=r),
+        compaction_tokens=Counter("gateway_compaction_tokens", "Context tokens of compacted conversations, before "
+                                  "(what was summarized) and after (kept messages and the summary); the ratio is "
+                                  "the compaction's gain", ["api", "trigger", "stage"], registry=r),
         agents=_agent_series(r),
     )
 
