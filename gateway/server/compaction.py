@@ -166,7 +166,8 @@ async def answer(request: web.Request, call: Call, decision: Decision, trigger: 
     note(request, "responses", trigger, written, after)
     used = wire.usage(written.usage.prompt_tokens, written.usage.completion_tokens)
     if trigger == wire.V1_COMPACT:
-        return web.json_response(wire.compacted(responses.new_response_id(), [*kept, item], used))
+        listed = [*map(wire.output_message, kept), item]
+        return web.json_response(wire.compacted(responses.new_response_id(), listed, used))
     final = wire.response(call.body, responses.new_response_id(), [item], used)
     # kept as the compacted conversation: a chain onto it reads the user's messages, then the summary
     await app[CONVERSATIONS].keeper(call, {**call.body, "input": kept})(final)

@@ -143,6 +143,14 @@ def _text(item: Mapping[str, Any]) -> str:
     return "".join(t for t in texts if isinstance(t, str))
 
 
+def output_message(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A kept user message as /compact's output lists it (OpenAI's shape: an id, a status, input_text parts)."""
+    content = item.get("content")
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    return {"id": item.get("id") or "msg_" + secrets.token_hex(24), "type": "message", "status": "completed",
+            "role": item.get("role"), "content": parts}
+
+
 def compaction_item(token: str) -> dict[str, Any]:
     return {"id": "cmp_" + secrets.token_hex(24), "type": ITEM, "encrypted_content": token}
 
