@@ -198,7 +198,9 @@ async def test_a_client_past_its_timeout_is_killed_with_every_process_it_started
     pipes (and its deployment busy) until it ended on its own, and the run with it."""
     pid_file = tmp_path / "child.pid"
     script = f"sleep 3600 & echo $! > {pid_file}; echo started; wait"
-    run = await agent_clients.run(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, tmp_path, timeout_s=1.0)
+    # 10 s: the shell must have started its child and said so before the kill, on a loaded machine too (at 1 s
+    # a CI run's shell had not yet printed "started")
+    run = await agent_clients.run(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, tmp_path, timeout_s=10.0)
     assert run.exit_code == -9 and run.stdout == "started\n"
     assert run.seconds < 60, run.describe()  # the child's hour, had it kept the pipes open
     child = int(pid_file.read_text())
