@@ -140,9 +140,8 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     tenant, chain = request.get(TENANT) if policy.auth.enabled else None, None
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
         body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
-    body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
-    if adapter.chains:
         body = compaction.opened(request, body, tenant or ANONYMOUS)  # no deployment reads a compaction item
+    body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
     masking = None
     if policy.masks_context:  # the policy's context rules: old tool outputs masked, their originals stored first
         body, masking = await request.app[OFFLOAD].mask(adapter.tool_outputs, policy, body, tenant,
