@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gateway.accounting.budgets import Budgets
 from gateway.decision.admission import Cost
+from gateway.openai import Usage
 from gateway.policy.model import Price
 from gateway.policy.tenancy import Budget, SessionPolicy, TenantPolicy, Window
 from gateway.store.contract import Store
@@ -45,7 +46,7 @@ SESSIONS = SessionPolicy()
 
 async def reserve_settle(budgets: Budgets) -> None:
     held = await budgets.reserve("bench", POLICY, "hq", WORST)
-    await budgets.settle(held, PRICE, 500, 200)
+    await budgets.settle(held, PRICE, Usage(500, 200))
 
 
 async def full_path(budgets: Budgets) -> None:

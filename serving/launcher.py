@@ -74,6 +74,8 @@ def engine_args(dep: Deployment, model: str, platform: str, host: str, port: int
         str(dep.max_model_len),
     ]
     args.append("--enable-prefix-caching" if dep.prefix_caching else "--no-enable-prefix-caching")
+    # the usage then reports the prompt's cached tokens, which the gateway prices at the cached input price
+    args.append("--enable-prompt-tokens-details")
     if dep.quantization is not None:
         args += ["--quantization", dep.quantization]
     if dep.speculative is not None:

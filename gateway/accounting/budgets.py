@@ -14,7 +14,7 @@ Contract for the core (request path, in this order):
     (failover: reserve once with the largest worst case of decision.attempts; settle names the
      deployment that answered)
     then exactly one of:
-      await budgets.settle(held, dep.price, tokens_in, tokens_out)  # on completion (usage from upstream)
+      await budgets.settle(held, dep.price, usage)  # on completion (usage from upstream, cached tokens priced apart)
       await budgets.release(held)                                   # on failure, cancel, disconnect
     usage_report(store, tenant) -> JSON-able dict for the admin endpoint
 settle and release never raise (a store failure is logged and the hold expires after its TTL); a
@@ -85,8 +85,7 @@ class Budgets:
         self,
         reservation: Reservation,
         price: Price,
-        tokens_in: int,
-        tokens_out: int,
+        usage: Usage,
         *,
         deployment: str | None = None,
         before: Sequence[tuple[Price, Usage]] = (),
@@ -101,10 +100,10 @@ class Budgets:
         self._open.discard(reservation.id)
         if deployment is not None and deployment != reservation.deployment:
             reservation = dataclasses.replace(reservation, deployment=deployment)
-        spend = Spend(price.cost_usd(tokens_in, tokens_out), tokens_in, tokens_out)
-        for part_price, part in before:
-            spend = Spend(spend.usd + part_price.cost_usd(part.prompt_tokens, part.completion_tokens),
-                          spend.tokens_in + part.prompt_tokens, spend.tokens_out + part.completion_tokens)
+        spend = Spend(0.0, 0, 0)
+        for part_price, part in (*before, (price, usage)):
+            spend = Spend(spend.usd + part_price.cost_usd_of(part), spend.tokens_in + part.prompt_tokens,
+                          spend.tokens_out + part.completion_tokens)
         try:
             await self._store.settle(reservation, spend)
         except Exception as exc:

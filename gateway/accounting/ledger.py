@@ -139,12 +139,11 @@ class Accounting:
         usage: Usage = ex.usage or Usage(0, 0)
         answered = ex.deployment if ex.deployment in policy.deployments else held.deployment
         price = policy.deployments[answered].price
-        tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
         # a stream another deployment finished: each earlier part at the price of the one that generated it
         before = [(part_price or price, part) for _, part_price, part in ex.parts or ()]
         # calls made for the answer beside it (a compaction's summary), at the price of the deployment that made them
         before += [(part_price or price, part) for _, part_price, part in ex.side_parts or ()]
-        await self.budgets.settle(held, price, tokens_in, tokens_out, deployment=answered, before=before)
+        await self.budgets.settle(held, price, usage, deployment=answered, before=before)
 
 
 def _with_resume(admitted: Admitted, policy: Policy, decision: Decision, widest: Cost) -> Cost:
@@ -154,7 +153,8 @@ def _with_resume(admitted: Admitted, policy: Policy, decision: Decision, widest:
     if not admitted.may_resume or not siblings:
         return widest
     tokens = max(admitted.costs[n].tokens for n in siblings)
-    usd = max(policy.deployments[n].price.cost_usd(admitted.costs[n].tokens, 0) for n in siblings)
+    # the sibling's cache holds none of this answer, nor (after a switch) the prompt: all of it priced as new
+    usd = max(policy.deployments[n].price.cost_usd(admitted.costs[n].tokens, 0, cached_tokens=0) for n in siblings)
     return Cost(widest.usd + usd, widest.tokens + tokens)
 
 

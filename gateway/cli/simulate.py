@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from gateway import openai
 from gateway.decision.call import Call
 from gateway.decision.context import Logged, Surroundings, gather
 from gateway.decision.routing import decide
@@ -73,10 +74,15 @@ def call_of(policy: Policy, record: dict[str, Any]) -> Call:
 
 
 def _cost(policy: Policy, deployment: str, usage: dict[str, Any] | None) -> float:
+    """The logged usage at the deployment's prices: its cached tokens (0 in logs written before they were read)
+    at the cached price, on whichever deployment the policy sends the request (the session's cache is assumed
+    to follow it: a replay of one request at a time cannot see the switches a policy makes)."""
     dep = policy.deployments.get(deployment)
     if dep is None or not usage:
         return 0.0
-    return dep.price.cost_usd(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    logged = openai.reported_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
+                                   usage.get("cached_tokens"))
+    return dep.price.cost_usd_of(logged)
 
 
 def replay(path: str, candidate: Policy, live: Policy | None) -> dict[str, Any]:

@@ -72,8 +72,14 @@ def paused(managed: Managed, model: str, usage: Usage) -> dict[str, Any]:
     assert managed.summary is not None
     return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model,
             "content": [compaction.block(managed.summary)], "stop_reason": "compaction", "stop_sequence": None,
-            "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+            "usage": messages_usage(usage),
             "context_management": {"applied_edits": managed.reported_edits()}}
+
+
+def messages_usage(usage: Usage) -> dict[str, int]:
+    """A usage as Anthropic counts it: input_tokens is the prompt less what was read from the prefix cache."""
+    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "cache_read_input_tokens": usage.cached_tokens,
+            "output_tokens": usage.completion_tokens}
 
 
 def paused_stream(message: dict[str, Any]) -> bytes:

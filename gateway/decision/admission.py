@@ -320,10 +320,12 @@ def measure_prompt(policy: Policy, features: Features, body: Mapping[str, Any], 
 
 def worst_case(deployment: Deployment, prompt: PromptSize | int, max_tokens: int | None, choices: int = 1) -> Cost:
     """The prompt's ceiling at the input price plus each choice's completion cap at the output price (an int
-    prompt is an exact count: its own floor and ceiling)."""
+    prompt is an exact count: its own floor and ceiling). None of the prompt is assumed cached: nothing here
+    knows which deployment holds which prefix, and a switch or a failover prefills it all again; the settle
+    charges the cached tokens the deployment reports at their price."""
     size = prompt if isinstance(prompt, PromptSize) else PromptSize(prompt, prompt)
     out = completion_cap(deployment, size, max_tokens) * choices
-    return Cost(deployment.price.cost_usd(size.ceiling, out), size.ceiling + out)
+    return Cost(deployment.price.cost_usd(size.ceiling, out, cached_tokens=0), size.ceiling + out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,13 +161,14 @@ class Step:
     step: int = 0  # 1-based, given by the store when the step is appended
     prompt: str | None = None  # only when prompts are kept
     cache: StepCache | None = None  # with the policy's `switch` section
+    tokens_cached: int = 0  # of tokens_in, read from the deployment's prefix cache (priced apart)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, internal digests included (what the store keeps)."""
         out: dict[str, Any] = {
             "step": self.step, "at": round(self.at, 3), "deployment": self.deployment, "rule": self.rule,
-            "arm": self.arm, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
-            "cost_usd": self.cost_usd, "latency_ms": round(self.latency_ms, 3),
+            "arm": self.arm, "tokens_in": self.tokens_in, "tokens_cached": self.tokens_cached,
+            "tokens_out": self.tokens_out, "cost_usd": self.cost_usd, "latency_ms": round(self.latency_ms, 3),
             "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 3), "status": self.status,
             "tool_calls": [c.to_dict() for c in self.tool_calls],
             "tool_results": [r.to_dict() for r in self.tool_results],
@@ -191,6 +192,7 @@ class Step:
             str(raw.get("echo", "")), bool(raw.get("rework", False)), tuple(raw.get("flags", ())),
             int(raw.get("step", 0)), raw.get("prompt"),
             cache=StepCache.from_dict(cache) if isinstance(cache, dict) else None,
+            tokens_cached=int(raw.get("tokens_cached", 0)),
         )  # fmt: skip
 
     def shown(self) -> dict[str, Any]:

@@ -63,10 +63,9 @@ def log_record(enrollment: Enrollment, finish: Finish, prompts: bool) -> dict[st
         "status": finish.status,
         "usage": None
         if usage is None
-        else {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
-        "cost_usd": None
-        if usage is None or price is None
-        else price.cost_usd(usage.prompt_tokens, usage.completion_tokens),
+        else {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+              "cached_tokens": usage.cached_tokens},
+        "cost_usd": None if usage is None or price is None else price.cost_usd_of(usage),
         "latency_ms": round(finish.total_ms, 3),
         "ttft_ms": None if finish.ttft_ms is None else round(finish.ttft_ms, 3),
     }

@@ -34,6 +34,7 @@ from gateway.decision.trajectory import Step
 from gateway.errors import NotFound
 from gateway.experiments.agent_steps import Cohorted, PendingStep, StepReport
 from gateway.experiments.outcomes import Outcomes
+from gateway.openai import Usage
 from gateway.policy.agents import SpikePolicy
 from gateway.policy.model import Policy
 from gateway.store.contract import StoreError
@@ -255,16 +256,16 @@ class Trajectories:
         """The step as data: the response's tool calls, the digests of what the request sent back."""
         ex = p.ex
         assert ex is not None
-        usage = ex.usage
-        tokens_in, tokens_out = (usage.prompt_tokens, usage.completion_tokens) if usage else (0, 0)
+        usage = ex.usage or Usage()
         deployment = ex.deployment or "none"
         dep = p.policy.deployments.get(deployment)
         arm = p.cohorted.cohort.value if p.cohorted is not None else None
         sent = p.sent
-        return Step(p.at, deployment, ex.rule or "", arm, tokens_in, tokens_out,
-                    dep.price.cost_usd(tokens_in, tokens_out) if dep is not None else 0.0, p.elapsed_s * 1000,
+        return Step(p.at, deployment, ex.rule or "", arm, usage.prompt_tokens, usage.completion_tokens,
+                    dep.price.cost_usd_of(usage) if dep is not None else 0.0, p.elapsed_s * 1000,
                     None if p.ttft_s is None else p.ttft_s * 1000, p.status, p.tool_calls(self.keep_text),
-                    sent.tool_results, sent.echo, prompt=sent.prompt, cache=p.cache)
+                    sent.tool_results, sent.echo, prompt=sent.prompt, cache=p.cache,
+                    tokens_cached=usage.cached_tokens)
 
     def _judge(self, batch: _Batch, p: PendingStep, step: Step) -> None:
         """Flag the step against its session's recent steps and spend; queue its append; count and trace it."""

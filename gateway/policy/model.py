@@ -23,6 +23,7 @@ from pydantic import (
 
 from gateway.context.masking import MaskRule
 from gateway.frozen import Frozen
+from gateway.openai import Usage
 from gateway.policy.agents import AgentsPolicy
 from gateway.policy.compaction import CompactionPolicy
 from gateway.policy.context import ContextPolicy
@@ -40,12 +41,49 @@ Endpoint = Literal["chat", "completions", "embeddings", "responses", "messages"]
 
 
 
+# A cached input token's price as a fraction of an input token's, when a deployment names no cached price:
+# what hosted APIs charge for a cache read; self-hosted, a cached token's prefill costs almost nothing.
+CACHED_INPUT_FRACTION = 0.1
+
+
 class Price(Frozen):
+    """A deployment's price per million tokens: input, cached input (the prompt's prefix the deployment's prefix
+    cache held, as its usage reports it) and output."""
+
     input_per_mtok_usd: float = Field(0.0, ge=0)
     output_per_mtok_usd: float = Field(0.0, ge=0)
+    cached_input_per_mtok_usd: float | None = Field(
+        None, ge=0, description="price of a cached input token; default: cached_input_fraction of the input price")
+    cached_input_fraction: float = Field(
+        CACHED_INPUT_FRACTION, ge=0, le=1,
+        description="a cached input token's price as a fraction of the input price, when no cached price is given")
 
-    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
-        return (input_tokens * self.input_per_mtok_usd + output_tokens * self.output_per_mtok_usd) / 1e6
+    @model_validator(mode="after")
+    def _cached_within_input(self) -> Price:
+        cached = self.cached_input_per_mtok_usd
+        if cached is not None and "cached_input_fraction" in self.model_fields_set:
+            raise ValueError("give cached_input_per_mtok_usd or cached_input_fraction, not both")
+        if cached is not None and cached > self.input_per_mtok_usd:
+            raise ValueError(f"cached_input_per_mtok_usd {cached} is above input_per_mtok_usd "
+                             f"{self.input_per_mtok_usd}: a cached token never costs more than a new one")
+        return self
+
+    @property
+    def cached_per_mtok_usd(self) -> float:
+        """The price of a cached input token: the one given, else the fraction of the input price."""
+        given = self.cached_input_per_mtok_usd
+        return given if given is not None else self.input_per_mtok_usd * self.cached_input_fraction
+
+    def cost_usd(self, input_tokens: int, output_tokens: int, *, cached_tokens: int) -> float:
+        """The cost of a call that read `input_tokens` (of which `cached_tokens` came from the prefix cache: 0
+        when not known, which prices every input token as new) and generated `output_tokens`."""
+        cached = min(max(cached_tokens, 0), input_tokens)
+        return ((input_tokens - cached) * self.input_per_mtok_usd + cached * self.cached_per_mtok_usd
+                + output_tokens * self.output_per_mtok_usd) / 1e6
+
+    def cost_usd_of(self, usage: Usage) -> float:
+        """What a call's usage costs: its cached prompt tokens at the cached input price."""
+        return self.cost_usd(usage.prompt_tokens, usage.completion_tokens, cached_tokens=usage.cached_tokens)
 
 
 class Timeouts(Frozen):

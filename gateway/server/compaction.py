@@ -191,7 +191,7 @@ async def answer(request: web.Request, call: Call, decision: Decision, trigger: 
     kept = wire.retained(items)
     item, after = _sealed(request, call, written, kept)
     note(request, "responses", trigger, written, after)
-    used = wire.usage(written.usage.prompt_tokens, written.usage.completion_tokens)
+    used = wire.usage(written.usage.prompt_tokens, written.usage.completion_tokens, written.usage.cached_tokens)
     if trigger == wire.V1_COMPACT:
         listed = [*map(wire.output_message, kept), item]
         return web.json_response(wire.compacted(responses.new_response_id(), listed, used))

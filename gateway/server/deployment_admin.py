@@ -68,7 +68,8 @@ def _deployment(deployments: Deployments, policy: Policy, name: str, share: floa
         "in_flight": deployments.in_flight_now().get(name, 0),
         "max_in_flight": dep.max_in_flight,
         "share": share,
-        "price": dep.price.model_dump(),
+        # the cached input price in effect (the one given, else the fraction of the input price)
+        "price": dep.price.model_dump() | {"cached_input_per_mtok_usd": dep.price.cached_per_mtok_usd},
     }
 
 

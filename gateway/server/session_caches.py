@@ -44,11 +44,10 @@ class Sighting:
 
 
 def reported_cached_tokens(usage: Usage) -> int | None:
-    """The prompt tokens the deployment reported it served from its prefix cache (`cached_tokens`), or None
-    when the usage record carries no such figure (the usage record gains it with vLLM's
-    --enable-prompt-tokens-details; until then the prediction is not checked)."""
-    found = getattr(usage, "cached_tokens", None)
-    return found if isinstance(found, int) else None
+    """The prompt tokens the deployment reported it served from its prefix cache (`cached_tokens`, clamped to
+    the prompt), or None when its usage carried no such figure (vLLM without --enable-prompt-tokens-details,
+    or a garbled one): the prediction is then not checked."""
+    return usage.cached_tokens if usage.cached_reported else None
 
 
 class SessionCaches:

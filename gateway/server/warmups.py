@@ -161,15 +161,15 @@ class Warmups:
 
     def _charge(self, deployment: str, dep: Deployment, sighting: Sighting, usage: Usage) -> None:
         """The warm-up's tokens, charged to the session's tenant as the deployment's input (its prefill is the
-        point; the one output token is charged too), and split into prefilled and already held."""
+        point; the one output token is charged too; what the deployment already held at the cached price), and
+        split into prefilled and already held."""
         reported = reported_cached_tokens(usage)
         held = reported if reported is not None else min(sighting.cache.cached.get(deployment, 0),
                                                           usage.prompt_tokens)
         series = self.metrics.caches.warmup_tokens
         series.labels(deployment, "cached").inc(held)
         series.labels(deployment, "uncached").inc(usage.prompt_tokens - held)
-        cost_usd = dep.price.cost_usd(usage.prompt_tokens, usage.completion_tokens)
-        self.metrics.count_tokens(deployment, sighting.tenant, usage.prompt_tokens, usage.completion_tokens, cost_usd)
+        self.metrics.count_tokens(deployment, sighting.tenant, usage, dep.price.cost_usd_of(usage))
 
     async def close(self) -> None:
         """Cancel the warm-ups in flight (a gateway that stops has no session to warm for)."""

@@ -158,8 +158,8 @@ class Exchange:
     def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics) -> None:
         """A call made for this request beside its answer: its tokens and cost counted now, and charged to the
         tenant with the answer's."""
-        cost_usd = price.cost_usd(usage.prompt_tokens, usage.completion_tokens) if price is not None else 0.0
-        metrics.count_tokens(deployment, self.tenant, usage.prompt_tokens, usage.completion_tokens, cost_usd)
+        cost_usd = price.cost_usd_of(usage) if price is not None else 0.0
+        metrics.count_tokens(deployment, self.tenant, usage, cost_usd)
         if self.side_parts is None:
             self.side_parts = []
         self.side_parts.append((deployment, price, usage))
@@ -190,15 +190,14 @@ class Exchange:
             usage = Usage(self.prompt_tokens, streamed.completion_tokens(count_tokens), estimated=True)
         self.usage = usage
         if usage is not None and self.deployment is not None:
-            tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
-            cost_usd = self.price.cost_usd(tokens_in, tokens_out) if self.price is not None else 0.0
-            metrics.count_tokens(self.deployment, self.tenant, tokens_in, tokens_out, cost_usd)
+            cost_usd = self.price.cost_usd_of(usage) if self.price is not None else 0.0
+            metrics.count_tokens(self.deployment, self.tenant, usage, cost_usd)
 
     def part_ended(self, usage: Usage, metrics: t.Metrics) -> None:
         """The answering deployment's part of a stream that another deployment goes on with: charged at its price."""
         assert self.deployment is not None
-        cost_usd = self.price.cost_usd(usage.prompt_tokens, usage.completion_tokens) if self.price else 0.0
-        metrics.count_tokens(self.deployment, self.tenant, usage.prompt_tokens, usage.completion_tokens, cost_usd)
+        cost_usd = self.price.cost_usd_of(usage) if self.price else 0.0
+        metrics.count_tokens(self.deployment, self.tenant, usage, cost_usd)
         if self.parts is None:
             self.parts = []
         self.parts.append((self.deployment, self.price, usage))
@@ -243,6 +242,8 @@ class Exchange:
         if self.usage is not None:
             attrs[t.GEN_AI_INPUT_TOKENS] = self.usage.prompt_tokens
             attrs[t.GEN_AI_OUTPUT_TOKENS] = self.usage.completion_tokens
+            if self.usage.cached_tokens:
+                attrs[t.GEN_AI_CACHE_READ_INPUT_TOKENS] = self.usage.cached_tokens
         if ttft_s is not None:
             attrs[t.TTFT_MS] = ttft_s * 1000
         if self.resumes:

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.openai import Usage
+
 log = logging.getLogger(__name__)
 
 # Set by `serve --workers N` (one fresh directory per run) before a worker imports prometheus_client: every
@@ -29,6 +31,7 @@ GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # of the input tokens, the cached
 GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
@@ -236,6 +239,8 @@ class Metrics:
     tokens: Counter
     tenant_tokens: Counter
     spend: Counter
+    cached_tokens: Counter
+    cached_overstated: Counter
     failovers: Counter
     stream_resumes: Counter
     policy_reloads: Counter
@@ -280,7 +285,7 @@ class Metrics:
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
-    token_children: dict[tuple[str, str], tuple[Any, Any, Any, Any, Any]] = field(default_factory=dict)
+    token_children: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     scoring: ScoringCost = field(default_factory=ScoringCost)
     spec_decode: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
     scoring_folded: ScoringCost = field(default_factory=ScoringCost)
@@ -290,7 +295,7 @@ class Metrics:
     # and scans the buckets per observation, which in place, amid a request, costs ~15 µs per request;
     # applied FOLD_EVERY at a time, with the code warm, about a third of that. A scrape folds first.
     pending: list[tuple[str, str, str, str, float, float | None]] = field(default_factory=list)
-    pending_tokens: list[tuple[str, str, int, int, float]] = field(default_factory=list)
+    pending_tokens: list[tuple[str, str, Usage, float]] = field(default_factory=list)
 
     def render(self) -> bytes:
         self.fold()
@@ -303,9 +308,8 @@ class Metrics:
         if len(self.pending) >= FOLD_EVERY:
             self.fold()
 
-    def count_tokens(self, deployment: str, tenant: str, input_tokens: int, output_tokens: int,
-                     cost_usd: float) -> None:
-        self.pending_tokens.append((deployment, tenant, input_tokens, output_tokens, cost_usd))
+    def count_tokens(self, deployment: str, tenant: str, usage: Usage, cost_usd: float) -> None:
+        self.pending_tokens.append((deployment, tenant, usage, cost_usd))
 
     def count_context_edit(self, api: str, edit: str, cleared_input_tokens: int) -> None:
         """One context edit the gateway made to a prompt (rare next to requests: counted in place)."""
@@ -360,18 +364,24 @@ class Metrics:
         tokens = self.pending_tokens.copy()
         self.pending_tokens.clear()
         sums: dict[tuple[str, str], list[float]] = {}
-        for deployment, tenant, input_tokens, output_tokens, cost_usd in tokens:
-            total = sums.setdefault((deployment, tenant), [0, 0, 0.0])
-            total[0] += input_tokens
-            total[1] += output_tokens
+        for deployment, tenant, usage, cost_usd in tokens:
+            total = sums.setdefault((deployment, tenant), [0, 0, 0.0, 0, 0])
+            total[0] += usage.prompt_tokens
+            total[1] += usage.completion_tokens
             total[2] += cost_usd
-        for (deployment, tenant), (tokens_in, tokens_out, spent_usd) in sums.items():
-            inputs, outputs, tenant_inputs, tenant_outputs, spend = self._token_children(deployment, tenant)
+            total[3] += usage.cached_tokens
+            total[4] += usage.cached_overstated
+        for (deployment, tenant), (tokens_in, tokens_out, spent_usd, cached, overstated) in sums.items():
+            inputs, outputs, tenant_inputs, tenant_outputs, spend, cached_inputs, lies = \
+                self._token_children(deployment, tenant)
             inputs.inc(tokens_in)
             outputs.inc(tokens_out)
             tenant_inputs.inc(tokens_in)
             tenant_outputs.inc(tokens_out)
             spend.inc(spent_usd)
+            cached_inputs.inc(cached)  # a zero still creates the series: a deployment without hits reads 0
+            if overstated:
+                lies.inc(overstated)
 
     def _fold_scoring(self) -> None:
         cost, folded = self.scoring, self.scoring_folded
@@ -389,12 +399,13 @@ class Metrics:
             self.request_children[key] = children
         return children
 
-    def _token_children(self, deployment: str, tenant: str) -> tuple[Any, Any, Any, Any, Any]:
+    def _token_children(self, deployment: str, tenant: str) -> tuple[Any, ...]:
         children = self.token_children.get((deployment, tenant))
         if children is None:
             children = (self.tokens.labels(deployment, "input"), self.tokens.labels(deployment, "output"),
                         self.tenant_tokens.labels(tenant, "input"), self.tenant_tokens.labels(tenant, "output"),
-                        self.spend.labels(tenant, deployment))
+                        self.spend.labels(tenant, deployment), self.cached_tokens.labels(deployment),
+                        self.cached_overstated.labels(deployment))
             self.token_children[(deployment, tenant)] = children
         return children
 
@@ -477,6 +488,11 @@ def make_metrics() -> Metrics:
                               ["tenant", "direction"], registry=r),
         spend=Counter("gateway_spend_usd", "Cost of the reported tokens at the deployment's prices",
                       ["tenant", "deployment"], registry=r),
+        cached_tokens=Counter("gateway_cached_tokens", "Prompt tokens the deployment reported read from its prefix "
+                              "cache (part of gateway_tokens direction=input; priced at its cached input price)",
+                              dep, registry=r),
+        cached_overstated=Counter("gateway_usage_cached_overstated", "Usages whose cached tokens exceeded their "
+                                  "prompt tokens (clamped to the prompt's)", dep, registry=r),
         failovers=Counter("gateway_failovers", "Attempts moved to the next deployment", ["from_deployment", "reason"],
                           registry=r),
         stream_resumes=Counter("gateway_stream_resumes", "Streams that broke after their first byte, by the "

@@ -106,10 +106,6 @@ def data_of(event: bytes) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def integer(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def sse(kind: str, data: Mapping[str, Any]) -> bytes:
     """One named SSE event."""
     return b"event: " + kind.encode() + b"\ndata: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

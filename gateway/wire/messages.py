@@ -119,15 +119,17 @@ def upstream_body(body: dict[str, Any], served_model: str, cap_tokens: int | Non
 
 
 def usage_of(answer: Any) -> Usage | None:
-    """A message's usage; the prompt is every input token, cached or not (Anthropic counts them apart)."""
+    """A message's usage; the prompt is every input token, cached or not (Anthropic counts them apart, and
+    vLLM reports its prefix-cache hits as `cache_read_input_tokens` under `--enable-prompt-tokens-details`)."""
     usage = answer.get("usage") if isinstance(answer, dict) else None
     if not isinstance(usage, dict):
         return None
-    return Usage(_prompt_tokens(usage), events.integer(usage.get("output_tokens")))
+    return openai.reported_usage(_prompt_tokens(usage), usage.get("output_tokens"),
+                                 usage.get("cache_read_input_tokens"))
 
 
 def _prompt_tokens(usage: Mapping[str, Any]) -> int:
-    return sum(events.integer(usage.get(k)) for k in
+    return sum(openai.token_count(usage.get(k)) for k in
                ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
 
 

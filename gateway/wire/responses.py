@@ -129,7 +129,8 @@ def usage_of(answer: Any) -> Usage | None:
     usage = answer.get("usage") if isinstance(answer, dict) else None
     if not isinstance(usage, dict):
         return None
-    return Usage(events.integer(usage.get("input_tokens")), events.integer(usage.get("output_tokens")))
+    return openai.reported_usage(usage.get("input_tokens"), usage.get("output_tokens"),
+                                 openai.cached_of(usage.get("input_tokens_details")))
 
 
 def adopt(raw: bytes, upstream_id: str | None, response_id: str) -> bytes:

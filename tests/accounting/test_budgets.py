@@ -19,6 +19,7 @@ from gateway.decision.admission import (
     worst_case,
 )
 from gateway.errors import RateLimited
+from gateway.openai import Usage
 from gateway.policy.model import Deployment, Price
 from gateway.policy.tenancy import AboveSoft, Budget, SessionPolicy, TenantPolicy, Window, find_tenant
 from gateway.store.memory import MemoryStore
@@ -271,8 +272,8 @@ async def test_settle_and_release_are_idempotent() -> None:
     budgets = Budgets(store)
     price = Price(input_per_mtok_usd=1.0, output_per_mtok_usd=2.0)
     held = await budgets.reserve("acme", None, "hq", Cost(0.5, 10))
-    await budgets.settle(held, price, 1000, 1000)
-    await budgets.settle(held, price, 1000, 1000)
+    await budgets.settle(held, price, Usage(1000, 1000))
+    await budgets.settle(held, price, Usage(1000, 1000))
     await budgets.release(held)
     day = (await store.snapshot("acme")).windows[Window.DAY]
     assert (day.spend_usd, day.reserved_usd, day.tokens) == (0.003, 0.0, 2000)

@@ -24,8 +24,8 @@ from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack, metric
 
-STEP_FIELDS = {"step", "at", "deployment", "rule", "arm", "tokens_in", "tokens_out", "cost_usd", "latency_ms",
-               "ttft_ms", "status", "tool_calls", "tool_results", "flags"}
+STEP_FIELDS = {"step", "at", "deployment", "rule", "arm", "tokens_in", "tokens_cached", "tokens_out", "cost_usd",
+               "latency_ms", "ttft_ms", "status", "tool_calls", "tool_results", "flags"}
 SUMMARY_FIELDS = {"session_id", "tenant", "steps", "cost_usd", "tokens_in", "tokens_out", "started_at", "last_at",
                   "steps_per_min", "deployments", "flags", "route", "arm", "outcome", "outcome_history"}
 

@@ -195,3 +195,54 @@ def test_failover_order_leaves_out_deployments_only_experiments_reach() -> None:
     named = policy.parse(judge.replace("fallback: [", "fallback: [judge, ", 1)
                          + "labels: {strong: hq, judge: {deployment: judge}}\n", "p.yaml")
     assert "judge" in named.failover_order("fast")  # the operator said so
+
+
+def test_a_cached_input_token_costs_a_tenth_of_an_input_token_unless_priced() -> None:
+    default = policy.Price(input_per_mtok_usd=3.0, output_per_mtok_usd=15.0)
+    # 10,000 prompt tokens of which 9,000 cached, 100 out: 1,000 new, 9,000 at 0.30, 100 at 15
+    cost = default.cost_usd(10_000, 100, cached_tokens=9_000)
+    assert cost == pytest.approx((1_000 * 3 + 9_000 * 0.3 + 100 * 15) / 1e6)
+    assert default.cost_usd(10_000, 100, cached_tokens=0) == pytest.approx((10_000 * 3 + 100 * 15) / 1e6)
+    priced = policy.Price(input_per_mtok_usd=3.0, output_per_mtok_usd=15.0, cached_input_per_mtok_usd=0.05)
+    cost = priced.cost_usd(10_000, 100, cached_tokens=9_000)
+    assert cost == pytest.approx((1_000 * 3 + 9_000 * 0.05 + 100 * 15) / 1e6)
+    free = policy.Price(input_per_mtok_usd=3.0, cached_input_fraction=0.0)
+    assert free.cost_usd(10_000, 0, cached_tokens=10_000) == 0.0
+    # a cached count is never more than the prompt, nor negative, whoever passes it
+    assert default.cost_usd(100, 0, cached_tokens=500) == default.cost_usd(100, 0, cached_tokens=100)
+    assert default.cost_usd(100, 0, cached_tokens=-5) == default.cost_usd(100, 0, cached_tokens=0)
+
+
+def test_the_cached_price_is_read_from_the_policy_file() -> None:
+    text = BASE.replace("price: {input_per_mtok_usd: 3.0, output_per_mtok_usd: 15.0}",
+                        "price: {input_per_mtok_usd: 3.0, output_per_mtok_usd: 15.0, cached_input_per_mtok_usd: 0.3}")
+    text = text.replace("price: {input_per_mtok_usd: 0.5, output_per_mtok_usd: 1.5}",
+                        "price: {input_per_mtok_usd: 0.5, output_per_mtok_usd: 1.5, cached_input_fraction: 0.5}")
+    loaded = policy.parse(text)
+    assert loaded.deployments["hq"].price.cached_per_mtok_usd == 0.3
+    assert loaded.deployments["fast"].price.cached_per_mtok_usd == 0.25
+
+
+@pytest.mark.parametrize(("price", "needle"), [
+    ("cached_input_per_mtok_usd: -1", "deployments.hq.price.cached_input_per_mtok_usd: Input should be greater "
+                                      "than or equal to 0 (value: -1)"),
+    ("cached_input_fraction: 1.5", "deployments.hq.price.cached_input_fraction: Input should be less than or "
+                                   "equal to 1 (value: 1.5)"),
+    ("cached_input_fraction: lots", "deployments.hq.price.cached_input_fraction: Input should be a valid number"),
+    ("cached_input_per_mtok_usd: 4", "deployments.hq.price: cached_input_per_mtok_usd 4.0 is above "
+                                     "input_per_mtok_usd 3.0"),
+    ("cached_input_per_mtok_usd: 0.3, cached_input_fraction: 0.1",
+     "deployments.hq.price: give cached_input_per_mtok_usd or cached_input_fraction, not both"),
+])
+def test_a_bad_cached_price_is_named_with_its_file_line_and_value(price: str, needle: str) -> None:
+    text = BASE.replace("price: {input_per_mtok_usd: 3.0, output_per_mtok_usd: 15.0}",
+                        "price: {input_per_mtok_usd: 3.0, output_per_mtok_usd: 15.0, " + price + "}")
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if price in row)
+    (problem,) = _problems(text)
+    assert problem.startswith(f"p.yaml:{line}: ") and needle in problem, problem
+
+
+def test_the_schema_offers_the_cached_price() -> None:
+    schema = json.loads(policy.json_schema())["$defs"]["Price"]["properties"]
+    assert schema["cached_input_fraction"]["default"] == 0.1 and schema["cached_input_fraction"]["maximum"] == 1
+    assert "cached_input_per_mtok_usd" in schema

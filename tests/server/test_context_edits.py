@@ -179,6 +179,7 @@ async def test_a_long_conversation_is_compacted_by_the_deployment_and_answered_f
 async def test_pause_after_compaction_answers_the_compaction_block_alone(make_stack: Any) -> None:
     stack: Stack = await make_stack()
     stack.fast.answer = lambda body: "SUMMARY"
+    stack.fast.prefix_cache = True
     pause: Any = {"edits": [{**COMPACT["edits"][0], "pause_after_compaction": True}]}
     async with anthropic.AsyncAnthropic(base_url=stack.gateway_root, api_key="k", max_retries=0) as client:
         message = await client.beta.messages.create(model="fast", max_tokens=64, messages=long_conversation(),
@@ -191,6 +192,12 @@ async def test_pause_after_compaction_answers_the_compaction_block_alone(make_st
         assert [(b.type, getattr(b, "content", None)) for b in answer.content] == [
             ("compaction", written_summary("SUMMARY"))]
     assert stack.fast.paths == ["/v1/chat/completions"] * 2  # the deployment only wrote the summaries
+    # the summary's usage, as Anthropic counts it: the second read the first's prompt from the prefix cache
+    summaries = stack.fast.counted
+    assert summaries[1].cached > 0
+    for answer, summary in zip((message, streamed), summaries, strict=True):
+        assert answer.usage.cache_read_input_tokens == summary.cached
+        assert answer.usage.input_tokens + summary.cached == summary.tokens
 
 
 async def test_the_summary_is_written_by_the_policys_compaction_deployment_and_counted_as_a_compaction(

@@ -116,6 +116,7 @@ async def test_the_page_shows_live_figures_and_aborts_a_rollout(ops_stack: OpsSt
     await wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#deployments tr[data-deployment]")) == 3)
     health = browser.find_element(By.CSS_SELECTOR, '#deployments tr[data-deployment="fast"]').text
     assert "healthy" in health and "0 / 256" in health
+    assert "in $0.5000 · out $1.50" in health and "cached in $0.0500" in health  # a tenth of the input price
     note = await wait_for(browser, text_of("#shares-note"))
     assert note.startswith("20 requests over the last")  # the server's first minute: since it started
     assert "target 50%" in browser.find_element(By.CSS_SELECTOR, '#shares [data-target="rollout:hq"]').text
@@ -188,6 +189,7 @@ def _stub_sessions(app: web.Application) -> None:
 async def test_the_sessions_list_opens_a_timeline(ops_stack: OpsStack, browser: WebDriver) -> None:
     # A real agent run through the gateway: each step asks for the same search and is fed the same error.
     error = "Error: the notes index is offline"
+    ops_stack.hq.prefix_cache = ops_stack.fast.prefix_cache = True
     async with ops_stack.client() as client:
         await Agent(client, "run-42", output=lambda _: error).run(STEPS)
     recorded_run = await recorded(ops_stack.url("").rstrip("/"), "run-42", STEPS)
@@ -205,6 +207,8 @@ async def test_the_sessions_list_opens_a_timeline(ops_stack: OpsStack, browser: 
     timeline = await wait_for(browser, text_of("#timeline"))
     assert f"Session run-42 of anonymous · {STEPS} steps" in timeline
     assert timeline.count("→ search") == STEPS and timeline.count(f"← error {len(error)} B") == STEPS - 1
+    cached = [s["tokens_cached"] for s in recorded_run["steps"] if s["tokens_cached"]]
+    assert cached and all(f"{n} cached" in timeline for n in cached)  # the prefix-cache hits under each step
     assert f"Outcome: failure via api after {STEPS} steps" in timeline
     assert "the notes index never came back [task=notes]" in timeline
     # the outcome figures by route, deployment mix and arm

@@ -107,7 +107,8 @@ def test_cpu_commands_are_exact() -> None:
     assert hq.argv == [
         "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/large", "--served-model-name",
         "tiny-hq", "--host", "127.0.0.1", "--port", "9001", "--dtype", "bfloat16", "--max-model-len", "32768",
-        "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-auto-tool-choice",
+        "--tool-call-parser", "hermes",
     ]  # fmt: skip
     assert fast.argv[4] == "/m/small"
     assert fast.argv[-5:-3] == [

@@ -14,6 +14,7 @@ import pytest
 from gateway.accounting.budgets import Budgets
 from gateway.decision.admission import Cost
 from gateway.errors import RateLimited, StoreUnavailable
+from gateway.openai import Usage
 from gateway.policy.tenancy import Budget, SessionPolicy, TenantPolicy, Window
 from gateway.store.contract import Hold, Reservation, Spend, StoreError
 from gateway.store.fallback import FallbackStore
@@ -182,9 +183,9 @@ async def test_allow_keeps_serving_locally_and_replays_spend_after_restart(
     assert {r.origin for r in during} == {"local"} and store.degraded
     with pytest.raises(RateLimited):  # local accounting still enforces the limits
         await asyncio.gather(*(budgets.reserve("acme", limits, "hq", Cost(0.1, 10)) for _ in range(6)))
-    await budgets.settle(before, _price(), 1000, 0)  # shared hold, settled while Redis is down: queued
+    await budgets.settle(before, _price(), Usage(1000, 0))  # shared hold, settled while Redis is down: queued
     for r in during:
-        await budgets.settle(r, _price(), 1000, 0)
+        await budgets.settle(r, _price(), Usage(1000, 0))
     # the 6 settles, and the 5 reserves the outage cut off: their ids are released too, in case they ran
     assert store.pending_settles == 6 + 5
     private_redis.restart()
@@ -207,7 +208,7 @@ async def test_reject_raises_store_unavailable_quickly_and_recovers(private_redi
         with pytest.raises(StoreUnavailable) as info:
             await budgets.reserve("acme", None, "hq", Cost(0.1, 10))
         assert info.value.status == 503
-    await budgets.settle(held, _price(), 10, 10)  # never raises
+    await budgets.settle(held, _price(), Usage(10, 10))  # never raises
     assert time.monotonic() - started < 1.5  # one timed-out probe, the rest refused at once
     private_redis.resume()
     private_redis.restart()
@@ -262,13 +263,13 @@ async def test_zero_and_fractional_prices_settle_and_release_on_redis(
     limits = TenantPolicy(name="acme", budgets=(Budget(window=Window.DAY, hard_usd=1.0, hard_tokens=10**6),))
     try:
         settled = await budgets.reserve("acme", limits, "d", worst_case(dep, 17, 64))
-        await budgets.settle(settled, dep.price, 11, 8)
+        await budgets.settle(settled, dep.price, Usage(11, 8))
         released = await budgets.reserve("acme", limits, "d", worst_case(dep, 17, 64))
         await budgets.release(released)
         assert {settled.origin, released.origin} == {"shared"}
         day = (await store.snapshot("acme")).windows[Window.DAY]
         assert (day.reserved_usd, day.reserved_tokens, day.tokens) == (0, 0, 19)
-        assert day.spend_usd == pytest.approx(dep.price.cost_usd(11, 8), abs=1e-9)
+        assert day.spend_usd == pytest.approx(dep.price.cost_usd(11, 8, cached_tokens=0), abs=1e-9)
         assert not store.degraded and store.pending_settles == 0
         assert (await store.snapshot("acme")).concurrent == 0
     finally:
@@ -309,7 +310,7 @@ async def test_a_burst_beyond_the_pool_waits_for_connections_instead_of_falling_
     async def one(i: int) -> str:
         await budgets.observe("acme", f"s{i}", SessionPolicy())
         held = await budgets.reserve("acme", limits, "hq", Cost(0.01, 10))
-        await budgets.settle(held, _price(), 1000, 0)
+        await budgets.settle(held, _price(), Usage(1000, 0))
         return held.origin
 
     try:

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
 from bench import trace_sink
+from gateway.openai import Usage
 from gateway.server.resources import TELEMETRY
 from gateway.settings import Settings
 from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
@@ -406,13 +407,16 @@ def test_request_figures_reach_prometheus_in_batches_and_at_every_scrape() -> No
     metrics = make_metrics()
     for _ in range(3):
         metrics.observe_request("chat", "fast", "default", "200", 0.004, 0.001)
-    metrics.count_tokens("fast", "acme", 11, 8, 0.25)
+    metrics.count_tokens("fast", "acme", Usage(11, 8, cached_tokens=6), 0.25)
+    metrics.count_tokens("fast", "acme", Usage(5, 1, cached_tokens=5, cached_overstated=True), 0.0)
     text = metrics.render().decode()
     assert 'gateway_requests_total{deployment="fast",endpoint="chat",rule="default",status="200"} 3.0' in text
     assert 'gateway_request_duration_seconds_bucket{deployment="fast",endpoint="chat",le="0.005"} 3.0' in text
     assert 'gateway_time_to_first_token_seconds_count{deployment="fast"} 3.0' in text
-    assert 'gateway_tokens_total{deployment="fast",direction="output"} 8.0' in text
-    assert 'gateway_tenant_tokens_total{direction="input",tenant="acme"} 11.0' in text
+    assert 'gateway_tokens_total{deployment="fast",direction="output"} 9.0' in text
+    assert 'gateway_tenant_tokens_total{direction="input",tenant="acme"} 16.0' in text
+    assert 'gateway_cached_tokens_total{deployment="fast"} 11.0' in text
+    assert 'gateway_usage_cached_overstated_total{deployment="fast"} 1.0' in text
     assert 'gateway_spend_usd_total{deployment="fast",tenant="acme"} 0.25' in text
     for _ in range(FOLD_EVERY):
         metrics.observe_request("chat", "hq", "default", "200", 0.5, None)
@@ -426,7 +430,7 @@ def test_a_fold_writes_what_one_observation_at_a_time_would() -> None:
     folded, direct = make_metrics(), make_metrics()
     for i, value in enumerate(values):
         folded.observe_request("chat", "hq", "default", "200", value, value if i % 2 else None)
-        folded.count_tokens("hq", "acme", 3, 4, 0.5)
+        folded.count_tokens("hq", "acme", Usage(3, 4, cached_tokens=2), 0.5)
         direct.requests.labels("chat", "hq", "default", "200").inc()
         direct.latency.labels("chat", "hq").observe(value)
         if i % 2:
@@ -434,7 +438,8 @@ def test_a_fold_writes_what_one_observation_at_a_time_would() -> None:
         for child, amount in ((direct.tokens.labels("hq", "input"), 3), (direct.tokens.labels("hq", "output"), 4),
                               (direct.tenant_tokens.labels("acme", "input"), 3),
                               (direct.tenant_tokens.labels("acme", "output"), 4),
-                              (direct.spend.labels("acme", "hq"), 0.5)):
+                              (direct.spend.labels("acme", "hq"), 0.5), (direct.cached_tokens.labels("hq"), 2),
+                              (direct.cached_overstated.labels("hq"), 0)):
             child.inc(amount)
 
     def samples(text: str) -> list[str]:

@@ -134,7 +134,7 @@ def test_usage_counts_cached_input_in_the_prompt() -> None:
     assert messages.usage_of(json.loads(_captured("messages.json"))) == openai.Usage(15, 16)
     cached = {"usage": {"input_tokens": 10, "cache_read_input_tokens": 9000, "cache_creation_input_tokens": 500,
                         "output_tokens": 7}}
-    assert messages.usage_of(cached) == openai.Usage(9510, 7)
+    assert messages.usage_of(cached) == openai.Usage(9510, 7, cached_tokens=9000, cached_reported=True)
     assert messages.usage_of({"content": []}) is None
 
 
@@ -165,7 +165,7 @@ def test_message_delta_counts_output_and_message_start_the_prompt() -> None:
     assert reader.usage is None and not reader.done  # no final count yet
     reader.feed(events.sse("message_delta", {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 42}}))
     reader.feed(events.sse("message_stop", {"type": "message_stop"}))
-    assert reader.usage == openai.Usage(103, 42) and reader.done
+    assert reader.usage == openai.Usage(103, 42, cached_tokens=100, cached_reported=True) and reader.done
 
 
 def test_a_cut_stream_is_not_done_and_its_tool_input_is_counted_and_kept_for_the_agent_step() -> None:

@@ -128,7 +128,7 @@ def test_the_upstream_body_rewrites_the_model_caps_and_turns_the_deployments_sto
 
 def test_usage_and_the_answer_view_of_a_captured_non_streamed_answer() -> None:
     answer = json.loads(_captured("responses.json"))
-    assert responses.usage_of(answer) == openai.Usage(15, 16)
+    assert responses.usage_of(answer) == openai.Usage(15, 16, cached_reported=True)  # vLLM's: 0 cached
     assert responses.usage_of({"usage": None}) is None
     view = responses.answer_view(answer)
     assert view["choices"][0]["message"]["content"] == answer["output"][0]["content"][0]["text"]
@@ -146,7 +146,9 @@ def test_the_reader_relays_a_captured_stream_and_reads_its_model_usage_and_end(n
     assert out == raw.replace(upstream_id.encode(), reader.response_id.encode())  # otherwise unchanged
     final = json.loads(raw.rsplit(b"data: ", 1)[1])["response"]
     assert reader.done and reader.model == "tiny-fast" and not reader.error
-    assert reader.usage == openai.Usage(final["usage"]["input_tokens"], final["usage"]["output_tokens"])
+    assert reader.usage == openai.Usage(final["usage"]["input_tokens"], final["usage"]["output_tokens"],
+                                        cached_tokens=final["usage"]["input_tokens_details"]["cached_tokens"],
+                                        cached_reported=True)
     assert reader.final is not None and reader.final["id"] == reader.response_id
     assert reader.sequence == json.loads(raw.rsplit(b"data: ", 1)[1])["sequence_number"]
 

@@ -161,8 +161,8 @@ def sealed_payload(summary: str, deployment: str, tokens_before: int, tokens_aft
             "after": tokens_after}
 
 
-def usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+def usage(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens}
 

@@ -126,13 +126,27 @@ async function loadDeployments() {
       d.consecutive_failures ? pill(`${d.consecutive_failures} failing`, "warn") : "0",
       resumesCell(d.resumes || {}),
       el("span", { class: "share" }, pct(d.share, 1)),
+      priceCell(d.price),
       ago(d.probed_at),
     ], [2, 3, 4, 6, 7, 8, 9]));
   });
   fill("deployments", table(
-    ["deployment", "health", "in flight / max", "running", "waiting", "KV cache", "spec. accept.", "failures", "streams broken", "share", "last check"],
+    ["deployment", "health", "in flight / max", "running", "waiting", "KV cache", "spec. accept.", "failures", "streams broken", "share", "USD / M tokens", "last check"],
     rows, [2, 3, 4, 6, 7, 8, 9]));
   renderShares(view);
+}
+
+// A deployment's prices per million tokens: input, cached input (a prefix-cache hit), output.
+function priceCell(price) {
+  if (!price) return "–";
+  return [el("span", {}, `in ${usd(price.input_per_mtok_usd)} · out ${usd(price.output_per_mtok_usd)}`),
+    el("span", { class: "sub-line" }, `cached in ${usd(price.cached_input_per_mtok_usd)}`)];
+}
+
+// A step's tokens: in / out, and under them how many of the input came from the deployment's prefix cache.
+function tokensCell(step) {
+  const text = `${step.tokens_in} / ${step.tokens_out}`;
+  return step.tokens_cached ? [el("span", {}, text), el("span", { class: "sub-line" }, `${step.tokens_cached} cached`)] : text;
 }
 
 function renderShares(view) {
@@ -390,7 +404,7 @@ async function loadTimeline(selected) {
   const start = s.started_at || (s.steps.length ? s.steps[0].at : 0);
   const rows = s.steps.map((step) => el("tr", { data: { step: step.step } }, cells([
     step.step, `+${num(step.at - start, 1)} s`, step.deployment, step.rule, step.arm || "–",
-    `${step.tokens_in} / ${step.tokens_out}`, usd(step.cost_usd), num(step.latency_ms), num(step.ttft_ms),
+    tokensCell(step), usd(step.cost_usd), num(step.latency_ms), num(step.ttft_ms),
     pill(String(step.status), String(step.status).startsWith("2") ? "ok" : "bad"),
     [...(step.tool_calls || []).map((c) => pill(`→ ${c.name}`)),
       ...(step.tool_results || []).map((r) => pill(`← ${r.ok ? "ok" : "error"} ${r.size} B`, r.ok ? "ok" : "bad"))],
