@@ -8,6 +8,7 @@ from typing import Any
 
 PREFIX = "AGENT_GATEWAY_"
 TRACE_EXPORTERS = ("none", "console", "otlp", "otlp-protobuf")
+ENVIRONMENTS = ("development", "production")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class Settings:
     header_timeout_s: float = 10.0  # a request's head (request line and headers) must arrive within this
     objects_dir: str = ""  # the local object store of masked tool outputs when the policy names none (a temp dir)
     upstream_connections: int = 1024  # open connections per deployment at most; more requests wait connect_s
+    environment: str = "development"  # production: secrets the gateway needs must be set (no made-up keys)
+    compaction_key: str = ""  # seals the compaction items clients send back; production needs it (>= 32 chars)
     # Set by `serve --workers N` for each worker: its number and the folder the workers of this run share.
     worker_index: int = 0
     run_dir: str = ""
@@ -45,6 +48,8 @@ class Settings:
         settings = cls(**values)
         if settings.traces not in TRACE_EXPORTERS:
             raise ValueError(f"{PREFIX}TRACES={settings.traces!r} is not one of {', '.join(TRACE_EXPORTERS)}")
+        if settings.environment not in ENVIRONMENTS:
+            raise ValueError(f"{PREFIX}ENVIRONMENT={settings.environment!r} is not one of {', '.join(ENVIRONMENTS)}")
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 

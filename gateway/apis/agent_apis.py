@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway import openai
+from gateway.apis.responses import compaction
 from gateway.context import anthropic_answers, tool_outputs
 from gateway.context.anthropic_config import FIELD, read_edits
 from gateway.context.anthropic_edits import Managed, manage
-from gateway.errors import GatewayError
+from gateway.errors import BadRequest, GatewayError
 from gateway.features import Features, extract
 from gateway.wire import messages, responses
 
@@ -34,6 +35,7 @@ class ResponsesAdapter:
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = openai.decode(raw)
         responses.check(body)
+        compaction.check(body)
         return body
 
     def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
@@ -71,6 +73,41 @@ class ResponsesAdapter:
 
     def error_answer(self, status: int, raw: bytes, found: dict[str, Any]) -> bytes:
         return raw  # vLLM's own, in OpenAI's envelope
+
+
+class ResponsesCompactAdapter(ResponsesAdapter):
+    """`POST /v1/responses/compact`: read as a Responses request (its input or its chain), answered by the gateway
+    itself with a compaction (server/compaction.py); no deployment serves this path."""
+
+    path = compaction.COMPACT_PATH
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        body = openai.decode(raw)
+        body.setdefault("input", [])  # a chain alone (previous_response_id) is compacted too
+        if body.get("stream") is True:
+            raise BadRequest("POST /v1/responses/compact does not stream", param="stream")
+        responses.check(body)
+        compaction.check(body)
+        return body
+
+
+class CompactedResponsesAdapter(ResponsesAdapter):
+    """A Responses call whose input the gateway compacted first (context_management): the answer's output starts
+    with the compaction item, streamed or not."""
+
+    def __init__(self, item: dict[str, Any]) -> None:
+        self.item = item
+
+    def answer(self, raw: bytes, found: dict[str, Any], answer_id: str,
+               managed: Managed | None = None) -> tuple[bytes, dict[str, Any]]:
+        _, found = responses.adopt_answer(raw, found, answer_id)
+        output = found.get("output")
+        found = {**found, "output": [self.item, *(output if isinstance(output, list) else [])]}
+        return openai.encode(found), found
+
+    def stream_reader(self, client_wants_usage: bool, answer_id: str,
+                      managed: Managed | None = None) -> compaction.CompactedStream:
+        return compaction.CompactedStream(answer_id, self.item)
 
 
 class MessagesAdapter:
@@ -138,5 +175,6 @@ class MessagesAdapter:
 
 
 RESPONSES = ResponsesAdapter()
+RESPONSES_COMPACT = ResponsesCompactAdapter()
 MESSAGES = MessagesAdapter()
 COUNT_TOKENS = MessagesAdapter(counting=True)

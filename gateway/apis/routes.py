@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from gateway.apis.adapter import Adapter
-from gateway.apis.agent_apis import COUNT_TOKENS, MESSAGES, RESPONSES
+from gateway.apis.agent_apis import COUNT_TOKENS, MESSAGES, RESPONSES, RESPONSES_COMPACT
 from gateway.apis.openai_api import CHAT, COMPLETIONS, EMBEDDINGS
 
 ADAPTERS: tuple[Adapter, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, COUNT_TOKENS)
-BY_PATH: dict[str, Adapter] = {adapter.path: adapter for adapter in ADAPTERS}  # the gateway's path is vLLM's
+# The gateway's path is vLLM's; /v1/responses/compact is the gateway's alone (it answers it itself).
+BY_PATH: dict[str, Adapter] = {adapter.path: adapter for adapter in (*ADAPTERS, RESPONSES_COMPACT)}
 BY_ENDPOINT: dict[str, Adapter] = {adapter.endpoint: adapter for adapter in ADAPTERS}
 
 

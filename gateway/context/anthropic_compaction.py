@@ -1,9 +1,10 @@
-"""Anthropic's compaction (compact_20260112) done by the gateway: the summary's request and prompt, a conversation
-replaced by its summary, and the `compaction` block the answer carries back (pure).
+"""Anthropic's compaction (compact_20260112) done by the gateway, the part that is Anthropic's own: a conversation
+replaced by its summary, the `compaction` block the answer carries back, and that block taken back in (pure).
 
-The summary comes from the deployment itself, through its chat completions endpoint, with one fixed anchored
-prompt (`summary_request`); the client sends the compaction block back in the assistant turn it came with, and
-every later request reads as [the summary, what followed it]: the prefix the deployment has cached stays the same.
+The summary itself is the gateway's one summarizer's (gateway/context/summaries.py: one anchored prompt and its
+parser for every API, or the request's `instructions`), written through gateway/server/compaction.py. The client
+sends the compaction block back in the assistant turn it came with, and every later request reads as [the
+summary, what followed it]: the prefix the deployment has cached stays the same.
 """
 
 from __future__ import annotations
@@ -11,23 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.context.counting import value_text
+from gateway.context.summaries import summary_message_text
 
 BLOCK = "compaction"
-# How a summary reads to the model in place of the conversation it replaced.
-SUMMARY_LEAD = "This conversation continues from an earlier part that was compacted. Its summary:\n\n"
-# The anchored summary: fixed sections, so that a summary of a summary keeps what the first one kept.
-SUMMARY_PROMPT = (
-    "You summarize a conversation between a user and an AI assistant (with its tool calls and their results) so "
-    "that the assistant can continue the work from the summary alone. Write these sections, in this order:\n"
-    "## Task\nWhat the user asked for, with every requirement and constraint they stated.\n"
-    "## Done so far\nWhat was done and found: files, commands, decisions, and the results that matter.\n"
-    "## Current state\nWhere the work stands at the end of the conversation, and any error still open.\n"
-    "## Next steps\nWhat remains to be done, in order; the user's latest request first.\n"
-    "Keep names, paths, identifiers and numbers exactly. Write only the summary."
-)
-SUMMARY_MAX_TOKENS = 4096
-TRANSCRIPT_RESULT_CHARS = 4_000  # a tool result's text beyond this is cut in the transcript the summary reads
 
 
 def take_in(messages: list[Any]) -> tuple[list[Any], str | None]:
@@ -53,61 +40,12 @@ def take_in(messages: list[Any]) -> tuple[list[Any], str | None]:
 
 def with_summary(summary: str, rest: list[Any]) -> list[Any]:
     """The conversation as [the summary, what followed it]: the summary opens the first user turn."""
-    lead = {"type": "text", "text": SUMMARY_LEAD + summary}
+    lead = {"type": "text", "text": summary_message_text(summary)}
     if rest and _role(rest[0]) == "user":
         content = rest[0].get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(_blocks(rest[0]))
         return [{**rest[0], "content": [lead, *blocks]}, *rest[1:]]
     return [{"role": "user", "content": [lead]}, *rest]
-
-
-def summary_request(body: Mapping[str, Any], instructions: str | None, served_model: str) -> dict[str, Any]:
-    """The chat completion that summarizes a Messages conversation (`instructions` replace the default prompt)."""
-    return {"model": served_model, "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0, "stream": False,
-            "messages": [{"role": "system", "content": instructions or SUMMARY_PROMPT},
-                         {"role": "user", "content": transcript(body)}]}
-
-
-def summary_of(answer: Mapping[str, Any]) -> str | None:
-    """The summary text of the chat completion that wrote it (None: it wrote none)."""
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        return None
-    message = choices[0].get("message")
-    text = message.get("content") if isinstance(message, Mapping) else None
-    return text.strip() if isinstance(text, str) and text.strip() else None
-
-
-def transcript(body: Mapping[str, Any]) -> str:
-    """The conversation as the text the summary reads: the system prompt, then each turn's text, tool calls and
-    tool results (thinking is left out: it is the model's own working, not the conversation)."""
-    lines = []
-    system = body.get("system")
-    if system:
-        lines.append("[system]\n" + _text(system))
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        if isinstance(message, Mapping):
-            lines.append(f"[{message.get('role')}]\n" + _text(message.get("content")))
-    return "\n\n".join(lines) + "\n\nSummarize the conversation above."
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content if isinstance(content, list) else ():
-        if not isinstance(block, Mapping):
-            continue
-        kind = block.get("type")
-        if kind == "text":
-            parts.append(value_text(block.get("text")))
-        elif kind == "tool_use":
-            parts.append(f"(tool call {block.get('name')}: {value_text(block.get('input'))})")
-        elif kind == "tool_result":
-            result = _text(block.get("content"))[:TRANSCRIPT_RESULT_CHARS]
-            parts.append(f"(tool result{' (error)' if block.get('is_error') else ''}: {result})")
-    return "\n".join(parts)
 
 
 def compacted_body(body: Mapping[str, Any], summary: str) -> dict[str, Any]:

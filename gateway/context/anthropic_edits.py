@@ -53,8 +53,12 @@ class Managed:
     summary: str | None = None  # this call's summary, once the runtime has it: the answer carries it back
     took_in_summary: bool = False  # the client sent an earlier compaction back: the prompt starts from it
 
+    def clearings(self) -> list[Applied]:
+        """The edits that cleared part of the prompt (a compaction replaced all of it: it is reported apart)."""
+        return [a for a in self.applied if a.type != COMPACT]
+
     def reported_edits(self) -> list[dict[str, Any]]:
-        return [a.as_anthropic() for a in self.applied if a.type != COMPACT]
+        return [a.as_anthropic() for a in self.clearings()]
 
     def without_body(self) -> Managed:
         """The record alone, to be remembered past the request (a body can be megabytes)."""

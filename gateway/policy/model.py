@@ -25,6 +25,7 @@ from gateway.context.masking import MaskRule
 from gateway.frozen import Frozen
 from gateway.openai import Usage
 from gateway.policy.agents import AgentsPolicy
+from gateway.policy.compaction import CompactionPolicy
 from gateway.policy.context import ContextPolicy
 from gateway.policy.switch import DEFAULT_RULE, SwitchPolicy
 from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy, find_tenant
@@ -349,6 +350,7 @@ class Policy(Frozen):
     switch: SwitchPolicy | None = None
     # What the gateway does to a conversation's context (policy/context.py); off unless given.
     context: ContextPolicy = ContextPolicy()
+    compaction: CompactionPolicy = CompactionPolicy()
 
     @model_validator(mode="after")
     def _references_exist(self) -> Policy:
@@ -408,6 +410,8 @@ class Policy(Frozen):
         for field, name in self.agents.targets():
             if name not in known:
                 yield f"{field}: unknown deployment {name!r} (known: {known})"
+        if self.compaction.deployment is not None and self.compaction.deployment not in known:
+            yield f"compaction.deployment: unknown deployment {self.compaction.deployment!r} (known: {known})"
 
     def _switch_problems(self) -> Iterator[str]:
         if self.switch is None:

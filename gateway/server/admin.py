@@ -29,7 +29,8 @@ async def explain_recent(request: web.Request) -> web.Response:
                          remembered.features, remembered.ctx, remembered.context, remembered.masking)
     served = remembered.served
     report["served"] = {"deployment": served.deployment, "rule": served.rule, "attempts": list(served.attempts),
-                        "reasons": list(served.reasons), "resumes": list(remembered.resumes)}
+                        "reasons": list(served.reasons), "resumes": list(remembered.resumes),
+                        "compactions": list(remembered.compactions)}
     return web.json_response(report)
 
 

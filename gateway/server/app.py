@@ -17,7 +17,7 @@ from aiohttp import web
 
 from gateway import native
 from gateway.accounting.ledger import Accounting
-from gateway.apis.routes import ADAPTERS
+from gateway.apis.routes import BY_PATH
 from gateway.classifier.scoring import Classifier
 from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
@@ -29,7 +29,17 @@ from gateway.experiments.shares import keep_in_step
 from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.model import Policy, PolicyError
-from gateway.server import admin_app, context_api, conversations, middleware, outcome_api, pipeline, public, ui
+from gateway.server import (
+    admin_app,
+    compaction,
+    context_api,
+    conversations,
+    middleware,
+    outcome_api,
+    pipeline,
+    public,
+    ui,
+)
 from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import (
@@ -43,6 +53,7 @@ from gateway.server.resources import (
     POLICY_FILE,
     POOL,
     RECENT,
+    SEAL,
     SESSION_CACHES,
     SETTINGS,
     SHARES,
@@ -82,8 +93,9 @@ def create_app(settings: Settings) -> web.Application:
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _offload, _conversations,
                             _shares, _session_caches, _accounting, _experiments, _trajectories, _long_lived_heap])
-    for adapter in ADAPTERS:
-        app.router.add_post(adapter.path, pipeline.handler(adapter))
+    app[SEAL] = compaction.make_seal(settings)  # a production gateway without its key fails here, at start
+    for path, adapter in BY_PATH.items():
+        app.router.add_post(path, pipeline.handler(adapter))
     public.add_routes(app.router)
     conversations.add_routes(app.router)
     context_api.add_routes(app.router)

@@ -1,91 +1,295 @@
-"""Anthropic's compaction, the part that calls a deployment: the summary written by the deployment the decision
-chose, through its chat completions endpoint; and the answer of a call that pauses after its compaction.
+"""Compaction served by the gateway, for every API that asks for it: the one summarizing call (the policy's
+compaction deployment, with the call's failover after it, through its chat completions endpoint), and what each
+API makes of the summary.
 
-The summary's own prompt and the compacted body are gateway/context/anthropic_compaction.py's (pure). A summary
-that fails leaves the conversation whole: the call goes on as the client sent it, and its trail says why.
+    written = await summarize(request, call, messages, attempts)      # API-neutral: chat messages in
+    answer(...)               # v1_compact, v2_trigger: the summary is the answer, nothing else is forwarded
+    compact(...)              # context_management (Responses), compact_20260112 (Messages): the conversation
+                              # replaced by its summary, then forwarded as usual (or, paused, answered alone)
+
+Each summary is seen and charged the same way: a summary that is the answer is settled as the answer; one
+written before the answer is a side call of the request (Exchange.side_call: its tokens on gateway_tokens_total
+and the tenant's spend and budget, settled even when the answer then fails). Every one is counted on
+gateway_compactions_total{api,trigger,deployment} and gateway_compaction_tokens_total, the span's
+gateway.compaction.* attributes and the decision trail of /admin/requests/{id}/explain.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from aiohttp import web
 
 from gateway import openai
 from gateway.apis.adapter import Adapter
-from gateway.context import anthropic_answers
-from gateway.context import anthropic_compaction as compaction
+from gateway.apis.agent_apis import CompactedResponsesAdapter
+from gateway.apis.responses import compaction as wire
+from gateway.context import anthropic_answers, anthropic_compaction
 from gateway.context.anthropic_config import COMPACT
 from gateway.context.anthropic_edits import Applied
 from gateway.context.counting import input_tokens
-from gateway.decision.call import Call, read_call
+from gateway.context.seal import Seal, seal_key
+from gateway.context.summaries import context_tokens, summary_prompt, written_summary
+from gateway.decision.call import Call
 from gateway.decision.routing import Decision
-from gateway.errors import GatewayError
+from gateway.errors import UpstreamError
+from gateway.policy.model import Policy
 from gateway.server.exchanges import add_gateway_headers
-from gateway.server.resources import EXCHANGE, POOL, SETTINGS, TELEMETRY
+from gateway.server.relay import STREAM_HEADERS
+from gateway.server.resources import CONVERSATIONS, EXCHANGE, POOL, RECENT, SEAL, SETTINGS, TELEMETRY
+from gateway.settings import Settings
+from gateway.telemetry import metrics as t
 from gateway.upstream import forward as upstream
+from gateway.wire import responses
 
 log = logging.getLogger(__name__)
 
-
-async def compact(request: web.Request, adapter: Adapter, call: Call, decision: Decision) -> Call:
-    """The call with its conversation replaced by a summary when its compaction is due (else the call as it is)."""
-    managed = call.context
-    if managed is None or managed.compaction is None:
-        return call
-    app, ex = request.app, request[EXCHANGE]
-    name = decision.attempts[0]
-    dep = call.policy.deployments[name]
-    summary_body = compaction.summary_request(managed.body, managed.compaction.instructions, dep.served_model)
-    try:
-        fetched = await upstream.fetch(app[POOL], name, dep, openai.PATHS["chat"], openai.encode(summary_body),
-                                       {"x-request-id": ex.request_id}, timeout_s=dep.timeouts.total_s,
-                                       limit_bytes=app[SETTINGS].max_upstream_body_bytes)
-        answer = openai.decode(fetched.body) if fetched.status == 200 else {}
-    except GatewayError as exc:
-        log.warning("compaction of request %s failed on %s: %s", ex.request_id, name, exc.message)
-        return call
-    usage = openai.usage_of(answer)
-    if usage is not None:
-        ex.side_call(name, dep.price, usage, app[TELEMETRY].metrics)
-    summary = compaction.summary_of(answer)
-    if summary is None:
-        log.warning("compaction of request %s: %s answered %d without a summary", ex.request_id, name, fetched.status)
-        return call
-    body = compaction.compacted_body(managed.body, summary)
-    replaced = len(managed.body.get("messages") or ())
-    after = input_tokens(body)
-    managed.applied.append(Applied(COMPACT, replaced, max((managed.tokens_after or 0) - after, 0)))
-    managed.summary, managed.body, managed.tokens_after = summary, body, after
-    view = adapter.view(body)
-    return read_call(call.policy, call.endpoint, body, view, call.body_bytes, adapter.features(view), call.headers,
-                     call.tenant, call.chain, managed)
+CHAT_PATH = openai.PATHS["chat"]
+CHARS_PER_TOKEN = 2  # a conservative bound for the transcript (`up`'s tokenizer counts ~2.2x cl100k on agent text)
+PROMPT_OVERHEAD_TOKENS = 1024  # the instructions and the chat template around the transcript
+ANTHROPIC_COMPACT = "anthropic_compact"  # the trigger label of Anthropic's compact_20260112
 
 
-def paused(call: Call) -> bool:
-    """The call compacted and asked to stop there: its answer is the compaction block alone."""
-    managed = call.context
-    return (managed is not None and managed.summary is not None and managed.compaction is not None
-            and managed.compaction.pause_after)
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A summary as a deployment wrote it, and what it replaced."""
+
+    text: str  # in the anchored structure (gateway/context/summaries.py), or the client's own instructions' form
+    deployment: str
+    model: str | None
+    usage: openai.Usage
+    tokens_before: int  # the conversation it summarized, in the gateway's count
 
 
-async def answer_paused(request: web.Request, call: Call, decision: Decision) -> web.StreamResponse:
-    """The compaction block as the whole answer (streamed when the call streams); the summary's deployment
-    answered it, and the summary's tokens were its cost."""
-    assert call.context is not None
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """A call whose conversation the gateway compacted before forwarding it."""
+
+    call: Call  # its body: the summary and what the API keeps beside it
+    decision: Decision  # its reasons say so
+    adapter: Adapter  # the answer carries the API's compaction form back
+    written: Written
+    kept_body: dict[str, Any] | None = None  # Responses: what a chain onto its answer reads before that answer
+    paused: bool = False  # Anthropic's pause_after_compaction: the compaction block is the whole answer
+
+
+def make_seal(settings: Settings) -> Seal:
+    """The process's seal: the configured key; in development a made-up one, with a warning."""
+    key, warning = seal_key(settings.compaction_key, settings.environment == "production")
+    if warning is not None:
+        log.warning(warning)
+    return Seal(key)
+
+
+def opened(request: web.Request, body: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """The body with the compaction items of its input opened (a 400 when one does not open)."""
+    items, count = wire.open_input(responses.input_items(body), request.app[SEAL], tenant)
+    if not count:
+        return body
+    ex = request.get(EXCHANGE)
+    if ex is not None:
+        ex.attributes[t.COMPACTION_ITEMS_OPENED] = count
+    return {**body, "input": items}
+
+
+def asked(adapter: Adapter, call: Call, decided: Decision) -> tuple[str | None, Decision]:
+    """What asked the gateway to answer with a compaction itself (v1_compact, v2_trigger), if anything, and the
+    decision that answers the call (the compaction's own when asked)."""
+    trigger = _asked(adapter, call)
+    return trigger, decided if trigger is None else decision_for(call.policy, trigger, decided)
+
+
+def _asked(adapter: Adapter, call: Call) -> str | None:
+    if adapter.path == wire.COMPACT_PATH:
+        return wire.V1_COMPACT
+    return wire.V2_TRIGGER if adapter.chains and wire.is_triggered(call.body) else None
+
+
+def decision_for(policy: Policy, trigger: str, decided: Decision) -> Decision:
+    """The compaction's own decision: the policy's compaction deployment first, the decided failover after it."""
+    name = policy.compaction.summarizer(policy.deployments, policy.default)
+    attempts = (name, *(d for d in decided.attempts if d != name))
+    return Decision(name, "compaction", attempts,
+                    (f"compaction: {trigger} asked; {name} summarizes (policy compaction.deployment)",))
+
+
+async def summarize(request: web.Request, call: Call, messages: list[dict[str, Any]],
+                    attempts: Sequence[str], instructions: str | None = None) -> Written:
+    """The summary of `messages` (chat-shaped), from the first of `attempts` that answers."""
+    policy, last = call.policy, None
+    for name in attempts:
+        try:
+            return await _ask(request, policy, name, messages, instructions)
+        except UpstreamError as exc:
+            log.warning("compaction: deployment %s did not summarize: %s", name, exc.message)
+            last = exc
+    raise last or UpstreamError("No deployment was asked for the summary")
+
+
+async def _ask(request: web.Request, policy: Policy, name: str, messages: list[dict[str, Any]],
+               instructions: str | None) -> Written:
+    app, rules, dep = request.app, policy.compaction, policy.deployments[name]
+    window = dep.max_model_len
+    max_chars = rules.max_transcript_chars if window is None else \
+        max(1_000, (window - rules.max_summary_tokens - PROMPT_OVERHEAD_TOKENS) * CHARS_PER_TOKEN)
+    body = {"model": dep.served_model, "messages": summary_prompt(messages, max_chars, instructions),
+            "max_tokens": rules.max_summary_tokens, "temperature": 0, "stream": False}
+    headers = {"x-request-id": request[EXCHANGE].request_id}
+    fetched = await upstream.fetch(app[POOL], name, dep, CHAT_PATH, openai.encode(body), headers,
+                                   timeout_s=rules.timeout_s, limit_bytes=app[SETTINGS].max_upstream_body_bytes)
+    found = openai.response_object(fetched.body) if fetched.status == 200 else None
+    choices = found.get("choices") if found is not None else None
+    message = choices[0].get("message") if isinstance(choices, list) and choices and \
+        isinstance(choices[0], dict) else None
+    text = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        raise UpstreamError(f"Deployment {name!r} wrote no summary (status {fetched.status})",
+                            code="compaction_failed")
+    assert found is not None
+    model = found.get("model")
+    used = openai.usage_of(found) or openai.Usage(context_tokens(messages), 0, estimated=True)
+    return Written(written_summary(text, instructions), name, model if isinstance(model, str) else None, used,
+                   context_tokens(messages))
+
+
+def chat_messages(body: dict[str, Any], items: list[Any]) -> list[dict[str, Any]]:
+    """A Responses conversation to summarize as chat messages (the API-neutral form): instructions, then items."""
+    view: list[dict[str, Any]] = responses.view({"instructions": body.get("instructions"), "input": items})["messages"]
+    return view
+
+
+def note(request: web.Request, api: str, trigger: str, written: Written, tokens_after: int) -> None:
+    """The compaction on the metrics, the span and the decision trail."""
     ex = request[EXCHANGE]
-    name = decision.attempts[0]
-    dep = call.policy.deployments[name]
-    ex.trying(name)
-    ex.answered(name, dep.served_model, dep.price)
+    request.app[TELEMETRY].metrics.count_compaction(api, trigger, written.deployment, written.tokens_before,
+                                                    tokens_after)
+    ex.attributes.update({t.COMPACTION_TRIGGER: trigger, t.COMPACTION_DEPLOYMENT: written.deployment,
+                          t.COMPACTION_TOKENS_BEFORE: written.tokens_before,
+                          t.COMPACTION_TOKENS_AFTER: tokens_after})
+    request.app[RECENT].compacted(ex.request_id, f"{trigger}: {written.deployment} summarized "
+                                  f"{written.tokens_before} tokens into {tokens_after} (summary: "
+                                  f"{written.usage.prompt_tokens} in, {written.usage.completion_tokens} out)")
+
+
+def _sealed(request: web.Request, call: Call, written: Written, kept: list[Any]) -> tuple[dict[str, Any], int]:
+    """The compaction item of a summary, and the tokens of what stands in for the conversation now."""
+    after = context_tokens(chat_messages({}, [*kept, wire.summary_message(written.text)]))
+    payload = wire.sealed_payload(written.text, written.deployment, written.tokens_before, after)
+    return wire.compaction_item(request.app[SEAL].close(payload, call.tenant_or_anonymous)), after
+
+
+async def answer(request: web.Request, call: Call, decision: Decision, trigger: str) -> web.StreamResponse:
+    """v1_compact and v2_trigger: the summary is the answer, in the form the client asked for."""
+    app, ex = request.app, request[EXCHANGE]
+    items = wire.without_trigger(responses.input_items(call.body))
+    written = await summarize(request, call, chat_messages(call.body, items), decision.attempts)
+    ex.answered(written.deployment, written.model, call.policy.deployments[written.deployment].price)
+    ex.settle(written.usage, app[TELEMETRY].metrics)
+    kept = wire.retained(items)
+    item, after = _sealed(request, call, written, kept)
+    note(request, "responses", trigger, written, after)
+    used = wire.usage(written.usage.prompt_tokens, written.usage.completion_tokens, written.usage.cached_tokens)
+    if trigger == wire.V1_COMPACT:
+        listed = [*map(wire.output_message, kept), item]
+        return web.json_response(wire.compacted(responses.new_response_id(), listed, used))
+    final = wire.response(call.body, responses.new_response_id(), [item], used)
+    # kept as the compacted conversation: a chain onto it reads the user's messages, then the summary
+    await app[CONVERSATIONS].keeper(call, {**call.body, "input": kept})(final)
+    if not call.features.stream:
+        return web.json_response(final)
+    return await _stream(request, wire.stream(call.body, final["id"], item, used))
+
+
+async def compact(request: web.Request, adapter: Adapter, call: Call, decision: Decision) -> Compacted | None:
+    """The call with its conversation compacted when its API's compaction is due (Responses: context_management
+    over its threshold; Messages: compact_20260112 over its trigger); None when none is due, or when the summary
+    fails (the call goes on whole, as the client sent it: its log says why)."""
+    trigger = _due(adapter, call)
+    if trigger is None:
+        return None
+    edit = call.context.compaction if call.context is not None else None
+    messages = adapter.view(call.body)["messages"] if edit is not None else \
+        chat_messages(call.body, responses.input_items(call.body))
+    attempts = decision_for(call.policy, trigger, decision).attempts
+    try:
+        written = await summarize(request, call, messages, attempts, edit.instructions if edit else None)
+    except UpstreamError as exc:
+        log.warning("compaction (%s) of request %s failed; the call goes on whole: %s", trigger,
+                    request[EXCHANGE].request_id, exc.message)
+        return None
+    request[EXCHANGE].side_call(written.deployment, call.policy.deployments[written.deployment].price,
+                                written.usage, request.app[TELEMETRY].metrics)
+    reason = f"compaction: {trigger} due; {written.deployment} summarized {written.tokens_before} tokens"
+    decision = replace(decision, reasons=(*decision.reasons, reason))
+    if edit is None:
+        return _compacted_input(request, call, decision, written)
+    return _compacted_messages(request, adapter, call, decision, written)
+
+
+def _due(adapter: Adapter, call: Call) -> str | None:
+    """Which compaction the call asks for before its answer now, if any (none when it is the answer)."""
+    if _asked(adapter, call) is not None:
+        return None
+    if adapter.chains:
+        threshold = wire.threshold_of(call.body)
+        due = threshold is not None and call.features.prompt_tokens > threshold
+        return wire.CONTEXT_MANAGEMENT if due else None
+    return ANTHROPIC_COMPACT if call.context is not None and call.context.compaction is not None else None
+
+
+def _compacted_input(request: web.Request, call: Call, decision: Decision, written: Written) -> Compacted:
+    """Responses: the input as the user's messages and the summary; the answer's output led by the item."""
+    kept = wire.retained(responses.input_items(call.body))
+    item, after = _sealed(request, call, written, kept)
+    note(request, "responses", wire.CONTEXT_MANAGEMENT, written, after)
+    body = {**call.body, "input": [*kept, wire.summary_message(written.text)]}
+    return Compacted(_with_body(call, body), decision, CompactedResponsesAdapter(item), written,
+                     kept_body={**call.body, "input": kept})
+
+
+def _compacted_messages(request: web.Request, adapter: Adapter, call: Call, decision: Decision,
+                        written: Written) -> Compacted:
+    """Messages: the summary alone; the answer's content led by the compaction block (or only that block)."""
+    managed = call.context
+    assert managed is not None and managed.compaction is not None
+    body = anthropic_compaction.compacted_body(managed.body, written.text)
+    after = input_tokens(body)
+    replaced = len(managed.body.get("messages") or ())
+    managed.applied.append(Applied(COMPACT, replaced, max((managed.tokens_after or 0) - after, 0)))
+    managed.summary, managed.body, managed.tokens_after = written.text, body, after
+    note(request, "messages", ANTHROPIC_COMPACT, written, after)
+    return Compacted(_with_body(call, body), decision, adapter, written, paused=managed.compaction.pause_after)
+
+
+def _with_body(call: Call, body: dict[str, Any]) -> Call:
+    """The call with the compacted body the deployment reads; its view, features and session stay those the
+    decision read (and the agent's step, which the compaction does not change)."""
+    return Call(call.policy, call.endpoint, body, call.view, call.body_bytes, call.features, call.headers,
+                call.tenant, call.step, call.chain, call.context, call.masking)
+
+
+async def answer_paused(request: web.Request, compacted: Compacted) -> web.StreamResponse:
+    """Anthropic's pause_after_compaction: the compaction block as the whole answer (streamed when the call
+    streams), from the deployment that wrote the summary, whose tokens (a side call) were its whole cost."""
+    call, written, ex = compacted.call, compacted.written, request[EXCHANGE]
+    assert call.context is not None
+    dep = call.policy.deployments[written.deployment]
+    ex.trying(written.deployment)
+    ex.answered(written.deployment, dep.served_model, dep.price)
     ex.settle(openai.Usage(0, 0), request.app[TELEMETRY].metrics)  # the summary was charged as it was made
-    spent = ex.side_parts[-1][2] if ex.side_parts else openai.Usage(0, 0)
-    message = anthropic_answers.paused(call.context, dep.served_model, spent)
+    message = anthropic_answers.paused(call.context, dep.served_model, written.usage)
     if not call.features.stream:
         return web.json_response(message)
-    response = add_gateway_headers(request, web.StreamResponse(status=200, headers={
-        "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}))
+    return await _stream(request, anthropic_answers.paused_stream(message))
+
+
+async def _stream(request: web.Request, events: bytes) -> web.StreamResponse:
+    """An answer the gateway wrote whole, sent as one stream of its API's events."""
+    response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
     await response.prepare(request)
-    await response.write(anthropic_answers.paused_stream(message))
+    await response.write(events)
     await response.write_eof()
     return response

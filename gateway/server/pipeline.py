@@ -70,8 +70,10 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     counts = await app[COUNTS].count(call, app[DEPLOYMENTS].windows)  # {} unless a window's edge is near
     ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent, sighting, counts))
     decision = decide(call.policy, call.features, ctx)
+    asked, decision = compaction.asked(adapter, call, decision)  # the gateway answers with a compaction itself
     experiments = app[EXPERIMENTS]
-    enrollment = await experiments.begin(ex, call, ctx, decision) if experiments.engaged(call.policy) else None
+    engaged = asked is None and experiments.engaged(call.policy)
+    enrollment = await experiments.begin(ex, call, ctx, decision) if engaged else None
     if enrollment is not None:
         decision = enrollment.decision  # a rollout's candidate arm
     status, held = 500, None
@@ -81,21 +83,17 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         except GatewayError:
             ex.decided(call.features, decision, ctx.complexity)  # refused by the budget: no deployment reached
             raise
-        call = await compaction.compact(request, adapter, call, decision)  # when the API's compaction is due
+        compacted = await compaction.compact(request, adapter, call, decision)  # when its API's compaction is due
+        if compacted is not None:
+            call, decision, adapter = compacted.call, compacted.decision, compacted.adapter
         record(app, ex, adapter, call, ctx, decision, enrollment, recording)
         if enrollment is not None:
             enrollment.sent()
-        if compaction.paused(call):
-            response = await compaction.answer_paused(request, call, decision)
-            status = response.status
-            return response
-        keep = app[CONVERSATIONS].keeper(call) if adapter.chains else None
         caps = windows.caps(admitted.caps if admitted else None, ctx.fits)
-        response = await relay.forward(request, adapter, call, decision, caps, keep)
+        response = await answer(request, adapter, call, decision, caps, asked, compacted)
         status = response.status
-        if sighting is not None:
-            app[SESSION_CACHES].served(call, sighting, ex)
-            app[WARMUPS].after(adapter, call, decision, sighting, ex)
+        if asked is None and compacted is None:  # else the gateway rewrote or answered the prompt sighted
+            served(app, adapter, call, decision, sighting, ex)
         return response
     except GatewayError as exc:
         status = exc.status
@@ -111,6 +109,29 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
             experiments.finished(enrollment, status)
 
 
+def served(app: web.Application, adapter: Adapter, call: Call, decision: Decision, sighting: Sighting | None,
+           ex: Exchange) -> None:
+    """The deployment's cache now holds the prompt sighted: recorded, and the session's next step warmed."""
+    if sighting is not None:
+        app[SESSION_CACHES].served(call, sighting, ex)
+        app[WARMUPS].after(adapter, call, decision, sighting, ex)
+
+
+async def answer(
+    request: web.Request, adapter: Adapter, call: Call, decision: Decision, caps: Mapping[str, int] | None,
+    asked: str | None, compacted: compaction.Compacted | None,
+) -> web.StreamResponse:
+    """The answer: a compaction the gateway writes itself, else the deployments' (forwarded in failover order)."""
+    if asked is not None:
+        return await compaction.answer(request, call, decision, asked)
+    if compacted is not None and compacted.paused:
+        return await compaction.answer_paused(request, compacted)
+    keep = None
+    if adapter.chains:
+        keep = request.app[CONVERSATIONS].keeper(call, compacted.kept_body if compacted is not None else None)
+    return await relay.forward(request, adapter, call, decision, caps, keep)
+
+
 async def read(request: web.Request, adapter: Adapter) -> Call:
     """The one view of the call: the body read within its limit, checked, its features and agent step."""
     raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
@@ -120,6 +141,7 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     tenant, chain = request.get(TENANT) if policy.auth.enabled else None, None
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
         body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
+        body = compaction.opened(request, body, tenant or ANONYMOUS)  # no deployment reads a compaction item
     body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
     masking = None
     if policy.masks_context:  # the policy's context rules: old tool outputs masked, their originals stored first
@@ -186,8 +208,9 @@ def record(
     the context edits that made the prompt."""
     ex.decided(call.features, decision, ctx.complexity)
     managed = call.context
-    if managed is not None and managed.applied:
-        ex.edited([(a.type, a.cleared, a.cleared_input_tokens) for a in managed.applied], managed.tokens_before,
+    clearings = managed.clearings() if managed is not None else ()
+    if managed is not None and clearings:  # a compaction is counted apart, by its runtime (gateway_compactions_total)
+        ex.edited([(a.type, a.cleared, a.cleared_input_tokens) for a in clearings], managed.tokens_before,
                   managed.tokens_after)
     masking = call.masking
     if masking is not None and masking.masked:

@@ -12,6 +12,7 @@ from gateway.accounting.ledger import Accounting
 from gateway.classifier.scoring import Classifier
 from gateway.context.anthropic_edits import Managed
 from gateway.context.masking import Masking
+from gateway.context.seal import Seal
 from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision
 from gateway.decision.share import ShareTracker
@@ -46,6 +47,7 @@ class Remembered:
     resumes: list[str] = field(default_factory=list)  # each break of its stream, and what became of it
     context: Managed | None = None  # the context edits that made the prompt (its body is not kept: see below)
     masking: Masking | None = None  # the old tool outputs masked in the prompt (their originals are not kept)
+    compactions: list[str] = field(default_factory=list)  # each summary the gateway wrote for it
 
 
 class Recent:
@@ -68,6 +70,11 @@ class Recent:
         found = self._items.get(request_id)
         if found is not None:
             found.resumes.append(description)
+
+    def compacted(self, request_id: str, description: str) -> None:
+        found = self._items.get(request_id)
+        if found is not None:
+            found.compactions.append(description)
 
     def get(self, request_id: str) -> Remembered | None:
         return self._items.get(request_id)
@@ -99,6 +106,7 @@ CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API'
 SESSION_CACHES = web.AppKey("session_caches", SessionCaches)  # each agent session's prefix caches
 WARMUPS = web.AppKey("warmups", Warmups)  # the deployments' caches warmed for sessions' next steps
 OFFLOAD = web.AppKey("offload", Offload)  # masked tool outputs and the object store of their originals
+SEAL = web.AppKey("seal", Seal)  # seals and opens the compaction items clients send back
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -37,11 +37,13 @@ class Conversations:
             raise stored.previous_not_found(previous)
         return stored.expand(body, found), stored.chain_session(found)
 
-    def keeper(self, call: Call) -> Callable[[dict[str, Any]], Awaitable[None]]:
-        """What keeps this call's finished answer (unless it asked `store: false`)."""
+    def keeper(self, call: Call, body: dict[str, Any] | None = None) -> Callable[[dict[str, Any]], Awaitable[None]]:
+        """What keeps this call's finished answer (unless it asked `store: false`), under the call's body or
+        `body` (a compacted conversation: what a chain onto it reads before the answer's output)."""
+        kept_body = call.body if body is None else body
 
         async def keep(answer: dict[str, Any]) -> None:
-            record = stored.record(call.body, answer, call.tenant_or_anonymous, call.session_id, time.time())
+            record = stored.record(kept_body, answer, call.tenant_or_anonymous, call.session_id, time.time())
             if record is None:
                 return
             try:

@@ -66,6 +66,11 @@ CACHE_PREDICTED_TOKENS = "gateway.cache.predicted_cached_tokens"  # of the promp
 CACHE_REPORTED_TOKENS = "gateway.cache.reported_cached_tokens"  # what the deployment reported, when it did
 CACHE_UNCACHED_TOKENS = "gateway.cache.uncached_tokens"  # each deployment's predicted prefill: "hq=21230 ..."
 CACHE_WARMUP = "gateway.cache.warmup"  # the warm-up this step triggered: "hq started", "hq busy" (decision/warmup)
+COMPACTION_TRIGGER = "gateway.compaction.trigger"  # v1_compact | v2_trigger | context_management | anthropic_compact
+COMPACTION_DEPLOYMENT = "gateway.compaction.deployment"  # the one that wrote the summary
+COMPACTION_TOKENS_BEFORE = "gateway.compaction.tokens_before"  # the conversation it replaced
+COMPACTION_TOKENS_AFTER = "gateway.compaction.tokens_after"  # what stands in for it: kept messages and summary
+COMPACTION_ITEMS_OPENED = "gateway.compaction.items_opened"  # compaction items sent back, expanded
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -275,6 +280,8 @@ class Metrics:
     context_masked_tokens: Counter
     context_offloads: Counter
     context_offloaded_bytes: Counter
+    compactions: Counter
+    compaction_tokens: Counter
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
@@ -319,6 +326,12 @@ class Metrics:
         self.context_offloads.labels(outcome).inc(objects)
         if stored_bytes:
             self.context_offloaded_bytes.inc(stored_bytes)
+    def count_compaction(self, api: str, trigger: str, deployment: str, tokens_before: int,
+                         tokens_after: int) -> None:
+        """One summary written (rare beside requests: applied at once)."""
+        self.compactions.labels(api, trigger, deployment).inc()
+        self.compaction_tokens.labels(api, trigger, "before").inc(tokens_before)
+        self.compaction_tokens.labels(api, trigger, "after").inc(tokens_after)
 
     def fold(self) -> None:
         """Apply the waiting figures to the Prometheus series (at a scrape, every FOLD_EVERY requests and,
@@ -558,6 +571,12 @@ def make_metrics() -> Metrics:
         classifier_seconds=Counter("gateway_classifier_seconds", "Wall time spent scoring requests (in the event "
                                    "loop, so about its CPU time)", registry=r),
         classifier_scores=Counter("gateway_classifier_scores", "Requests scored by the classifier", registry=r),
+        compactions=Counter("gateway_compactions", "Conversations the gateway summarized for a client, by API, "
+                            "who asked (v1_compact, v2_trigger, context_management, anthropic_compact) and "
+                            "the summarizing deployment", ["api", "trigger", "deployment"], registry=r),
+        compaction_tokens=Counter("gateway_compaction_tokens", "Context tokens of compacted conversations, before "
+                                  "(what was summarized) and after (kept messages and the summary); the ratio is "
+                                  "the compaction's gain", ["api", "trigger", "stage"], registry=r),
         agents=_agent_series(r),
         caches=_cache_series(r),
     )

@@ -10,9 +10,10 @@ import aiohttp
 import anthropic
 import pytest
 
-from gateway.context.anthropic_compaction import SUMMARY_LEAD, SUMMARY_PROMPT
 from gateway.context.anthropic_edits import CLEARED_TOOL_RESULT
+from gateway.context.summaries import INSTRUCTIONS, summary_message_text, written_summary
 from tests.fixtures.conditions import until
+from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
 
 BETAS: Any = ["context-management-2025-06-27"]
@@ -152,13 +153,16 @@ async def test_a_long_conversation_is_compacted_by_the_deployment_and_answered_f
             message = await client.beta.messages.create(**request)
     assert stack.fast.paths == ["/v1/chat/completions", "/v1/messages"]
     summary_call, answered = stack.fast.received
-    assert summary_call["messages"][0] == {"role": "system", "content": SUMMARY_PROMPT}
+    # the gateway's one summarizer: its anchored prompt, and the answer read back into its sections
+    assert summary_call["messages"][0] == {"role": "system", "content": INSTRUCTIONS}
     assert "Now add tests." in summary_call["messages"][1]["content"]
+    summary = written_summary("SUMMARY: parser split; tests next.")
+    assert summary.startswith("## Goal\nSUMMARY: parser split; tests next.")
     assert answered["messages"] == [{"role": "user", "content": [
-        {"type": "text", "text": SUMMARY_LEAD + "SUMMARY: parser split; tests next."}]}]
+        {"type": "text", "text": summary_message_text(summary)}]}]
     assert "context_management" not in answered
     first, *rest = message.content
-    assert first.type == "compaction" and first.content == "SUMMARY: parser split; tests next."
+    assert first.type == "compaction" and first.content == summary
     assert [block.type for block in rest] == ["text"]
 
     # The next turn sends the compaction back: the deployment reads the summary, then what followed it.
@@ -185,7 +189,8 @@ async def test_pause_after_compaction_answers_the_compaction_block_alone(make_st
             streamed = await events.get_final_message()
     for answer in (message, streamed):
         assert answer.stop_reason == "compaction"
-        assert [(b.type, getattr(b, "content", None)) for b in answer.content] == [("compaction", "SUMMARY")]
+        assert [(b.type, getattr(b, "content", None)) for b in answer.content] == [
+            ("compaction", written_summary("SUMMARY"))]
     assert stack.fast.paths == ["/v1/chat/completions"] * 2  # the deployment only wrote the summaries
     # the summary's usage, as Anthropic counts it: the second read the first's prompt from the prefix cache
     summaries = stack.fast.counted
@@ -193,3 +198,45 @@ async def test_pause_after_compaction_answers_the_compaction_block_alone(make_st
     for answer, summary in zip((message, streamed), summaries, strict=True):
         assert answer.usage.cache_read_input_tokens == summary.cached
         assert answer.usage.input_tokens + summary.cached == summary.tokens
+
+
+async def test_the_summary_is_written_by_the_policys_compaction_deployment_and_counted_as_a_compaction(
+    make_stack: Any,
+) -> None:
+    """One summarizer for every API: the call pinned to hq, its summary from `compaction.deployment` (fast by
+    default), counted on gateway_compactions_total, not as a clearing edit."""
+    stack: Stack = await make_stack()
+    stack.fast.answer = lambda body: "## Goal\nsplit the parser"
+    async with anthropic.AsyncAnthropic(base_url=stack.gateway_root, api_key="k", max_retries=0) as client:
+        await client.beta.messages.create(model="hq", max_tokens=9, messages=long_conversation(),
+                                          context_management=COMPACT, betas=["compact-2026-01-12"])
+    assert stack.fast.paths == ["/v1/chat/completions"] and stack.hq.paths == ["/v1/messages"]
+    assert "split the parser" in stack.hq.received[0]["messages"][0]["content"][0]["text"]
+    assert await metric(stack.gateway, "gateway_compactions_total", api="messages", trigger="anthropic_compact",
+                        deployment="fast") == 1
+    assert await metric(stack.gateway, "gateway_context_edits_total", edit="compact_20260112") == 0
+
+
+async def test_the_requests_instructions_replace_the_summary_prompt_and_its_form(make_stack: Any) -> None:
+    stack: Stack = await make_stack()
+    stack.fast.answer = lambda body: "  Three bullet points.  "
+    own: Any = {"edits": [{**COMPACT["edits"][0], "instructions": "Summarize in three bullets."}]}
+    async with anthropic.AsyncAnthropic(base_url=stack.gateway_root, api_key="k", max_retries=0) as client:
+        message = await client.beta.messages.create(model="fast", max_tokens=9, messages=long_conversation(),
+                                                    context_management=own, betas=["compact-2026-01-12"])
+    assert stack.fast.received[0]["messages"][0] == {"role": "system", "content": "Summarize in three bullets."}
+    first: Any = message.content[0]
+    assert first.type == "compaction" and first.content == "Three bullet points."  # not forced into sections
+
+
+async def test_a_summary_no_deployment_writes_leaves_the_conversation_whole(make_stack: Any) -> None:
+    stack: Stack = await make_stack()
+    stack.fast.faults += [Fault(status=500)]  # the summary, asked of fast first
+    stack.hq.faults += [Fault(status=500)]  # then of hq, the call's failover
+    async with anthropic.AsyncAnthropic(base_url=stack.gateway_root, api_key="k", max_retries=0) as client:
+        message = await client.beta.messages.create(model="fast", max_tokens=9, messages=long_conversation(),
+                                                    context_management=COMPACT, betas=["compact-2026-01-12"])
+    assert [block.type for block in message.content] == ["text"]
+    assert stack.hq.paths == ["/v1/chat/completions"]  # asked, and failed too
+    assert stack.fast.received[-1]["messages"] == long_conversation()  # answered whole
+    assert await metric(stack.gateway, "gateway_compactions_total") == 0

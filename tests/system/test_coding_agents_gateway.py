@@ -78,3 +78,26 @@ async def test_claude_code_runs_a_turn_through_the_gateway(make_stack: Any, tmp_
     assert (first["deployment"], second["deployment"]) == ("hq", "fast")
     assert [c["name"] for c in first["tool_calls"]] == ["Bash"]
     assert len(second["tool_results"]) == 1
+
+
+async def test_codex_compacts_through_the_gateway_and_goes_on(make_stack: Any, tmp_path: Path) -> None:
+    """Codex's built-in OpenAI provider pointed at the gateway, with a tiny auto-compact limit: after the tool
+    step it compacts (remote compaction v2: a compaction_trigger), the gateway's summary comes back as one
+    compaction item, and Codex goes on with it to the end of its turn."""
+    stack: Stack = await make_stack(settings={"compaction_key": "k" * 40})
+    stack.fast.answer = lambda body: "## Goal\nPrint the clue.\n## Next step\nSay it is done."
+    stack.fast.script = [ToolUse("exec_command", {"cmd": "echo clue-$((6 * 7))"}), "All done."]
+    run = await agent_clients.codex_exec(stack.base_url, "Print the clue.", tmp_path, model="fast",
+                                         provider="openai", auto_compact_tokens=15)
+    assert run.exit_code == 0, run.describe()
+    messages = [e["item"]["text"] for e in run.events() if e.get("type") == "item.completed"
+                and e["item"].get("type") == "agent_message"]
+    assert messages == ["All done."]
+    # the first step, the summary the gateway asked for, the step after the compaction
+    assert stack.fast.paths == ["/v1/responses", "/v1/chat/completions", "/v1/responses"]
+    after = stack.fast.received[-1]["input"]
+    assert all(item.get("type") not in ("compaction", "compaction_trigger") for item in after)
+    assert "Say it is done." in json.dumps(after)
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
+        text = await resp.text()
+    assert 'gateway_compactions_total{api="responses",deployment="fast",trigger="v2_trigger"} 1.0' in text
