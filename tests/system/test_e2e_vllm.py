@@ -408,12 +408,13 @@ def test_messages_through_gateway_with_the_anthropic_sdk(vllm_pair: VllmPair, ga
                                 messages=[{"role": "user", "content": "Say hello."}]) as stream:
         streamed = stream.get_final_message()
     assert streamed.usage.output_tokens >= 1
-    # Output settles exactly. Anthropic's input_tokens leaves out what the prefix cache read (vLLM reports the
-    # cached share apart with --enable-prompt-tokens-details); the gateway counts the whole prompt, so its input
-    # count is at least what the client is shown.
+    # Both settle exactly. Anthropic's input_tokens leaves out the prompt's cached blocks: vLLM reports them
+    # apart, as cache_creation_input_tokens on a miss and cache_read_input_tokens on a hit (a non-streamed
+    # answer: 12 + 256 created, then 12 + 256 read); the gateway counts the whole prompt, the three together.
     usages = (reply.usage, streamed.usage)
     assert _tokens(gateway, "fast", "direction=output") - before[0] == sum(u.output_tokens for u in usages)
-    assert _tokens(gateway, "fast", "direction=input") - before[1] >= sum(u.input_tokens for u in usages)
+    assert _tokens(gateway, "fast", "direction=input") - before[1] == sum(
+        u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0) for u in usages)
     counted = client.messages.count_tokens(model="fast", messages=[{"role": "user", "content": "Say hello."}])
     assert counted.input_tokens >= 1
     with pytest.raises(anthropic.NotFoundError) as caught:
