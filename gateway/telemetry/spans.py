@@ -53,7 +53,11 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _OK = Status(StatusCode.UNSET)
 _NO_HEADERS: Mapping[str, str] = {}
-_DEFAULT_MAX_QUEUE = 2048  # the SDK's own default for OTEL_BSP_MAX_QUEUE_SIZE
+# Exports in batches four times the SDK's 512 (and a queue that holds two of them): each export stalls the
+# event loop for a moment (its encoding in the export thread takes the GIL), and at c=1 on small chat the
+# stalls of 512-span batches were the gateway's p99 (docs/telemetry.md). OTEL_BSP_* still override both.
+_DEFAULT_MAX_QUEUE = 4096
+_DEFAULT_BATCH = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +165,7 @@ class BoundedBatches(BatchSpanProcessor):
         self.counts = CountingExporter(exporter)
         super().__init__(self.counts, max_queue_size=max_queue, max_export_batch_size=batch_size)
         self.max_queue = max_queue
+        self.batch_size = batch_size
         self.handed = 0  # only the event loop writes this, only the export thread the counts: no lock needed
         self.refused = 0
 
@@ -193,18 +198,20 @@ def make_spans(exporter_name: str) -> Spans | None:
         return None
     provider = TracerProvider(shutdown_on_exit=False, resource=Resource.create({"service.name": "agent-gateway",
                                                         "service.version": __version__}))
-    processor = BoundedBatches(exporter, _max_queue())
+    max_queue = _positive_env("OTEL_BSP_MAX_QUEUE_SIZE", _DEFAULT_MAX_QUEUE)
+    batch = min(_positive_env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _DEFAULT_BATCH), max_queue)
+    processor = BoundedBatches(exporter, max_queue, batch)
     return Spans(processor, provider.resource, provider.sampler, provider.id_generator)
 
 
-def _max_queue() -> int:
-    """OTEL_BSP_MAX_QUEUE_SIZE as the SDK reads it; read here too, so the gateway's bound is the SDK's queue's."""
-    raw = os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "").strip()
+def _positive_env(name: str, default: int) -> int:
+    """An OTEL_BSP_* size as the SDK reads it; read here too, so the gateway's bound is the SDK's queue's."""
+    raw = os.environ.get(name, "").strip()
     try:
-        size = int(raw) if raw else _DEFAULT_MAX_QUEUE
+        size = int(raw) if raw else default
     except ValueError:
         size = 0
     if size <= 0:
-        log.warning("OTEL_BSP_MAX_QUEUE_SIZE=%r is not a positive whole number; using %d", raw, _DEFAULT_MAX_QUEUE)
-        return _DEFAULT_MAX_QUEUE
+        log.warning("%s=%r is not a positive whole number; using %d", name, raw, default)
+        return default
     return size
