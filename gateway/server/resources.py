@@ -4,7 +4,8 @@ per-request keys the middleware sets (server/middleware.py)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -44,14 +45,23 @@ class Remembered:
     features: Features
     ctx: Context
     served: Decision  # after the rollout arm and the budget hold, which may narrow the failover
-    resumes: list[str] = field(default_factory=list)  # each break of its stream, and what became of it
+    resumes: tuple[str, ...] = ()  # each break of its stream, and what became of it
     context: Managed | None = None  # the context edits that made the prompt (its body is not kept: see below)
     masking: Masking | None = None  # the old tool outputs masked in the prompt (their originals are not kept)
-    compactions: list[str] = field(default_factory=list)  # each summary the gateway wrote for it
+    compactions: tuple[str, ...] = ()  # each summary the gateway wrote for it
+
+
+_T = TypeVar("_T")
 
 
 class Recent:
-    """The last N live decisions, for `/admin/requests/{id}/explain`."""
+    """The last N live decisions, for `/admin/requests/{id}/explain`.
+
+    It is most of what a busy gateway keeps of its requests (~1 KB each, N = 2,048 by default), and it fills over
+    the first N requests: each entry shares its context's snapshots (the deployments' load, the share thresholds,
+    the windows' fits, the headers the policy reads) with the entry before it when they are equal, as they are
+    between most consecutive requests, rather than keeping a copy of each.
+    """
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -60,6 +70,10 @@ class Recent:
     def remember(self, request_id: str, call: Call, ctx: Context, served: Decision) -> None:
         # The context holds only the headers the policy reads (decision/context.gather), never the request's
         # own: the last 2,048 requests' could hold gigabytes.
+        last = self._items[next(reversed(self._items))] if self._items else None
+        if last is not None:  # neither is changed after its decision: the previous entry's copies serve
+            ctx = _sharing(ctx, last.ctx, _SNAPSHOTS)
+            served = _sharing(served, last.served, ("attempts", "reasons"))
         self._items[request_id] = Remembered(call.policy, call.features, ctx, served,
                                              context=None if call.context is None else call.context.without_body(),
                                              masking=None if call.masking is None else call.masking.without_originals())
@@ -69,15 +83,25 @@ class Recent:
     def resumed(self, request_id: str, description: str) -> None:
         found = self._items.get(request_id)
         if found is not None:
-            found.resumes.append(description)
+            found.resumes += (description,)
 
     def compacted(self, request_id: str, description: str) -> None:
         found = self._items.get(request_id)
         if found is not None:
-            found.compactions.append(description)
+            found.compactions += (description,)
 
     def get(self, request_id: str) -> Remembered | None:
         return self._items.get(request_id)
+
+
+# The context's fields that are snapshots of shared state, equal between most consecutive requests.
+_SNAPSHOTS = ("headers", "load", "in_flight", "share_thresholds", "fits")
+
+
+def _sharing(kept: _T, last: _T, names: tuple[str, ...]) -> _T:
+    """kept, with each of these fields replaced by last's where the two are equal."""
+    same = {name: getattr(last, name) for name in names if getattr(kept, name) == getattr(last, name)}
+    return replace(kept, **same) if same else kept  # type: ignore[type-var]
 
 
 @dataclass(slots=True)

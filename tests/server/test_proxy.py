@@ -343,3 +343,25 @@ async def _metric(stack: Stack, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{series} not in /metrics")
+
+
+async def test_the_explain_memory_keeps_one_copy_of_snapshots_consecutive_requests_share(stack: Stack) -> None:
+    """Equal load, header and window snapshots are kept once, yet each request's trail stays its own."""
+    from gateway.server.resources import RECENT
+
+    async with stack.client() as client:
+        raws = [await client.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, extra_headers={"x-priority": p}) for p in ("low", "low", "high")]
+    recent = stack.gateway.app[RECENT]
+    kept = [recent.get(raw.headers["x-request-id"]) for raw in raws]
+    assert all(k is not None for k in kept)
+    first, second, third = (k.ctx for k in kept if k is not None)
+    for before, after in ((first, second), (second, third)):  # the load is scraped meanwhile: equal or not
+        for name in ("headers", "load", "in_flight", "share_thresholds", "fits"):
+            assert (getattr(after, name) == getattr(before, name)) == (getattr(after, name) is getattr(before, name))
+    assert second.headers is first.headers and second.in_flight is first.in_flight
+    assert third.headers == {"x-priority": "high"} and third.headers is not first.headers
+    async with aiohttp.ClientSession() as http:
+        trails = [await _admin_get(http, stack, f"/admin/requests/{raw.headers['x-request-id']}/explain")
+                  for raw in raws]
+    assert [t["deployment"] for t in trails] == ["fast", "fast", "hq"]
