@@ -94,6 +94,7 @@ _ERROR_LINE = re.compile(
     r"|sed: -e expression #\d+"
     r"|(?:ba|z)?sh: (?:line \d+: )?(?:syntax error|.*: unbound variable\s*$)"
     r"|\S+: (?:unrecognized|invalid) option\b"
+    r"|[\w./-]+(?: [\w./-]+)*: error: "  # argparse's `prog [command]: error: ...`
 )
 # A function tool's whole answer that is its error (`Error: ...`, LangChain's and many tools' convention); later
 # lines that start so are a script's own prints far more often than a failure.
@@ -116,6 +117,7 @@ _TRACEBACK_FRAME = '  File "'
 # unless the traceback's own first line is there too (Django's `django.core.exceptions.EmptyResultSet`).
 _EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?\s*$")
 _DOTTED_EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)+[A-Z]\w*(?:: .*)?\s*$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def judge(text: str, is_error: bool | None = None) -> Verdict:
@@ -188,6 +190,8 @@ def _json_error(text: str) -> Verdict | None:
 def _shaped(head: str, tail: str) -> Verdict | None:
     """Words in the shape a failing command prints them, where no harness said how it ended."""
     text = head + "\n" + tail.split("\n", 1)[-1] if tail else head  # the tail's first line may be cut
+    if "\x1b[" in text:  # a terminal's colours (pytest's red ERROR lines) are no part of the words
+        text, head = _ANSI.sub("", text), _ANSI.sub("", head)
     if _ends_a_traceback(text.rstrip().rsplit("\n", 1)[-1], text):
         return Verdict(True, Source.TRACEBACK)
     if _ERROR_ANSWER.match(head.lstrip()):

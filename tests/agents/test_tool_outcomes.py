@@ -59,6 +59,10 @@ FORMS = [
     ("gateway/x.py:4: error: Function is missing a type annotation  [no-untyped-def]\nFound 1 error in 1 file\n",
      True, Source.ERROR_LINE, None),
     ("F\n=========== 1 failed, 2 passed in 0.12s ===========\n", True, Source.ERROR_LINE, None),
+    ("\x1b[31m========== \x1b[32m110 passed\x1b[0m, \x1b[31m\x1b[1m4 errors\x1b[0m\x1b[31m in 6.07s\x1b[0m"
+     "\x1b[31m ==========\x1b[0m\n", True, Source.ERROR_LINE, None),  # pytest's summary in colour
+    ("usage: manage.py cheeses create [-h] name\nmanage.py cheeses create: error: the following arguments are "
+     "required: name\n", True, Source.ERROR_LINE, None),  # argparse
     ("bash: line 1: rgg: command not found\n", True, Source.NOT_FOUND, None),
     ("cat: gateway/nope.py: No such file or directory\n", True, Source.NOT_FOUND, None),
     ("/usr/bin/python3: No module named pytest\n", True, Source.NOT_FOUND, None),
