@@ -30,6 +30,7 @@ class Outcome(StrEnum):
     TOO_LONG = "too_long"  # skipped: more to prefill than max_prefill_tokens
     CACHED = "cached"  # skipped: the deployment already holds the whole prompt
     UNHEALTHY = "unhealthy"  # skipped: the deployment is ejected or unknown
+    BUDGET = "budget"  # skipped: the tenant's budget (or its session's) has no room for the warm-up's cost
 
 
 def admit(warm: WarmPolicy, uncached_tokens: int, load: DeploymentLoad | None, warming: int) -> Outcome | None:

@@ -92,7 +92,7 @@ def create_app(settings: Settings) -> web.Application:
     app[TRAFFIC] = TrafficWindows(time.time())
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _offload, _conversations,
-                            _shares, _session_caches, _accounting, _experiments, _trajectories, _long_lived_heap])
+                            _shares, _accounting, _session_caches, _experiments, _trajectories, _long_lived_heap])
     app[SEAL] = compaction.make_seal(settings)  # a production gateway without its key fails here, at start
     for path, adapter in BY_PATH.items():
         app.router.add_post(path, pipeline.handler(adapter))
@@ -237,7 +237,8 @@ async def _conversations(app: web.Application) -> AsyncIterator[None]:
 
 async def _session_caches(app: web.Application) -> AsyncIterator[None]:
     app[SESSION_CACHES] = caches = SessionCaches(app[STORES].prefixes, app[TELEMETRY].metrics)
-    app[WARMUPS] = warmups = Warmups(app[POOL], app[DEPLOYMENTS], app[STORES].prefixes, app[TELEMETRY].metrics)
+    app[WARMUPS] = warmups = Warmups(app[POOL], app[DEPLOYMENTS], app[STORES].prefixes, app[TELEMETRY].metrics,
+                                     app[ACCOUNTING].budgets)
     yield
     await warmups.close()  # before the pool and the stores close
     await caches.close()

@@ -6,7 +6,9 @@ expected on (decision/switch.expected_next), while the agent's tool runs; admitt
 
 One warm-up per session at a time (a newer one supersedes it), at most `max_in_flight` per deployment (one more
 is dropped). A warm-up is one call through the pooled client, bounded by `timeout_s`: the prompt with
-`max_tokens: 1`, charged as the deployment's tokens to the tenant (gateway_tokens_total, the spend), and once
+`max_tokens: 1`, held against the tenant's budgets first (and its session's: a warm-up that does not fit is
+skipped, `budget`) and settled at what the deployment reports, charged as the deployment's tokens to the tenant
+(gateway_tokens_total, the spend, the session's cost), and once
 it is done the session's record holds the prompt's chain on that deployment, so the next step's switch price
 sees it cached. Cancelling one drops its connection, and vLLM aborts a request whose client went away.
 A step arriving at another gateway replica does not cancel this one's warm-up: it then ends on its own, and
@@ -23,15 +25,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import openai
+from gateway.accounting.budgets import Budgets
+from gateway.accounting.ledger import RESERVE_MARGIN_S
 from gateway.apis.adapter import Adapter
 from gateway.context.prefix import rescaled
+from gateway.decision.admission import Cost
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.decision.warmup import Outcome, admit
-from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.errors import GatewayError, RateLimited, UpstreamTimeout
 from gateway.openai import Usage
 from gateway.policy.model import Deployment
-from gateway.policy.switch import WarmPolicy
+from gateway.policy.switch import SwitchPolicy
+from gateway.policy.tenancy import TenantPolicy, find_tenant
 from gateway.server.session_caches import Sighting, reported_cached_tokens
 from gateway.store.contract import StoreError, StoreFault
 from gateway.store.prefixes import PrefixStore
@@ -73,8 +79,10 @@ class _Warmup:
 class Warmups:
     """The process's warm-ups in flight, one per session."""
 
-    def __init__(self, pool: Pool, deployments: Deployments, store: PrefixStore, metrics: t.Metrics) -> None:
+    def __init__(self, pool: Pool, deployments: Deployments, store: PrefixStore, metrics: t.Metrics,
+                 budgets: Budgets) -> None:
         self.pool, self.deployments, self.store, self.metrics = pool, deployments, store, metrics
+        self.budgets = budgets
         self._sessions: dict[tuple[str, str], _Warmup] = {}
         self._warming: dict[str, int] = {}  # deployment -> warm-ups in flight
 
@@ -106,8 +114,13 @@ class Warmups:
         self._warming[target] = self.warming(target) + 1
         payload = warm_body(adapter, call.body, dep.served_model)
         headers = {"x-request-id": f"{ex.request_id}-warm", WARMUP_HEADER: "1"}
+        # the hold's worst case: the step's prompt, what the target holds of it at the cached price, one token
+        cost = Cost(dep.price.cost_usd(ex.usage.prompt_tokens, 1, cached_tokens=ex.usage.prompt_tokens - uncached),
+                    ex.usage.prompt_tokens + 1)
+        # held as the policy holds its live calls: only where it accounts (budgets, tenants, session caps)
+        hold = (find_tenant(call.policy.tenants, sighting.tenant), cost) if call.policy.accounted else None
         warmup.task = asyncio.create_task(
-            self._warm(warmup, adapter, dep, switch.warm, switch.ttl_s, sighting, payload, headers),
+            self._held(warmup, adapter, dep, switch, sighting, payload, headers, hold),
             name=f"warm-up {target}")
         warmup.task.add_done_callback(lambda _: self._ended(key, warmup))
 
@@ -128,9 +141,39 @@ class Warmups:
         if self._sessions.get(key) is warmup:
             del self._sessions[key]
 
-    async def _warm(self, warmup: _Warmup, adapter: Adapter, dep: Deployment, warm: WarmPolicy, ttl_s: int,
-                    sighting: Sighting, payload: bytes, headers: dict[str, str]) -> None:
-        target = warmup.deployment
+    async def _held(self, warmup: _Warmup, adapter: Adapter, dep: Deployment, switch: SwitchPolicy,
+                    sighting: Sighting, payload: bytes, headers: dict[str, str],
+                    hold: tuple[TenantPolicy | None, Cost] | None) -> None:
+        """The warm-up inside a hold on the tenant's budgets: settled at its usage, released if it made none."""
+        if hold is None:
+            await self._warm(warmup, adapter, dep, switch, sighting, payload, headers)
+            return
+        target, (limits, cost) = warmup.deployment, hold
+        try:
+            held = await self.budgets.reserve(sighting.tenant, limits, target, cost, session_id=sighting.session_id,
+                                              ttl_s=dep.timeouts.total_s + RESERVE_MARGIN_S)
+        except RateLimited:
+            self._count(target, Outcome.BUDGET)
+            return
+        except (StoreError, StoreFault) as exc:  # no hold, no warm-up: it is never worth an unaccounted prefill
+            log.warning("warm-up of %s: no hold on the budget: %s", target, exc)
+            self._count(target, Outcome.FAILED)
+            return
+        usage: Usage | None = None
+        try:
+            usage = await self._warm(warmup, adapter, dep, switch, sighting, payload, headers)
+        finally:
+            if usage is not None:
+                await asyncio.shield(self.budgets.settle(held, dep.price, usage, deployment=target))
+            else:
+                await asyncio.shield(self.budgets.release(held))
+
+    async def _warm(self, warmup: _Warmup, adapter: Adapter, dep: Deployment, switch: SwitchPolicy,
+                    sighting: Sighting, payload: bytes, headers: dict[str, str]) -> Usage | None:
+        """The warm-up's call and its record; its usage when the deployment answered one."""
+        target, warm = warmup.deployment, switch.warm
+        assert warm is not None  # after() starts none without it
+        usage: Usage | None = None
         try:
             got = await upstream.fetch(self.pool, target, dep, adapter.path, payload, headers,
                                        timeout_s=warm.timeout_s, limit_bytes=LIMIT_BYTES)
@@ -139,10 +182,10 @@ class Warmups:
             if usage is None:
                 log.warning("warm-up of %s answered %d without usage", target, got.status)
                 self._count(target, Outcome.FAILED)
-                return
+                return None
             self._charge(target, dep, sighting, usage)
             await self.store.warmed(sighting.tenant, sighting.session_id, target,
-                                    rescaled(sighting.prompt, usage.prompt_tokens), ttl_s)
+                                    rescaled(sighting.prompt, usage.prompt_tokens), switch.ttl_s)
             self._count(target, Outcome.DONE)
         except asyncio.CancelledError:
             self._count(target, warmup.stopped or Outcome.CANCELLED)
@@ -155,6 +198,7 @@ class Warmups:
         except (StoreError, StoreFault) as exc:  # prefilled, but the record does not say so: the next step pays
             log.warning("warm-up of %s: the session's record could not be written: %s", target, exc)
             self._count(target, Outcome.DONE)
+        return usage
 
     def _count(self, deployment: str, outcome: Outcome) -> None:
         self.metrics.caches.warmups.labels(deployment, outcome.value).inc()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gateway.cli.command import main
-from tests.fixtures.agent_runs import recorded
+from tests.fixtures.agent_runs import admin, recorded
 from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
@@ -148,3 +148,43 @@ async def test_a_deployment_with_requests_waiting_is_not_warmed(make_stack: Any)
         return await outcomes(stack, "busy") == 1
     await until(skipped, what="the warm-up skipped")
     assert warmups_of(stack) == []
+
+
+async def test_a_warm_up_is_charged_to_the_tenants_budget(make_stack: Any) -> None:
+    """The warm-up's tokens are the tenant's spend in the store (its budgets' windows), not only on /metrics."""
+    stack: Stack = await make_stack(
+        rules=RULES, extra=WARM + "tenants: [{name: anonymous, budgets: [{window: day, hard_usd: 100}]}]\n")
+    session = Session(stack, "charged")
+    await session.steps(6)
+    await warmed_once(stack)
+    [warmup] = warmups_of(stack)
+    base = str(stack.gateway.make_url("")).rstrip("/")
+
+    async def hq_today() -> dict[str, Any]:
+        status, body = await admin(base, "/admin/usage?tenant=anonymous")
+        assert status == 200, body
+        [row] = [r for r in body["data"] if r["deployment"] == "hq" and r["window"] == "day"]
+        return dict(row)
+
+    served = await metric(stack.gateway, "gateway_tokens_total", deployment="hq", direction="input")
+
+    async def settled() -> dict[str, Any] | None:
+        row = await hq_today()
+        return row if row["reserved_usd"] == 0 and row["tokens_in"] == served else None
+
+    # the two live hq steps and the warm-up, as hq reported them; nothing left held
+    row = await until(settled, what="the warm-up settled in the store")
+    assert prompt_tokens(warmup) < row["tokens_in"] and row["spend_usd"] > 0
+
+
+async def test_a_warm_up_the_tenants_limits_have_no_room_for_is_skipped(make_stack: Any) -> None:
+    """Six live steps use the tenant's six requests a minute: the warm-up after the sixth is not sent."""
+    stack: Stack = await make_stack(
+        rules=RULES, extra=WARM + "tenants: [{name: anonymous, requests_per_minute: 6}]\n")
+    session = Session(stack, "no-room")
+    assert await session.steps(6) == ["hq", "hq", "fast", "fast", "fast", "fast"]
+
+    async def skipped() -> bool:
+        return await outcomes(stack, "budget") == 1
+    await until(skipped, what="the warm-up skipped for the budget")
+    assert warmups_of(stack) == [] and await outcomes(stack, "done") == 0
