@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.decision import windows
 from gateway.decision.admission import Admission, SessionState
+from gateway.decision.agent_compaction import compaction_asker
 from gateway.decision.loops import AgentVerdict
 from gateway.decision.switch import SessionCache, Weighed, expected_next, holdings, weigh
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
@@ -93,8 +94,7 @@ def decide(policy: Policy, features: Features, ctx: Context, *, explain: bool = 
         trail.append(reason)
     if verdict is not None:
         chosen = _steer(verdict, chosen, trail, by_trajectory)
-    if ctx.agent is not None:
-        chosen = _redirect(policy, ctx.agent, chosen, trail)
+    chosen = _for_the_agent(policy, chosen, features, ctx, trail)
     attempts = _usable(policy, chosen, features, ctx, trail)
     clamped = _clamped(policy, attempts[0], features, ctx)
     if clamped is not None:
@@ -237,6 +237,35 @@ def _adjust_for_load(policy: Policy, name: str, features: Features, ctx: Context
     return spill_to, (
         f"spill: {name} has {load.requests_waiting:g} waiting >= {limits.spill_when_waiting_gte}; use {spill_to}"
     )
+
+
+def _for_the_agent(policy: Policy, chosen: str, features: Features, ctx: Context, trail: list[str]) -> str:
+    """What the agent's session asks for: its loop or spike flags' redirect, and its own compaction request the
+    largest window."""
+    if ctx.agent is not None:
+        chosen = _redirect(policy, ctx.agent, chosen, trail)
+    asker = compaction_asker(features.last_user_text)
+    return chosen if asker is None else _largest_window(policy, chosen, features, ctx, trail, asker)
+
+
+def _largest_window(policy: Policy, chosen: str, features: Features, ctx: Context, trail: list[str],
+                    asker: str) -> str:
+    """An agent's own compaction request: the usable deployment with the largest window (the chosen one on a tie),
+    so the session's longest prompt is not refused where a larger window holds it."""
+    usable = [n for n in policy.failover_order(chosen) if _exclusion(policy, n, features, ctx) is None]
+    if not usable:
+        return chosen  # _usable says why none can take it
+    largest = max(usable, key=lambda n: (_window_tokens(policy, n, ctx), n == chosen))
+    trail.append(f"agent compaction: {asker}'s summary request goes to {largest}, the largest window "
+                 f"({_window_tokens(policy, largest, ctx):,} tokens)")
+    return largest
+
+
+def _window_tokens(policy: Policy, name: str, ctx: Context) -> int:
+    found = ctx.fits.get(name)
+    if found is not None:
+        return found.window
+    return policy.deployments[name].max_model_len or 0
 
 
 def _usable(policy: Policy, chosen: str, features: Features, ctx: Context, trail: list[str]) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from gateway.accounting.ledger import Admitted
 from gateway.apis.adapter import Adapter
 from gateway.decision import windows
 from gateway.decision.admission import ANONYMOUS, needs_admission
+from gateway.decision.agent_compaction import compaction_asker
 from gateway.decision.call import Call, read_call
 from gateway.decision.context import Surroundings, gather
 from gateway.decision.loops import AgentVerdict
@@ -39,6 +40,7 @@ from gateway.server.resources import (
     RECENT,
     SESSION_CACHES,
     SETTINGS,
+    TELEMETRY,
     TENANT,
     TRAJECTORIES,
     WARMUPS,
@@ -46,6 +48,7 @@ from gateway.server.resources import (
 from gateway.server.scoring import LiveScoring
 from gateway.server.session_caches import Sighting
 from gateway.store.contract import Reservation
+from gateway.telemetry import metrics as t
 from gateway.telemetry.exchange import Exchange
 
 
@@ -216,6 +219,10 @@ def record(
     if masking is not None and masking.masked:
         ex.masked_outputs(len(masking.masked), masking.tokens_saved, masking.frontier)
     app[RECENT].remember(ex.request_id, call, ctx, decision)
+    asker = compaction_asker(call.features.last_user_text)
+    if asker is not None:  # rare: counted at once
+        ex.attributes[t.AGENT_COMPACTION] = asker
+        app[TELEMETRY].metrics.agent_compaction_requests.labels(asker, decision.deployment).inc()
     if recording and adapter.generates and call.session_id is not None:
         app[TRAJECTORIES].begin(ex, call, enrollment.cohorted() if enrollment is not None else None)
 

@@ -65,6 +65,7 @@ TOOL_ARGS_DIGEST = "gateway.tool.args_digest"
 CACHE_PREDICTED_TOKENS = "gateway.cache.predicted_cached_tokens"  # of the prompt, on the serving deployment
 CACHE_REPORTED_TOKENS = "gateway.cache.reported_cached_tokens"  # what the deployment reported, when it did
 CACHE_UNCACHED_TOKENS = "gateway.cache.uncached_tokens"  # each deployment's predicted prefill: "hq=21230 ..."
+AGENT_COMPACTION = "gateway.agent_compaction"  # the agent whose own compaction request this is (codex, claude-code)
 CACHE_WARMUP = "gateway.cache.warmup"  # the warm-up this step triggered: "hq started", "hq busy" (decision/warmup)
 COMPACTION_TRIGGER = "gateway.compaction.trigger"  # v1_compact | v2_trigger | context_management | anthropic_compact
 COMPACTION_DEPLOYMENT = "gateway.compaction.deployment"  # the one that wrote the summary
@@ -281,6 +282,7 @@ class Metrics:
     context_offloads: Counter
     context_offloaded_bytes: Counter
     compactions: Counter
+    agent_compaction_requests: Counter
     compaction_tokens: Counter
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
@@ -571,6 +573,9 @@ def make_metrics() -> Metrics:
         classifier_seconds=Counter("gateway_classifier_seconds", "Wall time spent scoring requests (in the event "
                                    "loop, so about its CPU time)", registry=r),
         classifier_scores=Counter("gateway_classifier_scores", "Requests scored by the classifier", registry=r),
+        agent_compaction_requests=Counter(
+            "gateway_agent_compaction_requests", "The coding agents' own compaction requests (Codex's compaction turn, "
+            "Claude Code's summary request), served on the largest window", ["agent", "deployment"], registry=r),
         compactions=Counter("gateway_compactions", "Conversations the gateway summarized for a client, by API, "
                             "who asked (v1_compact, v2_trigger, context_management, anthropic_compact) and "
                             "the summarizing deployment", ["api", "trigger", "deployment"], registry=r),

@@ -121,3 +121,39 @@ def test_a_deployment_far_from_its_window_is_judged_by_the_bound_without_a_count
     fits = _fits(features, {}, {"fast": 32768, "hq": 32768})
     assert all(f.fits and f.cap is None and not f.counted for f in fits.values())
     assert decide(POLICY, features, Context(load=HEALTHY, fits=fits)).deployment == "fast"
+
+
+CODEX_COMPACT = ("You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary for another LLM that "
+                 "will resume the task.")
+CLAUDE_SUMMARY = ("Your task is to create a detailed summary of the conversation so far, paying close attention to "
+                  "the user's explicit requests and your previous actions.")
+
+
+@pytest.mark.parametrize(("instruction", "asker"), [(CODEX_COMPACT, "codex"), (CLAUDE_SUMMARY, "claude-code")])
+def test_an_agents_own_compaction_request_goes_to_the_largest_window(instruction: str, asker: str) -> None:
+    """Both fit fast, which the rules pick for a plain prompt; the summary request still goes to hq's larger window."""
+    history = [{"role": "user", "content": "word " * 500}, {"role": "assistant", "content": "done"}]
+    plain = extract({"model": "auto", "messages": [*history, {"role": "user", "content": "and now?"}]}, "chat")
+    compaction = extract({"model": "auto", "messages": [*history, {"role": "user", "content": instruction}]}, "chat")
+    fits = {"fast": 16384, "hq": 32768}
+    chosen = decide(POLICY, plain, Context(load=HEALTHY, fits=_fits(plain, {}, fits)), explain=True)
+    assert chosen.deployment == "fast"
+    asked = decide(POLICY, compaction, Context(load=HEALTHY, fits=_fits(compaction, {}, fits)), explain=True)
+    assert asked.deployment == "hq" and asked.attempts[0] == "hq"
+    assert f"agent compaction: {asker}'s summary request goes to hq, the largest window (32,768 tokens)" in \
+        asked.reasons
+
+
+def test_an_agents_compaction_request_stays_where_the_larger_window_cannot_take_it() -> None:
+    compaction = _features(CODEX_COMPACT)
+    load = {"hq": DeploymentLoad(healthy=False), "fast": DeploymentLoad()}
+    fits = _fits(compaction, {}, {"fast": 16384, "hq": 32768})
+    assert decide(POLICY, compaction, Context(load=load, fits=fits)).deployment == "fast"
+
+
+def test_the_instruction_is_recognized_only_where_it_opens_the_last_message() -> None:
+    from gateway.decision.agent_compaction import compaction_asker
+
+    assert compaction_asker("  " + CODEX_COMPACT + " more") == "codex"
+    assert compaction_asker("Please explain this:\n" + "x" * 500 + CLAUDE_SUMMARY) is None
+    assert compaction_asker("fix the failing test") is None

@@ -218,3 +218,29 @@ async def test_a_summary_that_fails_leaves_the_input_whole(compacting: Stack) ->
     assert [item.type for item in answer.output] == ["message"]
     assert "IndexError: list index out of range" in _texts(compacting.fast.received[-1])
     assert 'gateway_compactions_total{' not in await _metrics(compacting)
+
+
+async def test_an_agents_own_compaction_request_is_counted_and_goes_to_the_larger_window(
+        fake_pair: Any, make_stack: Any) -> None:
+    """Codex's compaction turn, through chat completions: hq's window is the larger; the rules alone pick fast."""
+    from tests.decision.test_windows import CODEX_COMPACT
+    from tests.fixtures.conditions import until
+    from tests.fixtures.stack import metric
+
+    fake_pair[0].max_model_len, fake_pair[2].max_model_len = 32768, 16384
+    stack: Stack = await make_stack()
+
+    async def learned() -> bool:
+        async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/v1/models")) as resp:
+            models = {m["id"]: m for m in (await resp.json())["data"]}
+        return models["hq"].get("context_window") == 32768 and models["fast"].get("context_window") == 16384
+    await until(learned, what="the gateway learned both windows")
+    history = [{"role": "user", "content": "Fix the failing test."}, {"role": "assistant", "content": "Done."}]
+    async with stack.client() as client:
+        plain = await client.chat.completions.with_raw_response.create(
+            model="auto", messages=[*history, {"role": "user", "content": "And now?"}])  # type: ignore[list-item]
+        asked = await client.chat.completions.with_raw_response.create(
+            model="auto", messages=[*history, {"role": "user", "content": CODEX_COMPACT}])  # type: ignore[list-item]
+    assert plain.headers["x-gateway-deployment"] == "fast"
+    assert asked.headers["x-gateway-deployment"] == "hq"
+    assert await metric(stack.gateway, "gateway_agent_compaction_requests_total", agent="codex", deployment="hq") == 1

@@ -1,0 +1,26 @@
+"""The coding agents' own compaction requests, recognized by the instruction they end their conversation with.
+
+Codex (its local compaction turn) and Claude Code (its summary request) ask the model, in a last user message, to
+summarize the whole conversation: the longest prompt of a session, sent when it is already near the window. The
+gateway serves them on the deployment with the largest window (decision/routing.py), so they cannot fail as too
+long where another deployment holds them. Recognized by key phrases at the instruction's start rather than its
+whole text, which changes between the agents' versions (checked against Codex 0.169.0 and Claude Code 2.1.332).
+"""
+
+from __future__ import annotations
+
+# The instruction's opening words, by the agent that sends it.
+OPENINGS = {
+    "codex": ("CONTEXT CHECKPOINT COMPACTION",),
+    "claude-code": ("Your task is to create a detailed summary of the conversation so far",),
+}
+LOOKED_AT_CHARS = 400  # the phrase opens the instruction; what follows may be long
+
+
+def compaction_asker(last_user_text: str) -> str | None:
+    """The agent whose compaction instruction the last user message is, else None."""
+    head = last_user_text.lstrip()[:LOOKED_AT_CHARS]
+    for agent, phrases in OPENINGS.items():
+        if any(phrase in head for phrase in phrases):
+            return agent
+    return None
