@@ -37,6 +37,10 @@ READ_BYTES = 64 * 1024
 PIECE_OVERHEAD_BYTES = 64
 # uvicorn (vLLM's server) closes idle keep-alive connections after 5 s; never hand out one that old.
 DEFAULT_IDLE_S = 4.0
+# Idle connections kept per origin once a wave has passed (httpx keeps 20): a wave of a thousand streams
+# would otherwise leave a thousand sockets, transports and buffers behind until idle_s, and the next
+# wave's new ones land beside them, so each wave leaves the process larger.
+DEFAULT_MAX_IDLE = 64
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -451,9 +455,10 @@ class _Connection(asyncio.BufferedProtocol):
 class Pool:
     """The process's one pool of connections to deployments, at most `limit` open per origin."""
 
-    def __init__(self, limit: int = 1024, idle_s: float = DEFAULT_IDLE_S) -> None:
+    def __init__(self, limit: int = 1024, idle_s: float = DEFAULT_IDLE_S, max_idle: int = DEFAULT_MAX_IDLE) -> None:
         self._limit = limit
         self._idle_s = idle_s
+        self._max_idle = max_idle
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open: dict[Origin, set[_Connection]] = {}
         self._waiters: dict[Origin, collections.deque[asyncio.Future[_Connection | None]]] = {}
@@ -587,7 +592,10 @@ class Pool:
             connection.abort()
             return
         connection.idle_since = connection.loop.time()
-        self._idle.setdefault(connection.origin, []).append(connection)
+        idle = self._idle.setdefault(connection.origin, [])
+        idle.append(connection)
+        if len(idle) > self._max_idle:
+            idle.pop(0).abort()  # the oldest: the newest are handed out first
         if self._sweep is None:
             self._sweep = connection.loop.call_later(self._idle_s, self._close_stale, connection.loop)
 

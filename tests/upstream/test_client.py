@@ -289,6 +289,24 @@ async def test_at_the_limit_requests_wait_for_a_connection_instead_of_opening_mo
     assert len(set(peers)) == 1
 
 
+async def test_a_wave_leaves_at_most_max_idle_connections_open_the_newest_kept(echo_server) -> None:  # type: ignore[no-untyped-def]
+    base, peers, _ = echo_server
+    pool = Pool(max_idle=3)
+    try:
+        wave = await asyncio.gather(*(pool.request("POST", f"{base}/echo", b"{}") for _ in range(10)))
+        connections = [response._connection for response in wave]
+        for response in wave:  # put back in this order: the last three are the newest idle ones
+            await response.read()
+        await until(lambda: sum(c.closed for c in connections) == 7, what="all but three idle connections closed")
+        assert [c.closed for c in connections] == [True] * 7 + [False] * 3
+        assert len(pool._open[connections[0].origin]) == 3
+        # The next requests reuse the three kept, newest first, and open no other.
+        again = [await (await pool.request("POST", f"{base}/echo", b"1")).read() for _ in range(3)]
+        assert again == [b"1"] * 3 and len(set(peers)) == 10
+    finally:
+        await pool.close()
+
+
 async def test_connections_idle_past_idle_s_are_closed_not_kept_until_the_deployment_closes_them(echo_server) -> None:  # type: ignore[no-untyped-def]
     base, peers, _ = echo_server  # aiohttp's server keeps an idle connection 75 s
     pool = Pool(idle_s=0.3)
