@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 
 from gateway.settings import Settings
 from tests.fixtures.conditions import until
@@ -82,6 +84,37 @@ async def test_body_reaches_deployment_unchanged_except_model(stack: Stack) -> N
     headers = {k.lower(): v for k, v in stack.hq.headers_seen[-1].items()}
     assert "authorization" not in headers and "sk-client-secret" not in json.dumps(headers)
     assert headers["x-custom"] == "kept"
+
+
+async def test_an_idle_kept_alive_connection_keeps_no_request_body(stack: Stack) -> None:
+    """aiohttp's connection handler holds its last request until the client sends the next one on the
+    connection: an agent's 100-200 KB body must not stay on it (200 idle agents would hold 30 MB)."""
+    big = [{"role": "user", "content": "x" * 200_000}]
+    async with aiohttp.ClientSession() as http:  # keeps its connection open, idle, after the response
+        async with http.post(stack.base_url + "/chat/completions", json={"model": "auto", "messages": big}) as resp:
+            assert resp.status == 200
+            await resp.read()
+        held = [r for r in gc.get_objects() if isinstance(r, web.BaseRequest) and r.app is stack.gateway.app]
+        assert held  # what this is about: the idle connection's handler still holds its request
+        assert max(map(len, _bytes_reachable(held)), default=0) < 100_000
+
+
+def _bytes_reachable(roots: list[Any], depth: int = 3) -> list[bytes | bytearray | memoryview]:
+    """The byte strings within `depth` references of roots (not through an application or a transport)."""
+    seen, found, level = {id(r) for r in roots}, [], list(roots)
+    for _ in range(depth):
+        nxt = []
+        for obj in level:
+            for ref in gc.get_referents(obj):
+                if id(ref) in seen or isinstance(ref, (web.Application, asyncio.BaseTransport, type)):
+                    continue
+                seen.add(id(ref))
+                if isinstance(ref, (bytes, bytearray, memoryview)):
+                    found.append(ref)
+                else:
+                    nxt.append(ref)
+        level = nxt
+    return found
 
 
 async def test_json_edge_values_reach_deployment_as_json_writes_them(stack: Stack) -> None:
