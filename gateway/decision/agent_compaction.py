@@ -9,6 +9,8 @@ whole text, which changes between the agents' versions (checked against Codex 0.
 
 from __future__ import annotations
 
+from gateway.context.masking import MaskRule
+
 # The instruction's opening words, by the agent that sends it.
 OPENINGS = {
     "codex": ("CONTEXT CHECKPOINT COMPACTION",),
@@ -24,3 +26,13 @@ def compaction_asker(last_user_text: str) -> str | None:
         if any(phrase in head for phrase in phrases):
             return agent
     return None
+
+
+# When even the largest window cannot hold the summary request, its tool outputs are masked (each keeps its head
+# and tail, and its original is offloaded): first all but the newest three, then all but the newest, then all.
+# A summary needs what each tool did, rarely every byte it printed; the agent's next turn starts from the summary.
+FIT_RULES = (
+    MaskRule(keep_last=3, over_tokens=200, batch_tokens=0),
+    MaskRule(keep_last=1, over_tokens=200, batch_tokens=0),
+    MaskRule(keep_last=0, over_tokens=100, batch_tokens=0, head_chars=300, tail_chars=300),
+)

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gateway.context.masking import Masked, Masking
+from gateway.context.masking import Masked, Masking, MaskRule
 from gateway.context.tool_outputs import ToolOutputs, masked_body
 from gateway.policy.model import Policy
 from gateway.store.contract import StoreError
@@ -43,8 +43,11 @@ class Offload:
         if shape is None or not policy.masks_context:
             return body, None
         rule = policy.mask_rule(str(body.get("model")), tenant)
-        if rule is None:
-            return body, None
+        return (body, None) if rule is None else await self.mask_by(shape, rule, body, owner)
+
+    async def mask_by(self, shape: ToolOutputs, rule: MaskRule, body: dict[str, Any],
+                      owner: str) -> tuple[dict[str, Any], Masking | None]:
+        """The body masked by this rule, whatever the policy's (an agent's summary request that fits no window)."""
         masked, masking = masked_body(shape, body, rule)
         if not masking.masked:
             return body, masking

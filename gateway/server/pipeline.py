@@ -10,20 +10,22 @@ after `read` knows which API a call came in on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
 from gateway.accounting.ledger import Admitted
 from gateway.apis.adapter import Adapter
+from gateway.context.masking import MaskRule
 from gateway.decision import windows
 from gateway.decision.admission import ANONYMOUS, needs_admission
-from gateway.decision.agent_compaction import compaction_asker
+from gateway.decision.agent_compaction import FIT_RULES, compaction_asker
 from gateway.decision.call import Call, read_call
 from gateway.decision.context import Surroundings, gather
 from gateway.decision.loops import AgentVerdict
 from gateway.decision.routing import Context, Decision, decide
-from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
+from gateway.errors import BadRequest, ContextTooLong, GatewayError, PayloadTooLarge
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
 from gateway.openai import Source
 from gateway.policy.model import Policy
@@ -69,10 +71,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     recording = app[TRAJECTORIES].recording(call)  # asked once: the verdict and the record both need it
     agent = await verdict(app, call, ex, recording)
     admitted = await admit(app, call)
-    sighting = await sight(app, call)
-    counts = await app[COUNTS].count(call, app[DEPLOYMENTS].windows)  # {} unless a window's edge is near
-    ctx = gather(call, LiveScoring(app, observed=True), surroundings(app, admitted, agent, sighting, counts))
-    decision = decide(call.policy, call.features, ctx)
+    call, sighting, ctx, decision = await decided(request, adapter, call, admitted, agent)
     asked, decision = compaction.asked(adapter, call, decision)  # the gateway answers with a compaction itself
     experiments = app[EXPERIMENTS]
     engaged = asked is None and experiments.engaged(call.policy)
@@ -110,6 +109,46 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
             await asyncio.shield(app[ACCOUNTING].close(held, call.policy, ex))
         if enrollment is not None:
             experiments.finished(enrollment, status)
+
+
+async def decided(
+    request: web.Request, adapter: Adapter, call: Call, admitted: Admitted | None, agent: AgentVerdict | None,
+) -> tuple[Call, Sighting | None, Context, Decision]:
+    """The decision, and the call it is for: an agent's own summary request that fits no deployment's window is
+    masked (its oldest tool outputs first, keeping fewer of the newest each time) until it fits one."""
+    app = request.app
+    try:
+        return (call, *await _decision(app, call, admitted, agent, observed=True))
+    except ContextTooLong as exc:
+        if compaction_asker(call.features.last_user_text) is None or adapter.tool_outputs is None:
+            raise
+        too_long = exc
+    for rule in FIT_RULES:
+        fitted = await _masked(app, adapter, call, rule)
+        if fitted is None:  # the object store failed: no stub may name an original it does not hold
+            break
+        with contextlib.suppress(ContextTooLong):
+            return (fitted, *await _decision(app, fitted, admitted, agent, observed=False))
+    raise too_long
+
+
+async def _decision(app: web.Application, call: Call, admitted: Admitted | None, agent: AgentVerdict | None,
+                    observed: bool) -> tuple[Sighting | None, Context, Decision]:
+    sighting = await sight(app, call)
+    counts = await app[COUNTS].count(call, app[DEPLOYMENTS].windows)  # {} unless a window's edge is near
+    ctx = gather(call, LiveScoring(app, observed), surroundings(app, admitted, agent, sighting, counts))
+    return sighting, ctx, decide(call.policy, call.features, ctx)
+
+
+async def _masked(app: web.Application, adapter: Adapter, call: Call, rule: MaskRule) -> Call | None:
+    """The call with its tool outputs masked by `rule` (None when the originals could not be stored)."""
+    assert adapter.tool_outputs is not None
+    body, masking = await app[OFFLOAD].mask_by(adapter.tool_outputs, rule, call.body, call.tenant_or_anonymous)
+    if masking is None:
+        return None
+    view = adapter.view(body)
+    return read_call(call.policy, adapter.endpoint, body, view, call.body_bytes, adapter.features(view),
+                     call.headers, call.tenant, call.chain, call.context, masking)
 
 
 def served(app: web.Application, adapter: Adapter, call: Call, decision: Decision, sighting: Sighting | None,

@@ -244,3 +244,43 @@ async def test_an_agents_own_compaction_request_is_counted_and_goes_to_the_large
     assert plain.headers["x-gateway-deployment"] == "fast"
     assert asked.headers["x-gateway-deployment"] == "hq"
     assert await metric(stack.gateway, "gateway_agent_compaction_requests_total", agent="codex", deployment="hq") == 1
+
+
+async def test_an_agents_summary_request_no_window_holds_is_masked_until_it_fits(
+        fake_pair: Any, make_stack: Any) -> None:
+    """Six 2,500-token tool outputs and Codex's compaction turn fit neither window (hq 8,192, fast 4,096): the
+    oldest outputs are masked (all but the newest three would still not fit; all but the newest does), their
+    originals offloaded, and hq answers instead of a 400 context_length_exceeded."""
+    from tests.decision.test_windows import CODEX_COMPACT
+    from tests.fixtures.conditions import until
+    from tests.fixtures.stack import metric
+
+    fake_pair[0].max_model_len, fake_pair[2].max_model_len = 8192, 4096
+    stack: Stack = await make_stack()
+
+    async def learned() -> bool:
+        async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/v1/models")) as resp:
+            models = {m["id"]: m for m in (await resp.json())["data"]}
+        return models["hq"].get("context_window") == 8192 and models["fast"].get("context_window") == 4096
+    await until(learned, what="the gateway learned both windows")
+    outputs = [f"== file {i} ==\n" + f"line {i}: value = compute({i})\n" * 180 for i in range(6)]  # ~5,000 bytes each
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
+    for i, output in enumerate(outputs):
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+                         {"id": f"c{i}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": output}]
+    async with stack.client() as client:
+        with pytest.raises(openai.BadRequestError) as refused:  # not a compaction request: no window holds it
+            await client.chat.completions.create(
+                model="auto", messages=[*messages, {"role": "user", "content": "Go on."}])
+        assert refused.value.code == "context_length_exceeded"
+        raw = await client.chat.completions.with_raw_response.create(
+            model="auto", max_tokens=64, messages=[*messages, {"role": "user", "content": CODEX_COMPACT}])
+    assert raw.headers["x-gateway-deployment"] == "hq"
+    sent = [m["content"] for m in stack.hq.received[-1]["messages"] if m["role"] == "tool"]
+    assert [s.startswith("[tool output masked by the gateway") for s in sent] == [True] * 5 + [False]
+    assert sent[5] == outputs[5]
+    ref = sent[0].split("the whole output is ", 1)[1][:68]
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url(f"/v1/context/{ref}")) as resp:
+        assert resp.status == 200 and await resp.text() == outputs[0]
+    assert await metric(stack.gateway, "gateway_agent_compaction_requests_total", agent="codex", deployment="hq") == 1
