@@ -129,24 +129,40 @@ def _total(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
+def warmups(base: str) -> dict[str, float]:
+    """The gateway's warm-ups so far, by deployment and how each ended (or why none started)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("gateway_cache_warmups_total{"):
+            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+            found[f"{labels['deployment'].strip(chr(34))} {labels['outcome'].strip(chr(34))}"] = float(line.split()[-1])
+    return found
+
+
 def replay(base: str, model: str, routing: str, steps: list[list[dict[str, Any]]], tool_s: float,
            commands: Mapping[str, ServerCommand]) -> dict[str, Any]:
-    before = cache_counters(commands)
+    before, warm_before = cache_counters(commands), warmups(base)
     served = []
     for messages in steps:
         served.append(step(base, model, f"replay-{routing}", messages))
         time.sleep(tool_s)  # the agent's tool runs: a warm-up, when the policy starts one, runs meanwhile
-    after = cache_counters(commands)
+    after, warm_after = cache_counters(commands), warmups(base)
     hits = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in commands}
-    return {"routing": routing, "steps": served, "ttft_sum_s": sum(t for _, t in served), "prefix_cache": hits}
+    warmed = {k: v - warm_before.get(k, 0) for k, v in warm_after.items() if v > warm_before.get(k, 0)}
+    return {"routing": routing, "steps": served, "ttft_sum_s": sum(t for _, t in served), "prefix_cache": hits,
+            "warmups": warmed}
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'routing':8} {'steps (deployment initial, TTFT ms)':<90} {'TTFT sum':>9}  prefix cache hits / queries"]
+    lines = [f"{'routing':8} {'steps (deployment initial, TTFT ms)':<90} {'TTFT sum':>9}  prefix cache hits / queries"
+             "  warm-ups"]
     for row in rows:
         steps = " ".join(f"{d[0]}{t * 1000:.0f}" for d, t in row["steps"])
         cache = ", ".join(f"{n} {h:,.0f} / {q:,.0f}" for n, (h, q) in row["prefix_cache"].items())
-        lines.append(f"{row['routing']:8} {steps:<90} {row['ttft_sum_s'] * 1000:>7.0f} ms  {cache}")
+        warmed = ", ".join(f"{k} {v:.0f}" for k, v in row["warmups"].items()) or "none"
+        lines.append(f"{row['routing']:8} {steps:<90} {row['ttft_sum_s'] * 1000:>7.0f} ms  {cache}  {warmed}")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ def test_routings_share_no_prefix() -> None:
 
 def test_the_table_names_each_step_and_the_caches() -> None:
     row = {"routing": "after", "steps": [("fast", 0.120), ("hq", 0.980)], "ttft_sum_s": 1.1,
-           "prefix_cache": {"hq": (2048.0, 4096.0), "fast": (0.0, 1024.0)}}
-    table = render([row])
+           "prefix_cache": {"hq": (2048.0, 4096.0), "fast": (0.0, 1024.0)}, "warmups": {"hq done": 1.0}}
+    table = render([row, {**row, "routing": "fast", "warmups": {}}])
     assert "f120 h980" in table and "1100 ms" in table and "hq 2,048 / 4,096, fast 0 / 1,024" in table
+    assert table.splitlines()[1].endswith("hq done 1") and table.splitlines()[2].endswith("none")
