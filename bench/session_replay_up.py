@@ -74,8 +74,23 @@ def shell_output(command: str | None, limit: int) -> tuple[str, int]:
     return (done.stdout + done.stderr)[:limit], done.returncode
 
 
-def session(steps: int, output_chars: int, first_line: str) -> list[list[dict[str, Any]]]:
+def commands(failing_twice: bool) -> tuple[str | None, ...]:
+    """The session's shell commands; failing twice: each failing pytest run is run again and fails again (the
+    agent's first fix did not work), so the step after the first failure has a reason to go to hq too."""
+    if not failing_twice:
+        return COMMANDS
+    return tuple(c for command in COMMANDS for c in ((command,) if command is not None else (None, None)))
+
+
+def tool_times(steps: int, failing_twice: bool, tool_s: float, pytest_s: float) -> list[float]:
+    """The agent's tool time after each step: the next command's run (a pytest run takes `pytest_s`)."""
+    run = commands(failing_twice)
+    return [pytest_s if run[(n + 1) % len(run)] is None else tool_s for n in range(steps)]
+
+
+def session(steps: int, output_chars: int, first_line: str, failing_twice: bool = False) -> list[list[dict[str, Any]]]:
     """Each step's messages: the system prompt and task, then one more shell call and its result per step."""
+    run = commands(failing_twice)
     rng = random.Random(7)
     system = first_line + "\n" + agent_bodies.system_prompt(rng, 6_000)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system},
@@ -83,7 +98,7 @@ def session(steps: int, output_chars: int, first_line: str) -> list[list[dict[st
                                                                   "routed to the largest window, and fix it."}]
     out = []
     for n in range(steps):
-        command = COMMANDS[n % len(COMMANDS)]
+        command = run[n % len(run)]
         text, code = shell_output(command, output_chars)
         call_id = f"call_{n}"
         arguments = json.dumps({"command": ["bash", "-lc", command or "pytest -q tests/decision"]})
@@ -141,13 +156,13 @@ def warmups(base: str) -> dict[str, float]:
     return found
 
 
-def replay(base: str, model: str, routing: str, steps: list[list[dict[str, Any]]], tool_s: float,
+def replay(base: str, model: str, routing: str, steps: list[list[dict[str, Any]]], tool_s: list[float],
            commands: Mapping[str, ServerCommand]) -> dict[str, Any]:
     before, warm_before = cache_counters(commands), warmups(base)
     served = []
-    for messages in steps:
+    for messages, tool_time in zip(steps, tool_s, strict=True):
         served.append(step(base, model, f"replay-{routing}", messages))
-        time.sleep(tool_s)  # the agent's tool runs: a warm-up, when the policy starts one, runs meanwhile
+        time.sleep(tool_time)  # the agent's tool runs: a warm-up, when the policy starts one, runs meanwhile
     after, warm_after = cache_counters(commands), warmups(base)
     hits = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in commands}
     warmed = {k: v - warm_before.get(k, 0) for k, v in warm_after.items() if v > warm_before.get(k, 0)}
@@ -191,6 +206,10 @@ def main() -> None:
     parser.add_argument("--output-chars", type=int, default=1_500, help="each tool output's characters at most")
     parser.add_argument("--tool-s", type=float, default=1.0, help="the agent's tool time between steps")
     parser.add_argument("--routings", default=",".join(ROUTINGS), help=f"of {', '.join(ROUTINGS)}")
+    parser.add_argument("--failing-twice", action="store_true",
+                        help="each failing pytest run fails again at the next step (a warm-up has a step to pay off)")
+    parser.add_argument("--pytest-s", type=float, default=None,
+                        help="the tool time before a pytest result (default --tool-s): time for a warm-up to finish")
     args = parser.parse_args()
     profile = profiles.load("cpu")
     with tempfile.TemporaryDirectory(prefix="replay-up-") as tmp:
@@ -202,8 +221,10 @@ def main() -> None:
             for routing in args.routings.split(","):
                 model = "auto" if routing in ("before", "after") else routing
                 base = urls["before" if routing == "before" else "after"]
-                steps = session(args.steps, args.output_chars, f"# run {routing}")
-                rows.append(replay(base, model, routing, steps, args.tool_s, commands))
+                steps = session(args.steps, args.output_chars, f"# run {routing}", args.failing_twice)
+                waits = tool_times(args.steps, args.failing_twice, args.tool_s,
+                                   args.tool_s if args.pytest_s is None else args.pytest_s)
+                rows.append(replay(base, model, routing, steps, waits, commands))
                 print(f"{routing} done", file=sys.stderr)
     print(render(rows))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from bench.session_replay_up import COMMANDS, render, session
+from bench.session_replay_up import COMMANDS, commands, render, session, tool_times
 
 
 def test_each_step_resends_the_last_plus_one_call_and_its_real_output() -> None:
@@ -29,3 +29,16 @@ def test_the_table_names_each_step_and_the_caches() -> None:
     table = render([row, {**row, "routing": "fast", "warmups": {}}])
     assert "f120 h980" in table and "1100 ms" in table and "hq 2,048 / 4,096, fast 0 / 1,024" in table
     assert table.splitlines()[1].endswith("hq done 1") and table.splitlines()[2].endswith("none")
+
+
+def test_failing_twice_runs_each_failing_pytest_again_and_waits_for_it() -> None:
+    run = commands(True)
+    assert run.count(None) == 2 * COMMANDS.count(None) and [c for c in run if c is not None] == [
+        c for c in COMMANDS if c is not None]
+    first = run.index(None)
+    assert run[first + 1] is None
+    waits = tool_times(len(run), True, 1.0, 150.0)
+    assert waits[first - 1] == waits[first] == 150.0 and waits[first + 1] == 1.0  # before each pytest result
+    steps = session(first + 2, 200, "# run after", failing_twice=True)
+    assert [m["content"].startswith("Exit code: 1") for m in steps[-1] if m["role"] == "tool"][-2:] == [True, True]
+    assert tool_times(4, False, 2.0, 150.0) == [2.0, 2.0, 2.0, 150.0]
