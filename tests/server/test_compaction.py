@@ -220,21 +220,28 @@ async def test_a_summary_that_fails_leaves_the_input_whole(compacting: Stack) ->
     assert 'gateway_compactions_total{' not in await _metrics(compacting)
 
 
-async def test_an_agents_own_compaction_request_is_counted_and_goes_to_the_larger_window(
-        fake_pair: Any, make_stack: Any) -> None:
-    """Codex's compaction turn, through chat completions: hq's window is the larger; the rules alone pick fast."""
-    from tests.decision.test_windows import CODEX_COMPACT
+async def _with_windows(fake_pair: Any, make_stack: Any, hq: int, fast: int) -> Stack:
+    """A stack whose fake hq and fast serve these windows, once the gateway has learned them."""
     from tests.fixtures.conditions import until
-    from tests.fixtures.stack import metric
 
-    fake_pair[0].max_model_len, fake_pair[2].max_model_len = 32768, 16384
+    fake_pair[0].max_model_len, fake_pair[2].max_model_len = hq, fast
     stack: Stack = await make_stack()
 
     async def learned() -> bool:
         async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/v1/models")) as resp:
             models = {m["id"]: m for m in (await resp.json())["data"]}
-        return models["hq"].get("context_window") == 32768 and models["fast"].get("context_window") == 16384
+        return bool(models["hq"].get("context_window") == hq and models["fast"].get("context_window") == fast)
     await until(learned, what="the gateway learned both windows")
+    return stack
+
+
+async def test_an_agents_own_compaction_request_is_counted_and_goes_to_the_larger_window(
+        fake_pair: Any, make_stack: Any) -> None:
+    """Codex's compaction turn, through chat completions: hq's window is the larger; the rules alone pick fast."""
+    from tests.decision.test_windows import CODEX_COMPACT
+    from tests.fixtures.stack import metric
+
+    stack = await _with_windows(fake_pair, make_stack, 32768, 16384)
     history = [{"role": "user", "content": "Fix the failing test."}, {"role": "assistant", "content": "Done."}]
     async with stack.client() as client:
         plain = await client.chat.completions.with_raw_response.create(
@@ -252,17 +259,9 @@ async def test_an_agents_summary_request_no_window_holds_is_masked_until_it_fits
     oldest outputs are masked (all but the newest three would still not fit; all but the newest does), their
     originals offloaded, and hq answers instead of a 400 context_length_exceeded."""
     from tests.decision.test_windows import CODEX_COMPACT
-    from tests.fixtures.conditions import until
     from tests.fixtures.stack import metric
 
-    fake_pair[0].max_model_len, fake_pair[2].max_model_len = 8192, 4096
-    stack: Stack = await make_stack()
-
-    async def learned() -> bool:
-        async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/v1/models")) as resp:
-            models = {m["id"]: m for m in (await resp.json())["data"]}
-        return models["hq"].get("context_window") == 8192 and models["fast"].get("context_window") == 4096
-    await until(learned, what="the gateway learned both windows")
+    stack = await _with_windows(fake_pair, make_stack, 8192, 4096)
     outputs = [f"== file {i} ==\n" + f"line {i}: value = compute({i})\n" * 180 for i in range(6)]  # ~5,000 bytes each
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
     for i, output in enumerate(outputs):
