@@ -299,10 +299,14 @@ async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gat
     body = {
         "model": fast.served_model,
         "messages": MESSAGES,
-        "max_tokens": 1800,
+        # Long enough that the queue stays deep for minutes, not seconds: in one CI run the first decision
+        # came after the flood's first two rounds (1,800 tokens each) had drained it. The flood is cancelled
+        # as soon as the decision is seen, so the length costs nothing.
+        "max_tokens": 16000,
         "ignore_eos": True,  # vLLM's extension: keep decoding so the queue stays deep
     }
-    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="none", timeout=60.0, max_retries=0)
+    # hq answers slowly while the flood keeps both cores busy (25 s on a quiet machine).
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="none", timeout=180.0, max_retries=0)
     # The SDK builds its client and response types on first use: seconds on cores the flood keeps busy,
     # during which the queue drained before the first decision was sent. Warm it before the flood.
     await client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES, max_tokens=1)
@@ -319,14 +323,18 @@ async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gat
             await _until(lambda: _sum(_metrics(gateway.url), "gateway_deployment_requests_waiting",
                                       "deployment=fast") >= 3, 60.0)
             # The queue can drain between a scrape and a decision: judge the decision by the load it saw.
+            waits_seen = []
             for _ in range(5):
                 raw = await client.chat.completions.with_raw_response.create(
                     model="auto", messages=MESSAGES, max_tokens=8)
                 seen = await asyncio.to_thread(_explain, gateway, raw.headers["x-request-id"])
-                if seen["load"]["fast"]["requests_waiting"] >= 3:
+                waits_seen.append(seen["load"]["fast"]["requests_waiting"])
+                if waits_seen[-1] >= 3:
                     break
             else:
-                pytest.fail("the queue on fast drained before any of 5 decisions saw it deep")
+                now_waiting = _sum(_metrics(fast.url), "vllm:num_requests_waiting")
+                pytest.fail(f"the queue on fast drained before any of 5 decisions saw it deep: they saw "
+                            f"{waits_seen} waiting, vLLM counts {now_waiting} now")
             assert raw.parse().model == vllm_pair.hq.served_model
             assert any(r.startswith("spill: fast has") for r in seen["reasons"])
         finally:
