@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gateway.accounting.budgets import Budgets
+from gateway.apis.usage import Usage
 from gateway.decision.admission import Cost
-from gateway.openai import Usage
 from gateway.policy.model import Price
 from gateway.policy.tenancy import Budget, SessionPolicy, TenantPolicy, Window
 from gateway.store.contract import Store

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway import openai
+from gateway.apis import json_body
+from gateway.apis.chat import wire as chat_wire
 from gateway.apis.routes import BY_ENDPOINT
 from gateway.classifier.scoring import Classifier
 from gateway.features import extract
@@ -71,11 +72,11 @@ def stages(raw: bytes, classifier: Classifier) -> dict[str, Callable[[], object]
     features = extract(body, "chat")
     return {
         "parse (decode + checks)": lambda: adapter.parse(raw),
-        "features": lambda: extract(openai.decode(raw), "chat"),
-        "agent step": lambda: read_step(openai.decode(raw)),
+        "features": lambda: extract(json_body.decode(raw), "chat"),
+        "agent step": lambda: read_step(json_body.decode(raw)),
         "score": lambda: classifier.score(features),
-        "upstream body": lambda: openai.upstream_body(body, "served-model"),
-        "(decode alone, in the two above)": lambda: openai.decode(raw),
+        "upstream body": lambda: chat_wire.upstream_body(body, "served-model"),
+        "(decode alone, in the two above)": lambda: json_body.decode(raw),
     }
 
 
@@ -85,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     classifier = Classifier.default()
     bodies = {"small chat": small_chat(), "agent step": agent_step()}
-    raws = {name: openai.encode(body) for name, body in bodies.items()}
+    raws = {name: json_body.encode(body) for name, body in bodies.items()}
     figures = {name: {stage: median_us(run, args.rounds) for stage, run in stages(raw, classifier).items()}
                for name, raw in raws.items()}
     names = list(bodies)

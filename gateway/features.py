@@ -18,8 +18,8 @@ from typing import Any
 
 import pydantic_core
 
+from gateway.apis.chat.wire import output_cap
 from gateway.native import features_walk as _features_walk  # None: the Python walk reads every request
-from gateway.openai import output_cap
 from gateway.token_pieces import Encoding, PieceCounter
 
 log = logging.getLogger(__name__)

@@ -113,8 +113,8 @@ def test_any_json_shape_of_messages_never_raises(messages: list[Any]) -> None:
 
 
 def test_an_anthropic_tool_result_that_says_is_error_is_a_tool_error() -> None:
+    from gateway.apis.messages import wire as messages
     from gateway.decision.trajectory import tool_results
-    from gateway.wire import messages
 
     body = {"model": "auto", "max_tokens": 8, "messages": [
         {"role": "user", "content": "list the files"},

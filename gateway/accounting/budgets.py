@@ -28,9 +28,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.apis.usage import Usage
 from gateway.decision.admission import Cost, TenantSnapshot
 from gateway.errors import RateLimited
-from gateway.openai import Usage
 from gateway.policy.model import Price
 from gateway.policy.tenancy import SessionPolicy, TenantPolicy
 from gateway.store.contract import Hold, Limits, Observation, Refusal, Reservation, Spend, Store, StoreError

@@ -9,9 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import openai
 from gateway.accounting.budgets import Budgets
 from gateway.accounting.keys import KeyRing
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.routes import RESUMABLE
+from gateway.apis.usage import Usage
 from gateway.decision.admission import (
     Admission,
     Cost,
@@ -32,12 +34,10 @@ from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.errors import RateLimited
 from gateway.features import Features
-from gateway.openai import Usage
 from gateway.policy.model import Policy
 from gateway.policy.tenancy import TenantPolicy, find_tenant
 from gateway.store.contract import Reservation, Store
 from gateway.telemetry.exchange import Exchange
-from gateway.wire.resume import RESUMABLE_APIS
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +80,15 @@ class Accounting:
         sid = call.session_id if tracks_sessions(rules) else None
         prompt = await _prompt_size(policy, features, call.view, body_bytes)
         plan = output_plan(policy, features, prompt)
-        costs = costs_of(policy, features, body_bytes, openai.choices_of(call.view, features.endpoint), prompt=prompt)
+        choices = chat_wire.choices_of(call.view, features.endpoint)
+        costs = costs_of(policy, features, body_bytes, choices, prompt=prompt)
         snapshot, session = TenantSnapshot(tenant, 0.0, {}), None
         if sid is not None or has_soft_limits(limits):
             # hard limits alone need no read: reserve checks them atomically
             seen = await self.budgets.observe(tenant, sid, rules)
             snapshot, session = seen.snapshot, seen.session
         verdict = fit_room(judge(policy, costs, call.headers, snapshot, session), plan, policy, features)
-        may_resume = bool(features.stream) and features.endpoint in RESUMABLE_APIS and \
+        may_resume = bool(features.stream) and features.endpoint in RESUMABLE and \
             policy.resume_for(features.requested_model).enabled
         return Admitted(tenant, limits, sid, costs, verdict, session, plan.caps, may_resume)
 

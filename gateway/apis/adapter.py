@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gateway.apis.chat.wire import StreamTally
+from gateway.apis.json_body import Source
+from gateway.apis.usage import Usage
 from gateway.context.anthropic_edits import Managed
 from gateway.context.tool_outputs import ToolOutputs
 from gateway.errors import GatewayError
-from gateway.features import Features
-from gateway.openai import Source, StreamTally, Usage
+from gateway.features import Features, extract
 
 
 class StreamReader(Protocol):
@@ -45,6 +47,7 @@ class Adapter(Protocol):
     operation: str  # the GenAI semantic conventions' operation name
     chains: bool  # its requests may continue a stored response (`previous_response_id`)
     generates: bool  # it generates tokens (count_tokens does not: no agent step, nothing to charge)
+    resumable: bool  # a broken stream of it can be finished by another deployment (gateway/server/resuming.py)
     step_from_chunks: bool  # the agent step reads the tool calls from the relayed chat chunks themselves
     tool_outputs: ToolOutputs | None  # where its bodies hold tool outputs, for the policy's masking (None: none)
 
@@ -94,3 +97,11 @@ class Adapter(Protocol):
     def error_answer(self, status: int, raw: bytes, found: dict[str, Any]) -> bytes:
         """A deployment's error answer (a 4xx) as this API's clients expect its body."""
         ...
+
+
+def features_as_chat(view: Mapping[str, Any], api: str) -> Features:
+    """The features of an agent API's request, read from its chat-shaped view; the endpoint stays the API's own,
+    for the decision must know which API the deployment serves."""
+    features = extract(view, "chat")
+    features.endpoint = api
+    return features

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from gateway.apis.adapter import Adapter
-from gateway.apis.agent_apis import COUNT_TOKENS, MESSAGES, RESPONSES, RESPONSES_COMPACT
-from gateway.apis.openai_api import CHAT, COMPLETIONS, EMBEDDINGS
+from gateway.apis.chat.adapter import CHAT, COMPLETIONS, EMBEDDINGS
+from gateway.apis.messages.adapter import COUNT_TOKENS, MESSAGES
+from gateway.apis.responses.adapter import RESPONSES, RESPONSES_COMPACT
 
 ADAPTERS: tuple[Adapter, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, COUNT_TOKENS)
 # The gateway's path is vLLM's; /v1/responses/compact is the gateway's alone (it answers it itself).
 BY_PATH: dict[str, Adapter] = {adapter.path: adapter for adapter in (*ADAPTERS, RESPONSES_COMPACT)}
 BY_ENDPOINT: dict[str, Adapter] = {adapter.endpoint: adapter for adapter in ADAPTERS}
+RESUMABLE = frozenset(adapter.endpoint for adapter in ADAPTERS if adapter.resumable)
 
 
 def api_of(path: str) -> Adapter | None:

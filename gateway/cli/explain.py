@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway import openai
+from gateway.apis.chat import wire as chat_wire
 from gateway.apis.routes import BY_ENDPOINT
 from gateway.context.tool_outputs import masked_body
 from gateway.decision.admission import (
@@ -106,7 +106,7 @@ def _admission(
                                     f"{', '.join(Window)}") from exc
     snapshot = TenantSnapshot(tenant or ANONYMOUS, now_s, windows)
     state = _session(session, call.session_id) if session else None
-    costs = costs_of(policy, call.features, call.body_bytes, openai.choices_of(call.view, call.endpoint))
+    costs = costs_of(policy, call.features, call.body_bytes, chat_wire.choices_of(call.view, call.endpoint))
     return judge(policy, costs, headers, snapshot, state), state
 
 

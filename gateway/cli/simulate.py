@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gateway import openai
+from gateway.apis.usage import reported_usage
 from gateway.decision.call import Call
 from gateway.decision.context import Logged, Surroundings, gather
 from gateway.decision.routing import decide
@@ -80,7 +80,7 @@ def _cost(policy: Policy, deployment: str, usage: dict[str, Any] | None) -> floa
     dep = policy.deployments.get(deployment)
     if dep is None or not usage:
         return 0.0
-    logged = openai.reported_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
+    logged = reported_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
                                    usage.get("cached_tokens"))
     return dep.price.cost_usd_of(logged)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from gateway import openai
+from gateway.apis import events
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.messages.wire import MessagesReader
+from gateway.apis.usage import Usage
 from gateway.context import anthropic_compaction as compaction
 from gateway.context.anthropic_edits import Managed
-from gateway.openai import Usage
-from gateway.wire import events
-from gateway.wire.messages import MessagesReader
 
 _BLOCK_EVENTS = (b"content_block_start", b"content_block_delta", b"content_block_stop")
 
@@ -39,7 +39,7 @@ class EditedMessagesReader(MessagesReader):
         out = super().feed(chunk)
         if not out:
             return out
-        whole, rest = openai.split_events(out)  # whole events, but for an over-long one passed on in pieces
+        whole, rest = chat_wire.split_events(out)  # whole events, but for an over-long one passed on in pieces
         return b"".join(self._rewrite(event) for event in whole) + rest
 
     def _rewrite(self, event: bytes) -> bytes:

@@ -1,8 +1,8 @@
 """A conversation's summary in one anchored structure: the summarizer's prompt, and its answer read back.
 
 API-neutral: chat-shaped messages in (`role`, `content`, an assistant's `tool_calls`, a tool's result), the
-summary's text out. Each API turns its own items into such messages (Responses: gateway/wire/responses.view;
-Anthropic Messages: gateway/wire/messages.view) and the summary back into its own compaction form (Responses:
+summary's text out. Each API turns its own items into such messages (Responses: gateway/apis/responses/wire.view;
+Anthropic Messages: gateway/apis/messages/wire.view) and the summary back into its own compaction form (Responses:
 gateway/apis/responses/compaction.py; Messages: gateway/context/anthropic_compaction.py). Every compaction the
 gateway does, whichever API asked, is summarized by this one prompt and read back by this one parser.
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.apis.json_body import Source
 from gateway.context.anthropic_edits import Managed
 from gateway.context.masking import Masking
 from gateway.context.prefix import Chain, chain_of
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.sessions import session_id
 from gateway.features import Features, prompt_tokens_with_template
-from gateway.openai import Source
 from gateway.policy.model import Policy
 from gateway.steps import AgentStep, read_step
 

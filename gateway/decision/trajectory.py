@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway import openai
 from gateway.agents.tool_outcomes import Verdict, judge
+from gateway.apis.chat import wire as chat_wire
 from gateway.decision.outcomes import Membership, Outcome
 from gateway.decision.sessions import names_session, shown_id, text_of
 from gateway.features import Features
@@ -306,10 +306,10 @@ def tool_calls_in_body(raw: bytes, keep: bool = False) -> tuple[ToolCall, ...]:
 def tool_calls_in_stream(chunks: Sequence[bytes], keep: bool = False) -> tuple[ToolCall, ...]:
     """The tool calls of a stream, accumulated from its `delta.tool_calls` pieces (name first, arguments
     in fragments). `chunks` may start mid-event: an event that does not parse is skipped."""
-    events, _ = openai.split_events(b"".join(chunks))
+    events, _ = chat_wire.split_events(b"".join(chunks))
     parts: dict[tuple[int, int], dict[str, str]] = {}
     for event in events:
-        data = openai.event_data(event)
+        data = chat_wire.event_data(event)
         for choice in _list(data.get("choices") if isinstance(data, dict) else None):
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if isinstance(delta, dict):

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway import openai
+from gateway.apis.chat import wire as chat_wire
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.experiments.shadows import Pair
 from gateway.policy.model import Policy
@@ -196,7 +196,7 @@ class Labeller:
         payload = {"model": dep.served_model, "messages": messages, "max_tokens": spec.max_tokens,
                    "temperature": 0, "stream": False}
         try:
-            got = await upstream.fetch(self._client, spec.deployment, dep, openai.PATHS["chat"],
+            got = await upstream.fetch(self._client, spec.deployment, dep, chat_wire.PATHS["chat"],
                                        json.dumps(payload).encode(), {JUDGE_HEADER: "1"}, timeout_s=spec.timeout_s,
                                        limit_bytes=JUDGE_MAX_BODY_BYTES)
         except UpstreamTimeout:

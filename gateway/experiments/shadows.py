@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway import openai
+from gateway.apis.chat import wire as chat_wire
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.features import Features
 from gateway.policy.model import Deployment
@@ -188,7 +188,7 @@ class Shadows:
 
     async def _call(self, call: ShadowCall) -> Capture:
         body, limits, dep = call.body, call.limits, call.dep
-        payload, _ = openai.upstream_body(shadow_body(body, limits.max_tokens), dep.served_model)
+        payload, _ = chat_wire.upstream_body(shadow_body(body, limits.max_tokens), dep.served_model)
         headers = {TAG_HEADER: "1", "x-request-id": f"{call.request_id}-shadow"}
         started = time.perf_counter()
         try:
@@ -229,16 +229,16 @@ def parse_capture(
     """The primary's side of a pair from the bytes the gateway relayed to the client."""
     if not stream:
         return Capture(status, total_ms, ttft_ms, _json(raw), deployment=deployment)
-    events, _ = openai.split_events(raw)
+    events, _ = chat_wire.split_events(raw)
     chunks = [d for d in map(_event_json, events) if isinstance(d, dict)]
     return Capture(status, total_ms, ttft_ms, None, chunks, deployment=deployment)
 
 
 def _event_json(event: bytes) -> Any:
-    if event.startswith(openai.DONE_EVENT):
+    if event.startswith(chat_wire.DONE_EVENT):
         return None
     try:
-        return openai.event_data(event)
+        return chat_wire.event_data(event)
     except ValueError:
         return None
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gateway.apis.usage import Usage
 from gateway.decision import loops as found
 from gateway.decision import spikes
 from gateway.decision import trajectory as tr
@@ -34,7 +35,6 @@ from gateway.decision.trajectory import Step
 from gateway.errors import NotFound
 from gateway.experiments.agent_steps import Cohorted, PendingStep, StepReport
 from gateway.experiments.outcomes import Outcomes
-from gateway.openai import Usage
 from gateway.policy.agents import SpikePolicy
 from gateway.policy.model import Policy
 from gateway.store.contract import StoreError

@@ -21,9 +21,9 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.apis.usage import Usage
 from gateway.context.masking import MaskRule
 from gateway.frozen import Frozen
-from gateway.openai import Usage
 from gateway.policy.agents import AgentsPolicy
 from gateway.policy.compaction import CompactionPolicy
 from gateway.policy.context import ContextPolicy

@@ -23,10 +23,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import openai
+from gateway.apis import json_body
 from gateway.apis.adapter import Adapter
-from gateway.apis.agent_apis import CompactedResponsesAdapter
-from gateway.apis.responses import compaction as wire
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.responses import compaction as responses_compaction
+from gateway.apis.responses import wire as responses
+from gateway.apis.responses.adapter import CompactedResponsesAdapter
+from gateway.apis.usage import Usage
 from gateway.context import anthropic_answers, anthropic_compaction
 from gateway.context.anthropic_config import COMPACT
 from gateway.context.anthropic_edits import Applied
@@ -43,11 +46,10 @@ from gateway.server.resources import CONVERSATIONS, EXCHANGE, POOL, RECENT, SEAL
 from gateway.settings import Settings
 from gateway.telemetry import metrics as t
 from gateway.upstream import forward as upstream
-from gateway.wire import responses
 
 log = logging.getLogger(__name__)
 
-CHAT_PATH = openai.PATHS["chat"]
+CHAT_PATH = chat_wire.PATHS["chat"]
 CHARS_PER_TOKEN = 2  # a conservative bound for the transcript (`up`'s tokenizer counts ~2.2x cl100k on agent text)
 PROMPT_OVERHEAD_TOKENS = 1024  # the instructions and the chat template around the transcript
 ANTHROPIC_COMPACT = "anthropic_compact"  # the trigger label of Anthropic's compact_20260112
@@ -60,7 +62,7 @@ class Written:
     text: str  # in the anchored structure (gateway/context/summaries.py), or the client's own instructions' form
     deployment: str
     model: str | None
-    usage: openai.Usage
+    usage: Usage
     tokens_before: int  # the conversation it summarized, in the gateway's count
 
 
@@ -86,7 +88,7 @@ def make_seal(settings: Settings) -> Seal:
 
 def opened(request: web.Request, body: dict[str, Any], tenant: str) -> dict[str, Any]:
     """The body with the compaction items of its input opened (a 400 when one does not open)."""
-    items, count = wire.open_input(responses.input_items(body), request.app[SEAL], tenant)
+    items, count = responses_compaction.open_input(responses.input_items(body), request.app[SEAL], tenant)
     if not count:
         return body
     ex = request.get(EXCHANGE)
@@ -103,9 +105,9 @@ def asked(adapter: Adapter, call: Call, decided: Decision) -> tuple[str | None, 
 
 
 def _asked(adapter: Adapter, call: Call) -> str | None:
-    if adapter.path == wire.COMPACT_PATH:
-        return wire.V1_COMPACT
-    return wire.V2_TRIGGER if adapter.chains and wire.is_triggered(call.body) else None
+    if adapter.path == responses_compaction.COMPACT_PATH:
+        return responses_compaction.V1_COMPACT
+    return responses_compaction.V2_TRIGGER if adapter.chains and responses_compaction.is_triggered(call.body) else None
 
 
 def decision_for(policy: Policy, trigger: str, decided: Decision) -> Decision:
@@ -138,9 +140,9 @@ async def _ask(request: web.Request, policy: Policy, name: str, messages: list[d
     body = {"model": dep.served_model, "messages": summary_prompt(messages, max_chars, instructions),
             "max_tokens": rules.max_summary_tokens, "temperature": 0, "stream": False}
     headers = {"x-request-id": request[EXCHANGE].request_id}
-    fetched = await upstream.fetch(app[POOL], name, dep, CHAT_PATH, openai.encode(body), headers,
+    fetched = await upstream.fetch(app[POOL], name, dep, CHAT_PATH, json_body.encode(body), headers,
                                    timeout_s=rules.timeout_s, limit_bytes=app[SETTINGS].max_upstream_body_bytes)
-    found = openai.response_object(fetched.body) if fetched.status == 200 else None
+    found = json_body.response_object(fetched.body) if fetched.status == 200 else None
     choices = found.get("choices") if found is not None else None
     message = choices[0].get("message") if isinstance(choices, list) and choices and \
         isinstance(choices[0], dict) else None
@@ -150,7 +152,7 @@ async def _ask(request: web.Request, policy: Policy, name: str, messages: list[d
                             code="compaction_failed")
     assert found is not None
     model = found.get("model")
-    used = openai.usage_of(found) or openai.Usage(context_tokens(messages), 0, estimated=True)
+    used = chat_wire.usage_of(found) or Usage(context_tokens(messages), 0, estimated=True)
     return Written(written_summary(text, instructions), name, model if isinstance(model, str) else None, used,
                    context_tokens(messages))
 
@@ -176,31 +178,32 @@ def note(request: web.Request, api: str, trigger: str, written: Written, tokens_
 
 def _sealed(request: web.Request, call: Call, written: Written, kept: list[Any]) -> tuple[dict[str, Any], int]:
     """The compaction item of a summary, and the tokens of what stands in for the conversation now."""
-    after = context_tokens(chat_messages({}, [*kept, wire.summary_message(written.text)]))
-    payload = wire.sealed_payload(written.text, written.deployment, written.tokens_before, after)
-    return wire.compaction_item(request.app[SEAL].close(payload, call.tenant_or_anonymous)), after
+    after = context_tokens(chat_messages({}, [*kept, responses_compaction.summary_message(written.text)]))
+    payload = responses_compaction.sealed_payload(written.text, written.deployment, written.tokens_before, after)
+    return responses_compaction.compaction_item(request.app[SEAL].close(payload, call.tenant_or_anonymous)), after
 
 
 async def answer(request: web.Request, call: Call, decision: Decision, trigger: str) -> web.StreamResponse:
     """v1_compact and v2_trigger: the summary is the answer, in the form the client asked for."""
     app, ex = request.app, request[EXCHANGE]
-    items = wire.without_trigger(responses.input_items(call.body))
+    items = responses_compaction.without_trigger(responses.input_items(call.body))
     written = await summarize(request, call, chat_messages(call.body, items), decision.attempts)
     ex.answered(written.deployment, written.model, call.policy.deployments[written.deployment].price)
     ex.settle(written.usage, app[TELEMETRY].metrics)
-    kept = wire.retained(items)
+    kept = responses_compaction.retained(items)
     item, after = _sealed(request, call, written, kept)
     note(request, "responses", trigger, written, after)
-    used = wire.usage(written.usage.prompt_tokens, written.usage.completion_tokens, written.usage.cached_tokens)
-    if trigger == wire.V1_COMPACT:
-        listed = [*map(wire.output_message, kept), item]
-        return web.json_response(wire.compacted(responses.new_response_id(), listed, used))
-    final = wire.response(call.body, responses.new_response_id(), [item], used)
+    counted = written.usage
+    used = responses_compaction.usage(counted.prompt_tokens, counted.completion_tokens, counted.cached_tokens)
+    if trigger == responses_compaction.V1_COMPACT:
+        listed = [*map(responses_compaction.output_message, kept), item]
+        return web.json_response(responses_compaction.compacted(responses.new_response_id(), listed, used))
+    final = responses_compaction.response(call.body, responses.new_response_id(), [item], used)
     # kept as the compacted conversation: a chain onto it reads the user's messages, then the summary
     await app[CONVERSATIONS].keeper(call, {**call.body, "input": kept})(final)
     if not call.features.stream:
         return web.json_response(final)
-    return await _stream(request, wire.stream(call.body, final["id"], item, used))
+    return await _stream(request, responses_compaction.stream(call.body, final["id"], item, used))
 
 
 async def compact(request: web.Request, adapter: Adapter, call: Call, decision: Decision) -> Compacted | None:
@@ -234,18 +237,18 @@ def _due(adapter: Adapter, call: Call) -> str | None:
     if _asked(adapter, call) is not None:
         return None
     if adapter.chains:
-        threshold = wire.threshold_of(call.body)
+        threshold = responses_compaction.threshold_of(call.body)
         due = threshold is not None and call.features.prompt_tokens > threshold
-        return wire.CONTEXT_MANAGEMENT if due else None
+        return responses_compaction.CONTEXT_MANAGEMENT if due else None
     return ANTHROPIC_COMPACT if call.context is not None and call.context.compaction is not None else None
 
 
 def _compacted_input(request: web.Request, call: Call, decision: Decision, written: Written) -> Compacted:
     """Responses: the input as the user's messages and the summary; the answer's output led by the item."""
-    kept = wire.retained(responses.input_items(call.body))
+    kept = responses_compaction.retained(responses.input_items(call.body))
     item, after = _sealed(request, call, written, kept)
-    note(request, "responses", wire.CONTEXT_MANAGEMENT, written, after)
-    body = {**call.body, "input": [*kept, wire.summary_message(written.text)]}
+    note(request, "responses", responses_compaction.CONTEXT_MANAGEMENT, written, after)
+    body = {**call.body, "input": [*kept, responses_compaction.summary_message(written.text)]}
     return Compacted(_with_body(call, body), decision, CompactedResponsesAdapter(item), written,
                      kept_body={**call.body, "input": kept})
 
@@ -279,7 +282,7 @@ async def answer_paused(request: web.Request, compacted: Compacted) -> web.Strea
     dep = call.policy.deployments[written.deployment]
     ex.trying(written.deployment)
     ex.answered(written.deployment, dep.served_model, dep.price)
-    ex.settle(openai.Usage(0, 0), request.app[TELEMETRY].metrics)  # the summary was charged as it was made
+    ex.settle(Usage(0, 0), request.app[TELEMETRY].metrics)  # the summary was charged as it was made
     message = anthropic_answers.paused(call.context, dep.served_model, written.usage)
     if not call.features.stream:
         return web.json_response(message)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.apis.responses import stored
+from gateway.apis.responses.stored import StoredResponse
 from gateway.decision.admission import ANONYMOUS
 from gateway.errors import BadRequest, StoreUnavailable
 from gateway.server.resources import CONVERSATIONS, TENANT
 from gateway.store.contract import StoreError
-from gateway.wire import stored
-from gateway.wire.stored import StoredResponse
 
 
 def _tenant(request: web.Request) -> str:

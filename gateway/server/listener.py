@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_request import BaseRequest
 
-from gateway import openai
+from gateway.apis import json_body
 from gateway.errors import BadRequest, GatewayError, HeaderTooLarge, RequestTimeout
 from gateway.settings import Settings
 from gateway.upstream.deadline import Deadline
@@ -111,7 +111,7 @@ class Connection(web.RequestHandler):
         if self.transport is None or self._messages or self._request_in_progress:
             return
         err = RequestTimeout(f"The request's headers did not arrive within {self._header_timeout_s:g} s")
-        body = openai.encode(err.envelope())
+        body = json_body.encode(err.envelope())
         head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
         transport = self.transport
@@ -136,7 +136,7 @@ class Connection(web.RequestHandler):
             log.error("error outside the middleware", exc_info=exc)
         else:
             log.debug("refused a request that is not valid HTTP: %r", exc)
-        response = web.Response(body=openai.encode(err.envelope()), status=err.status,
+        response = web.Response(body=json_body.encode(err.envelope()), status=err.status,
                                 content_type="application/json")
         response.force_close()
         return response

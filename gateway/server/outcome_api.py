@@ -20,7 +20,7 @@ import logging
 
 from aiohttp import web
 
-from gateway import openai
+from gateway.apis import json_body
 from gateway.decision import outcomes as oc
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.trajectory import RANKED_SCAN
@@ -35,7 +35,7 @@ BODY_MAX_BYTES = 16 * 1024  # an outcome is a few fields; labels and reason are 
 
 async def report(request: web.Request) -> web.Response:
     given = request.match_info["session_id"]
-    outcome = oc.read_body(openai.decode(await _body(request)))
+    outcome = oc.read_body(json_body.decode(await _body(request)))
     tenant = request.get(TENANT) or ANONYMOUS
     trajectories = request.app[TRAJECTORIES]
     with reported_as_unavailable("The trajectory store"):

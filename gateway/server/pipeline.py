@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.accounting.ledger import Admitted
 from gateway.apis.adapter import Adapter
+from gateway.apis.json_body import Source
 from gateway.context.masking import MaskRule
 from gateway.decision import windows
 from gateway.decision.admission import ANONYMOUS, needs_admission
@@ -27,7 +28,6 @@ from gateway.decision.loops import AgentVerdict
 from gateway.decision.routing import Context, Decision, decide
 from gateway.errors import BadRequest, ContextTooLong, GatewayError, PayloadTooLarge
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
-from gateway.openai import Source
 from gateway.policy.model import Policy
 from gateway.server import compaction, relay
 from gateway.server.resources import (

@@ -12,12 +12,15 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import openai
+from gateway.apis import json_body
 from gateway.apis.adapter import Adapter, StreamReader
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.usage import Usage
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.errors import GatewayError, UpstreamError
 from gateway.policy.model import Price
+from gateway.server import resume_splice as resume
 from gateway.server import resuming
 from gateway.server.exchanges import add_gateway_headers
 from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, SETTINGS, TELEMETRY
@@ -25,7 +28,6 @@ from gateway.telemetry.exchange import Exchange, Resume
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
 from gateway.upstream.deployments import Deployments
-from gateway.wire import resume
 
 STREAM_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 
@@ -90,7 +92,7 @@ def _left_while_answering(ex: Exchange, metrics: Metrics, name: str, price: Pric
     """The client left while the deployment had its request: the prompt was taken in (prefill comes first)
     and is charged; what it generated before the call was cancelled cannot be told, and is not."""
     ex.answered(name, None, price)
-    ex.settle(openai.Usage(ex.prompt_tokens, 0, estimated=True), metrics)
+    ex.settle(Usage(ex.prompt_tokens, 0, estimated=True), metrics)
 
 
 def _relay_body(
@@ -105,7 +107,7 @@ def _relay_body(
     if ex.step is not None and ex.step.chunks is not None and reply.status == 200:
         # the agent step reads the tool calls out of it, later, off the request path
         view = adapter.answer_view(found)
-        ex.step.raw = raw if view is None else openai.encode(view)
+        ex.step.raw = raw if view is None else json_body.encode(view)
     if reply.status == 200:
         deployments.record_success(reply.deployment)
         ex.settle(adapter.usage_of(found), metrics)
@@ -177,7 +179,7 @@ async def _pump(
     async for chunk in reply.chunks():
         if ex.first_byte_at is None:
             ex.first_byte()
-            ex.response_model = openai.model_named(chunk)
+            ex.response_model = chat_wire.model_named(chunk)
         if b'"error"' in chunk and adapter.step_from_chunks:
             chunk, failed = resume.before_error(chunk)  # vLLM reports a failure mid-stream as an error event
             if failed:
@@ -231,7 +233,7 @@ def _hand_step_view(ex: Exchange, reader: StreamReader | resume.Splice) -> None:
     if ex.step is not None and ex.step.chunks is not None:
         view = reader.answer_view()
         if view is not None:
-            ex.step.raw = openai.encode(view)
+            ex.step.raw = json_body.encode(view)
 
 
 def _keep_tool_calls(kept: list[bytes], previous: bytes, chunk: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """Resume a stream that broke after its first byte on the next deployment in the failover order.
 
-The policy's `resume` rule (per route, else global) allows it; gateway/wire/resume.py reads back what the client was
+The policy's `resume` rule (per route, else global) allows it; resume_splice.py beside it reads back what the client was
 sent, builds the continuation and splices its events into the client's stream. Here: whether to, where to, the
 call to the sibling, and the record of every break (metrics, span, explain memory).
 """
@@ -21,10 +21,10 @@ from gateway.decision.routing import Decision
 from gateway.errors import GatewayError, UpstreamError
 from gateway.features import count_tokens
 from gateway.policy.model import Deployment
+from gateway.server import resume_splice as resume
 from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, RECENT, SETTINGS, TELEMETRY
 from gateway.telemetry.exchange import Resume
 from gateway.upstream import forward as upstream
-from gateway.wire import resume
 
 # the APIs whose deployments return token ids with the stream when asked (an exact resume)
 _TOKEN_APIS = ("chat", "completions")

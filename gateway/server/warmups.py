@@ -24,17 +24,17 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import openai
 from gateway.accounting.budgets import Budgets
 from gateway.accounting.ledger import RESERVE_MARGIN_S
+from gateway.apis import json_body
 from gateway.apis.adapter import Adapter
+from gateway.apis.usage import Usage
 from gateway.context.prefix import rescaled
 from gateway.decision.admission import Cost
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.decision.warmup import Outcome, admit
 from gateway.errors import GatewayError, RateLimited, UpstreamTimeout
-from gateway.openai import Usage
 from gateway.policy.model import Deployment
 from gateway.policy.switch import SwitchPolicy
 from gateway.policy.tenancy import TenantPolicy, find_tenant
@@ -177,7 +177,7 @@ class Warmups:
         try:
             got = await upstream.fetch(self.pool, target, dep, adapter.path, payload, headers,
                                        timeout_s=warm.timeout_s, limit_bytes=LIMIT_BYTES)
-            found = openai.decode(got.body) if got.status == 200 else None
+            found = json_body.decode(got.body) if got.status == 200 else None
             usage = adapter.usage_of(found) if found is not None else None
             if usage is None:
                 log.warning("warm-up of %s answered %d without usage", target, got.status)

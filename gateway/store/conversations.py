@@ -11,12 +11,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway.apis.responses import stored
+from gateway.apis.responses.stored import StoredResponse
 from gateway.decision.call import Call
 from gateway.errors import StoreUnavailable
 from gateway.store.contract import StoreError
 from gateway.store.responses import ResponseLimits, ResponseStore
-from gateway.wire import stored
-from gateway.wire.stored import StoredResponse
 
 log = logging.getLogger(__name__)
 

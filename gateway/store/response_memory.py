@@ -10,8 +10,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from gateway.apis.responses.stored import StoredResponse
 from gateway.store.responses import ResponseLimits
-from gateway.wire.stored import StoredResponse
 
 Ref = tuple[str, str]  # (tenant, response id)
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.apis.responses.stored import StoredResponse
 from gateway.store.redis_store import RedisStore
-from gateway.wire.stored import StoredResponse
 
 SEP = "\t"  # between tenant and response id: tenant names cannot hold it
 

@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.apis.chat.wire import StreamTally
+from gateway.apis.usage import Usage
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.routing import Decision
 from gateway.decision.trajectory import StepCache
 from gateway.errors import GatewayError
 from gateway.features import Features, count_tokens, prompt_tokens_with_template
-from gateway.openai import StreamTally, Usage
 from gateway.policy.model import Price
 from gateway.telemetry import metrics as t
 from gateway.telemetry.spans import SpanEvent, Spans, TraceContext

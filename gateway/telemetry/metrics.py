@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.openai import Usage
+from gateway.apis.usage import Usage
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from gateway import openai
+from gateway.apis import json_body
 from gateway.decision import windows
 from gateway.decision.call import Call
 from gateway.errors import GatewayError, UpstreamError
@@ -80,7 +80,7 @@ def _message_text(message: Mapping[str, Any]) -> str:
     text = text_of(message.get("content"))
     calls = message.get("tool_calls")
     if isinstance(calls, list) and calls:
-        text += "\n" + openai.encode(calls).decode()
+        text += "\n" + json_body.encode(calls).decode()
     return text
 
 
@@ -168,9 +168,9 @@ class DeploymentCounts:
         return windows.Count(tokens + windows.template_tokens(call.features), True)
 
     async def _tokenize(self, dep: Deployment, text: str) -> int:
-        body = openai.encode({"model": dep.served_model, "prompt": text, "add_special_tokens": False})
+        body = json_body.encode({"model": dep.served_model, "prompt": text, "add_special_tokens": False})
         status, raw = await upstream.post(self._pool, dep.url + TOKENIZE_PATH, body, self._timeout_s)
-        found = openai.response_object(raw)
+        found = json_body.response_object(raw)
         count = found.get("count") if found is not None else None
         if status != 200 or not isinstance(count, int):
             raise UpstreamError(f"/tokenize answered {status} without a count")

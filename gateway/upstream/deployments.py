@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway import openai
+from gateway.apis import json_body
 from gateway.decision.routing import DeploymentLoad
 from gateway.errors import GatewayError
 from gateway.policy.model import Deployment, Policy
@@ -275,7 +275,7 @@ class Deployments:
         if status != 200:
             return
         tracked.window_due = False
-        window = window_in(openai.response_object(raw), dep.served_model)
+        window = window_in(json_body.response_object(raw), dep.served_model)
         if window is not None and window != tracked.window:
             log.info("deployment %s serves a context window of %d tokens", name, window)
             if dep.max_model_len is not None and dep.max_model_len > window:

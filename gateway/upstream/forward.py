@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import openai
+from gateway.apis import json_body
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.policy.model import Deployment, Timeouts
 from gateway.upstream.client import ClientError, ConnectError, Disconnected, Pool, Response, release_heap
@@ -68,7 +68,7 @@ class Reply:
             self.close()
             raise self._too_large(limit)
         raw, _ = await self._read_whole(limit, object_only=True)
-        found = openai.response_object(raw)
+        found = json_body.response_object(raw)
         if found is None:
             size = len(raw)
             del raw

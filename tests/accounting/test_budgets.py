@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway import openai
 from gateway.accounting.budgets import Budgets, usage_report
+from gateway.apis import json_body
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.usage import Usage
 from gateway.decision.admission import (
     Cost,
     SessionState,
@@ -19,7 +21,6 @@ from gateway.decision.admission import (
     worst_case,
 )
 from gateway.errors import RateLimited
-from gateway.openai import Usage
 from gateway.policy.model import Deployment, Price
 from gateway.policy.tenancy import AboveSoft, Budget, SessionPolicy, TenantPolicy, Window, find_tenant
 from gateway.store.memory import MemoryStore
@@ -153,7 +154,7 @@ def _plan(body: dict[str, Any], endpoint: str = "chat", policy_text: str = CAPS_
     from gateway.policy.model import parse
 
     features = extract(body, endpoint)
-    return output_plan(parse(policy_text, "p.yaml"), features, prompt_size(features, len(openai.encode(body))))
+    return output_plan(parse(policy_text, "p.yaml"), features, prompt_size(features, len(json_body.encode(body))))
 
 
 def test_the_worst_case_counts_every_choice_and_the_cap_it_assumes_is_sent() -> None:
@@ -161,11 +162,11 @@ def test_the_worst_case_counts_every_choice_and_the_cap_it_assumes_is_sent() -> 
     from gateway.features import extract
     from gateway.policy.model import parse
 
-    assert openai.choices_of({"n": 3}, "chat") == 3
-    assert openai.choices_of({"n": 2, "best_of": 5}, "completions") == 5
-    assert openai.choices_of({"prompt": ["a", "b"], "n": 2}, "completions") == 4
-    assert openai.choices_of({"prompt": [1, 2, 3]}, "completions") == 1  # one tokenized prompt
-    assert openai.choices_of({"n": True, "best_of": "9"}, "chat") == 1
+    assert chat_wire.choices_of({"n": 3}, "chat") == 3
+    assert chat_wire.choices_of({"n": 2, "best_of": 5}, "completions") == 5
+    assert chat_wire.choices_of({"prompt": ["a", "b"], "n": 2}, "completions") == 4
+    assert chat_wire.choices_of({"prompt": [1, 2, 3]}, "completions") == 1  # one tokenized prompt
+    assert chat_wire.choices_of({"n": True, "best_of": "9"}, "chat") == 1
     policy = parse(CAPS_POLICY, "p.yaml")
     body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
     features = extract(body, "chat")
@@ -176,9 +177,9 @@ def test_the_worst_case_counts_every_choice_and_the_cap_it_assumes_is_sent() -> 
     # the request's own cap is the cap, and it is sent too, so the hold never rests on the client's field
     assert _plan({**body, "max_tokens": 5}).caps == {"hq": 5, "fast": 5}
     capped = {**body, "model": "a", "max_completion_tokens": 256}
-    assert openai.upstream_body(body, "a", 256)[0] == openai.encode(capped)
+    assert chat_wire.upstream_body(body, "a", 256)[0] == json_body.encode(capped)
     completion = {"model": "auto", "prompt": "hi"}
-    assert b'"max_tokens":7' in openai.upstream_body(completion, "a", 7)[0]
+    assert b'"max_tokens":7' in chat_wire.upstream_body(completion, "a", 7)[0]
 
 
 @pytest.mark.parametrize(
@@ -200,14 +201,14 @@ def test_the_output_cap_is_the_one_the_deployment_obeys(
 
     shape = {"messages": [{"role": "user", "content": "hi"}]} if endpoint == "chat" else {"prompt": "hi"}
     full = {"model": "auto", **shape, **body}
-    assert openai.output_cap(full, endpoint) == obeyed
+    assert chat_wire.output_cap(full, endpoint) == obeyed
     assert extract(full, endpoint).max_tokens == obeyed
     if endpoint == "embeddings":
         return
     caps = _plan(full, endpoint).caps
     assert caps["fast"] == (obeyed if obeyed is not None else 256)  # held for what it will generate…
-    sent = openai.decode(openai.upstream_body(full, "b", caps["fast"], endpoint=endpoint)[0])
-    assert openai.output_cap(sent, endpoint) == caps["fast"]  # …and sent so that the deployment obeys it
+    sent = json_body.decode(chat_wire.upstream_body(full, "b", caps["fast"], endpoint=endpoint)[0])
+    assert chat_wire.output_cap(sent, endpoint) == caps["fast"]  # …and sent so that the deployment obeys it
 
 
 def test_a_long_prompt_is_held_with_a_cap_sized_by_its_count_not_its_bytes() -> None:
@@ -219,7 +220,7 @@ def test_a_long_prompt_is_held_with_a_cap_sized_by_its_count_not_its_bytes() -> 
 
     policy = parse(CAPS_POLICY.replace("max_model_len: 600", "max_model_len: 32768"), "p.yaml")
     body = {"model": "auto", "messages": [{"role": "user", "content": "the quick brown fox jumps. " * 1500}]}
-    features, body_bytes = extract(body, "chat"), len(openai.encode(body))
+    features, body_bytes = extract(body, "chat"), len(json_body.encode(body))
     assert not features.prompt_tokens_exact and body_bytes > 40_000
     measured = measure_prompt(policy, features, body, body_bytes)
     assert measured.counted and measured.floor < 10_000 < body_bytes

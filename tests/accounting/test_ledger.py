@@ -301,8 +301,8 @@ async def test_a_stream_cut_before_its_first_event_is_charged_its_prompt(
 
 
 def test_stream_tally_counts_text_tool_calls_and_events_past_its_kept_bytes() -> None:
+    from gateway.apis.chat.wire import TALLY_KEPT_BYTES, StreamTally
     from gateway.features import count_tokens
-    from gateway.openai import TALLY_KEPT_BYTES, StreamTally
 
     def event(delta: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta}]}).encode() + b"\n\n"

@@ -95,7 +95,7 @@ def test_the_sticky_key_follows_the_chain() -> None:
 
 
 async def test_a_call_whose_stream_another_deployment_finished_is_an_error_of_its_arm() -> None:
-    from gateway.openai import Usage
+    from gateway.apis.usage import Usage
 
     arm, rollouts, policy, spec, state = await _arm(100.0)
     enrollment, ctx = enrollment_of(call_of(policy, "hq"))

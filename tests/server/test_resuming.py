@@ -210,7 +210,7 @@ async def test_a_continuation_that_fails_before_its_first_byte_ends_with_the_err
 
 
 def test_a_break_inside_a_tool_call_is_not_resumed() -> None:
-    from gateway.wire import resume
+    from gateway.server import resume_splice as resume
 
     chunks = [b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
               b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
@@ -273,7 +273,7 @@ def test_a_sibling_without_room_for_the_answer_so_far_is_not_sent_it() -> None:
     from types import SimpleNamespace
 
     from gateway.server import resuming
-    from gateway.wire.resume import Progress
+    from gateway.server.resume_splice import Progress
 
     policy = SimpleNamespace(deployments={"hq": SimpleNamespace(max_model_len=100)})
     call = SimpleNamespace(policy=policy, body={"messages": HELLO})

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from gateway.accounting.budgets import Budgets
+from gateway.apis.usage import Usage
 from gateway.decision.admission import Cost
 from gateway.errors import RateLimited, StoreUnavailable
-from gateway.openai import Usage
 from gateway.policy.tenancy import Budget, SessionPolicy, TenantPolicy, Window
 from gateway.store.contract import Hold, Reservation, Spend, StoreError
 from gateway.store.fallback import FallbackStore

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from gateway.apis.responses.stored import StoredResponse
 from gateway.policy.tenancy import StorePolicy
 from gateway.store.opening import open_stores
 from gateway.store.response_memory import MemoryResponseStore
 from gateway.store.responses import RedisResponseStore, ResponseLimits, ResponseStore
-from gateway.wire.stored import StoredResponse
 from tests.fixtures.clock import ManualClock
 from tests.fixtures.conditions import until
 from tests.fixtures.redis_server import RedisServer

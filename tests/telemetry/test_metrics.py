@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
 from bench import trace_sink
-from gateway.openai import Usage
+from gateway.apis.usage import Usage
 from gateway.server.resources import TELEMETRY
 from gateway.settings import Settings
 from gateway.telemetry.metrics import FOLD_EVERY, make_metrics

@@ -22,12 +22,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gateway import openai
+from gateway.apis import events
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.responses.wire import TERMINAL, ResponsesReader, input_items
 from gateway.context.seal import Seal, SealError
 from gateway.context.summaries import SUMMARY_LEAD, summary_message_text
 from gateway.errors import BadRequest
-from gateway.wire import events
-from gateway.wire.responses import TERMINAL, ResponsesReader, input_items
 
 COMPACT_PATH = "/v1/responses/compact"
 TRIGGER, ITEM = "compaction_trigger", "compaction"
@@ -221,7 +221,7 @@ class CompactedStream(ResponsesReader):
         out = super().feed(chunk)
         if not out:
             return out
-        found, rest = openai.split_events(out)  # whole events, but for an over-long one passed on in pieces
+        found, rest = chat_wire.split_events(out)  # whole events, but for an over-long one passed on in pieces
         moved = b"".join(self._move(event) for event in found) + rest
         self.sequence = self.last  # a failure's error event numbers on from what the client saw
         return moved

@@ -23,8 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway import openai
-from gateway.wire import events, responses
+from gateway.apis import events, json_body
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.responses import wire as responses
+from gateway.apis.routes import RESUMABLE
+from gateway.apis.usage import Usage
 
 # The token ids vLLM adds to each streamed chunk when asked (and the prompt's, to the first): the gateway asks
 # for them to resume exactly and takes them out before the client sees the chunk (unless it asked itself).
@@ -51,9 +54,9 @@ def strip_token_ids(chunk: bytes) -> bytes:
 
 def before_error(chunk: bytes) -> tuple[bytes, bool]:
     """A chunk's events up to a deployment's own error event (`data: {"error": ...}`), and whether one came."""
-    found, _ = openai.split_events(chunk)
+    found, _ = chat_wire.split_events(chunk)
     for n, event in enumerate(found):
-        data = openai.event_data(event)
+        data = chat_wire.event_data(event)
         if isinstance(data, dict) and "error" in data and "choices" not in data:
             return b"".join(found[:n]), True
     return chunk, False
@@ -90,10 +93,10 @@ class Progress:
     def exact(self) -> bool:
         return self.prompt_ids is not None and self.api in ("chat", "completions")
 
-    def part_usage(self) -> openai.Usage:
+    def part_usage(self) -> Usage:
         """What the part that just broke cost: its deployment read the prompt and the answer before this part,
         and generated what the answer grew by since; the next part starts from here."""
-        usage = openai.Usage(self.prompt_tokens + self.charged_tokens, self.generated_tokens - self.charged_tokens,
+        usage = Usage(self.prompt_tokens + self.charged_tokens, self.generated_tokens - self.charged_tokens,
                              estimated=not self.exact)
         self.charged_tokens = self.generated_tokens
         return usage
@@ -111,12 +114,12 @@ class Progress:
         kind = "text_completion" if self.api == "completions" else "chat.completion.chunk"
         return {"id": self.answer_id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def usage_event(self, usage: openai.Usage) -> bytes:
+    def usage_event(self, usage: Usage) -> bytes:
         """The stream's usage chunk, as chat and completions end a stream that asked for it."""
         chunk = {**self.chunk([]), "usage": {
             "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}}
-        return b"data: " + openai.encode(chunk) + b"\n\n"
+        return b"data: " + json_body.encode(chunk) + b"\n\n"
 
     def took(self, ids: list[int], text: str) -> None:
         """One event's generated ids and the text it carried to the client."""
@@ -142,17 +145,13 @@ class Progress:
         self.shown, self.boundary = (count, count), count  # the client's text ends exactly here now
 
 
-# the APIs whose streams can be continued (vLLM's /v1/messages cannot continue a partial message)
-RESUMABLE_APIS = ("chat", "completions", "responses")
-
-
 def blocked_by_request(api: str, body: Mapping[str, Any]) -> str | None:
     """Why a request's answer cannot be resumed whatever is streamed (None: it may be)."""
     if api == "messages":
         return "the Messages API: vLLM cannot continue a partial message"
-    if api not in RESUMABLE_APIS:
+    if api not in RESUMABLE:
         return f"the {api} API is not streamed"
-    if openai.choices_of(body, api) > 1:
+    if chat_wire.choices_of(body, api) > 1:
         return "several choices (n > 1)"
     if body.get("logprobs") or body.get("top_logprobs"):
         return "log probabilities were asked for"
@@ -192,7 +191,7 @@ def read_back(api: str, body: Mapping[str, Any], transcript: Transcript | None, 
     if transcript is None or not transcript.whole:
         progress.block("the answer is too long to read back")
         return progress
-    streamed, _ = openai.split_events(b"".join(transcript.chunks))
+    streamed, _ = chat_wire.split_events(b"".join(transcript.chunks))
     if api == "responses":
         for event in streamed:
             _read_responses_event(progress, event)
@@ -209,7 +208,7 @@ def read_back(api: str, body: Mapping[str, Any], transcript: Transcript | None, 
 
 
 def _read_openai_event(progress: Progress, event: bytes) -> None:
-    data = openai.event_data(event)
+    data = chat_wire.event_data(event)
     if not isinstance(data, dict):
         return
     if not progress.answer_id:
@@ -217,7 +216,7 @@ def _read_openai_event(progress: Progress, event: bytes) -> None:
             _text(data, "model")
     if progress.prompt_ids is not None and isinstance(data.get("prompt_token_ids"), list):
         progress.prompt_ids = [i for i in data["prompt_token_ids"] if isinstance(i, int)]
-    usage = openai.usage_of(data)
+    usage = chat_wire.usage_of(data)
     if usage is not None and usage.prompt_tokens:
         progress.prompt_tokens = usage.prompt_tokens
     for choice in data.get("choices") or ():
@@ -278,7 +277,7 @@ def output_cap(api: str, body: Mapping[str, Any], cap_tokens: int | None) -> int
     if api == "responses":
         found = body.get("max_output_tokens")
         return found if isinstance(found, int) else None
-    return openai.output_cap(body, api)
+    return chat_wire.output_cap(body, api)
 
 
 def continuation(
@@ -286,7 +285,7 @@ def continuation(
 ) -> tuple[str, bytes]:
     """The sibling's request (its path and body) that continues the answer with at most `remaining_tokens`."""
     if progress.exact:
-        return "/v1/completions", openai.encode(_token_continuation(progress, body, served_model, remaining_tokens))
+        return "/v1/completions", json_body.encode(_token_continuation(progress, body, served_model, remaining_tokens))
     text = "".join(progress.text)
     out = dict(body)
     out["model"], out["stream"] = served_model, True
@@ -297,16 +296,16 @@ def continuation(
                    "content": [{"type": "output_text", "text": text}]}
         out.update(input=[*given, partial], max_output_tokens=remaining_tokens, store=False)
         out.pop("previous_response_id", None)
-        return "/v1/responses", openai.encode(out)
+        return "/v1/responses", json_body.encode(out)
     out["stream_options"] = {"include_usage": True}
     if progress.api == "completions":
         out.update(prompt=body.get("prompt", "") + text, max_tokens=remaining_tokens)
-        return "/v1/completions", openai.encode(out)
+        return "/v1/completions", json_body.encode(out)
     out.pop("max_completion_tokens", None)
     messages = list(body.get("messages") or ())
     out.update(messages=[*messages, {"role": "assistant", "content": text}], max_tokens=remaining_tokens,
                continue_final_message=True, add_generation_prompt=False)
-    return "/v1/chat/completions", openai.encode(out)
+    return "/v1/chat/completions", json_body.encode(out)
 
 
 def _token_continuation(
@@ -328,13 +327,13 @@ DETOKENIZE_PATH = "/detokenize"
 
 def detokenize_body(progress: Progress, end: int, served_model: str) -> bytes:
     """The request that decodes the generated ids from the last known character boundary up to `end`."""
-    return openai.encode({"model": served_model, "tokens": progress.generated_ids[progress.boundary:end]})
+    return json_body.encode({"model": served_model, "tokens": progress.generated_ids[progress.boundary:end]})
 
 
 def ends_on_character(body: bytes) -> bool | None:
     """Whether a detokenize answer's text ends on a whole character, not on bytes a detokenizer holds back
     (the replacement character, U+FFFD); None when the body is not a detokenize answer."""
-    found = openai.response_object(body)
+    found = json_body.response_object(body)
     text = found.get("prompt") if found is not None else None
     return not text.endswith("\ufffd") if isinstance(text, str) else None
 
@@ -361,8 +360,8 @@ class Splice:
         self._pending = b""
         self.done = False
         self.error = False  # a continuation's error chunk is found by the relay itself (before_error)
-        self.usage: openai.Usage | None = None  # the continuation's own (charged at the sibling's price)
-        self.streamed = openai.StreamTally(text_of)  # what it generated, should its usage never come
+        self.usage: Usage | None = None  # the continuation's own (charged at the sibling's price)
+        self.streamed = chat_wire.StreamTally(text_of)  # what it generated, should its usage never come
         self.final: dict[str, Any] | None = None  # the Responses API's whole answer, for the store
 
     def answer_view(self) -> dict[str, Any] | None:
@@ -373,20 +372,20 @@ class Splice:
 
     def feed(self, chunk: bytes) -> bytes:
         self.streamed.add(chunk)
-        found, self._pending = openai.split_events(self._pending + chunk)
+        found, self._pending = chat_wire.split_events(self._pending + chunk)
         out = [self._event(event) for event in found]
         return b"".join(e for e in out if e)
 
     def _event(self, event: bytes) -> bytes:
         if self.progress.api == "responses":
             return self._responses_event(event)
-        if event.startswith(openai.DONE_EVENT):
+        if event.startswith(chat_wire.DONE_EVENT):
             self.done = True
-            return openai.DONE_EVENT
-        data = openai.event_data(event)
+            return chat_wire.DONE_EVENT
+        data = chat_wire.event_data(event)
         if not isinstance(data, dict):
             return b""
-        own = openai.usage_of(data)
+        own = chat_wire.usage_of(data)
         if own is not None and not data.get("choices"):
             self.usage = own
             return self._usage_chunk() if self.client_wants_usage else b""
@@ -405,7 +404,7 @@ class Splice:
         out = self._client_chunk(text, reason)
         if calls:  # a text continuation of chat: the sibling's chat endpoint parsed a tool call
             out["choices"][0]["delta"]["tool_calls"] = calls
-        return b"data: " + openai.encode(out) + b"\n\n"
+        return b"data: " + json_body.encode(out) + b"\n\n"
 
     def _client_chunk(self, text: str, reason: Any) -> dict[str, Any]:
         if self.progress.api == "completions":
@@ -415,11 +414,11 @@ class Splice:
                       "finish_reason": reason}
         return self.progress.chunk([choice])
 
-    def client_usage(self) -> openai.Usage:
+    def client_usage(self) -> Usage:
         """The usage the client sees: its prompt once, and every part's generated tokens."""
         own = self.usage.completion_tokens if self.usage is not None else 0
         prompt = self.progress.prompt_tokens or len(self.progress.prompt_ids or ())
-        return openai.Usage(prompt, self.before + own)
+        return Usage(prompt, self.before + own)
 
     def _usage_chunk(self) -> bytes:
         return self.progress.usage_event(self.client_usage())
@@ -506,5 +505,5 @@ def end_of_finished(progress: Progress, client_wants_usage: bool) -> bytes:
     if progress.api == "responses":
         return b""
     prompt = progress.prompt_tokens or len(progress.prompt_ids or ())
-    usage = progress.usage_event(openai.Usage(prompt, progress.generated_tokens)) if client_wants_usage else b""
-    return usage + openai.DONE_EVENT
+    usage = progress.usage_event(Usage(prompt, progress.generated_tokens)) if client_wants_usage else b""
+    return usage + chat_wire.DONE_EVENT

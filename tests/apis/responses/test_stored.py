@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from gateway.apis.responses import stored
+from gateway.apis.responses.stored import StoredResponse
+from gateway.apis.responses.wire import ResponsesReader
 from gateway.errors import BadRequest, NotFound
-from gateway.wire import stored
-from gateway.wire.responses import ResponsesReader
-from gateway.wire.stored import StoredResponse
 
-CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "captured"
+CAPTURED = Path(__file__).resolve().parents[2] / "fixtures" / "captured"
 FIRST = {"model": "m", "instructions": "Be brief.", "input": "Weather in Paris?"}
 
 
@@ -123,7 +123,7 @@ def test_bad_paging_is_a_400_naming_the_parameter(query: dict[str, str]) -> None
 
 
 def test_only_the_gateways_own_ids_are_looked_up() -> None:
-    from gateway.wire.responses import new_response_id
+    from gateway.apis.responses.wire import new_response_id
 
     assert stored.is_response_id(new_response_id())
     for other in ("resp_1", "resp_" + "A" * 48, "resp_" + "a" * 48 + "\tx", "acme\tresp_" + "a" * 48, ""):

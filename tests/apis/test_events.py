@@ -3,9 +3,9 @@ event noted, and bytes that never end an event passed on rather than held withou
 
 from __future__ import annotations
 
-from gateway.wire import events
-from gateway.wire.messages import MessagesReader
-from gateway.wire.responses import ResponsesReader
+from gateway.apis import events
+from gateway.apis.messages.wire import MessagesReader
+from gateway.apis.responses.wire import ResponsesReader
 
 
 def test_an_event_split_across_chunks_is_relayed_once_whole() -> None:

@@ -1,6 +1,6 @@
 """The OpenAI Responses API (`POST /v1/responses`) as the gateway reads and writes it.
 
-    body = openai.decode(raw); check(body)
+    body = json_body.decode(raw); check(body)
     body = stored.expand(body, record) when body names a `previous_response_id` (wire/stored.py)
     view(body) -> the chat-shaped body features.extract(…, "chat") and steps.read_step read
     upstream_body(body, served_model, cap) -> what the deployment gets (its store stays off: the gateway's is used)
@@ -18,11 +18,12 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from gateway import openai
+from gateway.apis import events, json_body
+from gateway.apis.chat.wire import StreamTally
+from gateway.apis.events import EventReader
+from gateway.apis.json_body import Source, expect
+from gateway.apis.usage import Usage, cached_of, reported_usage
 from gateway.errors import BadRequest, GatewayError, RateLimited
-from gateway.openai import Source, StreamTally, Usage, expect
-from gateway.wire import events
-from gateway.wire.events import EventReader
 
 PATH = "/v1/responses"
 CAP_FIELD = "max_output_tokens"
@@ -117,14 +118,14 @@ def upstream_body(
     """The (expanded) body for a deployment: `model` rewritten, the gateway's cap when it sets one, and the
     deployment's own store off (the gateway keeps the state; a deployment's store would only leak memory).
     The usage is always in the final event, so the client never lacks it: the flag is True. `source`: the
-    request's bytes and their parse (openai.encode_edited)."""
+    request's bytes and their parse (json_body.encode_edited)."""
     out = dict(body)
     out["model"] = served_model
     out["store"] = False
     out.pop("previous_response_id", None)
     if cap_tokens is not None:
         out[CAP_FIELD] = cap_tokens
-    return openai.encode_edited(out, source), True
+    return json_body.encode_edited(out, source), True
 
 
 def usage_of(answer: Any) -> Usage | None:
@@ -132,8 +133,8 @@ def usage_of(answer: Any) -> Usage | None:
     usage = answer.get("usage") if isinstance(answer, dict) else None
     if not isinstance(usage, dict):
         return None
-    return openai.reported_usage(usage.get("input_tokens"), usage.get("output_tokens"),
-                                 openai.cached_of(usage.get("input_tokens_details")))
+    return reported_usage(usage.get("input_tokens"), usage.get("output_tokens"),
+                                 cached_of(usage.get("input_tokens_details")))
 
 
 def adopt(raw: bytes, upstream_id: str | None, response_id: str) -> bytes:

@@ -1,6 +1,6 @@
 """The Anthropic Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) as the gateway reads and writes it.
 
-    body = openai.decode(raw); check(body)   (check(body, count_tokens=True) for count_tokens)
+    body = json_body.decode(raw); check(body)   (check(body, count_tokens=True) for count_tokens)
     view(body) -> the chat-shaped body features.extract(…, "chat") and steps.read_step read
     upstream_body(body, served_model, cap) -> what the deployment gets
     non-streamed: usage_of(answer), answer_view(answer)
@@ -15,11 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway import openai
+from gateway.apis import events, json_body
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.chat.wire import StreamTally
+from gateway.apis.events import EventReader
+from gateway.apis.json_body import Source, expect
+from gateway.apis.messages import content as message_content
+from gateway.apis.usage import Usage, reported_usage, token_count
 from gateway.errors import BadRequest, GatewayError
-from gateway.openai import Source, StreamTally, Usage, expect
-from gateway.wire import events, message_content
-from gateway.wire.events import EventReader
 
 PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -113,12 +116,12 @@ def upstream_body(
 ) -> tuple[bytes, bool]:
     """The body for a deployment: `model` rewritten and the gateway's cap when it sets one (the usage is
     always in the stream's message_start and message_delta events: the client never lacks it). `source`: the
-    request's bytes and their parse (openai.encode_edited)."""
+    request's bytes and their parse (json_body.encode_edited)."""
     out = dict(body)
     out["model"] = served_model
     if cap_tokens is not None:
         out[CAP_FIELD] = cap_tokens
-    return openai.encode_edited(out, source), True
+    return json_body.encode_edited(out, source), True
 
 
 def usage_of(answer: Any) -> Usage | None:
@@ -127,12 +130,12 @@ def usage_of(answer: Any) -> Usage | None:
     usage = answer.get("usage") if isinstance(answer, dict) else None
     if not isinstance(usage, dict):
         return None
-    return openai.reported_usage(_prompt_tokens(usage), usage.get("output_tokens"),
+    return reported_usage(_prompt_tokens(usage), usage.get("output_tokens"),
                                  usage.get("cache_read_input_tokens"))
 
 
 def _prompt_tokens(usage: Mapping[str, Any]) -> int:
-    return sum(openai.token_count(usage.get(k)) for k in
+    return sum(token_count(usage.get(k)) for k in
                ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
 
 
@@ -196,7 +199,7 @@ class MessagesReader(EventReader):
 
     def answer_view(self) -> dict[str, Any]:
         """What was streamed (its kept bytes) as a chat completion: text and tool_use blocks."""
-        streamed, _ = openai.split_events(b"".join(self.streamed.kept))
+        streamed, _ = chat_wire.split_events(b"".join(self.streamed.kept))
         blocks: dict[int, dict[str, Any]] = {}
         for event in streamed:
             if events.event_type(event) in (b"content_block_start", b"content_block_delta"):

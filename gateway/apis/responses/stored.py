@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import openai
+from gateway.apis import json_body
+from gateway.apis.responses.wire import input_items
 from gateway.errors import BadRequest, NotFound
-from gateway.wire.responses import input_items
 
 MAX_PAGE = 100
 DEFAULT_PAGE = 20
@@ -41,7 +41,7 @@ class StoredResponse:
     response: dict[str, Any]  # the response object its client got
 
     def to_json(self) -> bytes:
-        return openai.encode({"tenant": self.tenant, "id": self.response_id, "at": self.created_at,
+        return json_body.encode({"tenant": self.tenant, "id": self.response_id, "at": self.created_at,
                               "session": self.session_id, "previous": self.previous_response_id,
                               "input": self.input, "response": self.response})
 

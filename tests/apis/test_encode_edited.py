@@ -8,9 +8,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import openai
-from gateway.openai import Source
-from gateway.wire import messages, responses
+from gateway.apis import json_body
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.json_body import Source
+from gateway.apis.messages import wire as messages
+from gateway.apis.responses import wire as responses
 
 # Spacing, escapes and number spellings a re-encode would not keep; a key named "model" deeper down.
 RAW = (b'{ "messages" : [{"role": "user", "content": "caf\\u00e9 \\"model\\": 1.50e1"}],\n'
@@ -19,12 +21,12 @@ RAW = (b'{ "messages" : [{"role": "user", "content": "caf\\u00e9 \\"model\\": 1.
 
 
 def source(raw: bytes) -> Source:
-    return Source(raw, openai.decode(raw))
+    return Source(raw, json_body.decode(raw))
 
 
 def test_only_the_edited_members_change_and_the_others_are_sent_byte_for_byte() -> None:
     src = source(RAW)
-    sent, wants_usage = openai.upstream_body(dict(src.body), "served", 64, endpoint="chat", source=src)
+    sent, wants_usage = chat_wire.upstream_body(dict(src.body), "served", 64, endpoint="chat", source=src)
     assert not wants_usage
     assert json.loads(sent) == {**json.loads(RAW), "model": "served", "max_completion_tokens": 64,
                                 "stream_options": {"include_usage": True}}
@@ -35,28 +37,28 @@ def test_only_the_edited_members_change_and_the_others_are_sent_byte_for_byte() 
 
 def test_a_member_the_relay_adds_to_a_copy_is_encoded_and_the_rest_copied() -> None:
     src = source(RAW)
-    sent, _ = openai.upstream_body({**src.body, "return_token_ids": True}, "served", source=src)
+    sent, _ = chat_wire.upstream_body({**src.body, "return_token_ids": True}, "served", source=src)
     assert json.loads(sent)["return_token_ids"] is True
     assert json.loads(sent)["model"] == "served"
 
 
 def test_without_a_source_or_for_what_the_scan_refuses_the_body_is_encoded_whole() -> None:
     src = source(RAW)
-    assert openai.upstream_body(dict(src.body), "m", source=None)[0] == openai.encode(
+    assert chat_wire.upstream_body(dict(src.body), "m", source=None)[0] == json_body.encode(
         {**src.body, "model": "m", "stream_options": {"include_usage": True}})
     nan = source(b'{"model": "auto", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}')
-    assert openai.upstream_body(dict(nan.body), "m", source=nan)[0] == openai.encode({**nan.body, "model": "m"})
+    assert chat_wire.upstream_body(dict(nan.body), "m", source=nan)[0] == json_body.encode({**nan.body, "model": "m"})
 
 
 def test_a_repeated_member_goes_as_the_parse_read_it() -> None:
     src = source(b'{"model": "a", "messages": [], "model": "b", "n": 1, "n": 2}')
-    sent = json.loads(openai.upstream_body(dict(src.body), "served", source=src)[0])
+    sent = json.loads(chat_wire.upstream_body(dict(src.body), "served", source=src)[0])
     assert sent == {"model": "served", "messages": [], "n": 2}
 
 
 def test_a_source_whose_parse_is_not_the_body_is_not_used() -> None:
     src = Source(b'{"model": "a", "other": 1}', {"model": "a"})  # a body parsed from other bytes
-    assert json.loads(openai.encode_edited({"model": "b"}, src)) == {"model": "b"}
+    assert json.loads(json_body.encode_edited({"model": "b"}, src)) == {"model": "b"}
 
 
 def test_messages_and_responses_bodies_are_built_over_their_bytes_too() -> None:
@@ -82,7 +84,7 @@ def test_the_upstream_body_parses_to_what_encoding_it_whole_gives(
 ) -> None:
     raw = json.dumps({**members, "model": "auto", "stream": stream}, indent=1).encode()
     src = source(raw)
-    whole = openai.upstream_body(dict(src.body), model, cap, endpoint="chat")
-    over_bytes = openai.upstream_body(dict(src.body), model, cap, endpoint="chat", source=src)
+    whole = chat_wire.upstream_body(dict(src.body), model, cap, endpoint="chat")
+    over_bytes = chat_wire.upstream_body(dict(src.body), model, cap, endpoint="chat", source=src)
     assert json.loads(over_bytes[0]) == json.loads(whole[0])
     assert over_bytes[1] == whole[1]

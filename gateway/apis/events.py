@@ -11,8 +11,10 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway import openai
-from gateway.openai import StreamTally, Usage
+from gateway.apis import json_body
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.chat.wire import StreamTally
+from gateway.apis.usage import Usage
 
 # A conversation is read by its newest MAX_VIEW_ITEMS items (an agent's long session has a few hundred;
 # a hostile body may have 100,000): the decision's cost stays bounded, and the deployment's usage gives
@@ -60,7 +62,7 @@ def arguments_text(value: Any) -> str:
     if isinstance(value, str):
         return value[:MAX_ARGUMENTS_CHARS]
     try:
-        return openai.encode(value).decode("utf-8", "replace")[:MAX_ARGUMENTS_CHARS]
+        return json_body.encode(value).decode("utf-8", "replace")[:MAX_ARGUMENTS_CHARS]
     except (ValueError, TypeError, RecursionError):  # nested deeper than either encoder goes
         return ""
 
@@ -102,7 +104,7 @@ def event_type(event: bytes) -> bytes:
 
 def data_of(event: bytes) -> dict[str, Any]:
     """An event's JSON object ({} when it has none)."""
-    found = openai.event_data(event)
+    found = chat_wire.event_data(event)
     return found if isinstance(found, dict) else {}
 
 
@@ -135,7 +137,7 @@ class EventReader:
         self.streamed.add(chunk)
         if self.error and self.WITHHOLDS_ERROR:
             return b""
-        events, self._pending = openai.split_events(self._pending + chunk)
+        events, self._pending = chat_wire.split_events(self._pending + chunk)
         if len(self._pending) > MAX_PENDING_BYTES:
             events, self._pending = [*events, self._pending], b""
         for i, event in enumerate(events):

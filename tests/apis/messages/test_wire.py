@@ -11,14 +11,16 @@ from typing import Any
 
 import pytest
 
-from gateway import errors, openai
+from gateway import errors
+from gateway.apis import events
+from gateway.apis.messages import wire as messages
+from gateway.apis.messages.wire import MessagesReader
+from gateway.apis.usage import Usage
 from gateway.errors import BadRequest, GatewayError
 from gateway.features import count_tokens, extract, load_encoding
 from gateway.steps import read_step
-from gateway.wire import events, messages
-from gateway.wire.messages import MessagesReader
 
-CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "captured"
+CAPTURED = Path(__file__).resolve().parents[2] / "fixtures" / "captured"
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 # A Claude Code-like step: system blocks, the ask, a tool_use, its failed result beside a reminder.
@@ -131,10 +133,10 @@ def test_the_upstream_body_rewrites_the_model_and_caps_only_when_told() -> None:
 
 
 def test_usage_counts_cached_input_in_the_prompt() -> None:
-    assert messages.usage_of(json.loads(_captured("messages.json"))) == openai.Usage(15, 16)
+    assert messages.usage_of(json.loads(_captured("messages.json"))) == Usage(15, 16)
     cached = {"usage": {"input_tokens": 10, "cache_read_input_tokens": 9000, "cache_creation_input_tokens": 500,
                         "output_tokens": 7}}
-    assert messages.usage_of(cached) == openai.Usage(9510, 7, cached_tokens=9000, cached_reported=True)
+    assert messages.usage_of(cached) == Usage(9510, 7, cached_tokens=9000, cached_reported=True)
     assert messages.usage_of({"content": []}) is None
 
 
@@ -154,7 +156,7 @@ def test_the_reader_relays_a_captured_stream_unchanged_and_reads_its_usage_and_e
     data = [json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
     delta = next(d for d in data if d["type"] == "message_delta")
     assert reader.done and reader.model == "tiny-fast" and not reader.error
-    assert reader.usage == openai.Usage(delta["usage"]["input_tokens"], delta["usage"]["output_tokens"])
+    assert reader.usage == Usage(delta["usage"]["input_tokens"], delta["usage"]["output_tokens"])
 
 
 def test_message_delta_counts_output_and_message_start_the_prompt() -> None:
@@ -165,7 +167,7 @@ def test_message_delta_counts_output_and_message_start_the_prompt() -> None:
     assert reader.usage is None and not reader.done  # no final count yet
     reader.feed(events.sse("message_delta", {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 42}}))
     reader.feed(events.sse("message_stop", {"type": "message_stop"}))
-    assert reader.usage == openai.Usage(103, 42, cached_tokens=100, cached_reported=True) and reader.done
+    assert reader.usage == Usage(103, 42, cached_tokens=100, cached_reported=True) and reader.done
 
 
 def test_a_cut_stream_is_not_done_and_its_tool_input_is_counted_and_kept_for_the_agent_step() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway import openai
+from gateway.apis import json_body
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.usage import Usage
 from gateway.context import tool_outputs
 from gateway.context.anthropic_edits import Managed
 from gateway.errors import GatewayError
@@ -15,19 +17,19 @@ from gateway.features import Features, extract
 class OpenAIAdapter:
     """One of the three OpenAI APIs vLLM serves under their own names; the decision reads their bodies as sent."""
 
-    __slots__ = ("endpoint", "generates", "operation", "path", "tool_outputs")
+    __slots__ = ("endpoint", "generates", "operation", "path", "resumable", "tool_outputs")
     chains, step_from_chunks = False, True
 
     def __init__(self, endpoint: str) -> None:
-        self.generates = endpoint != "embeddings"
+        self.generates = self.resumable = endpoint != "embeddings"
         self.endpoint = endpoint
-        self.path = openai.PATHS[endpoint]
-        self.operation = openai.OPERATION[endpoint]
+        self.path = chat_wire.PATHS[endpoint]
+        self.operation = chat_wire.OPERATION[endpoint]
         self.tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.CHAT if endpoint == "chat" else None
 
     def parse(self, raw: bytes) -> dict[str, Any]:
-        body = openai.decode(raw)
-        openai.check(body, self.endpoint)
+        body = json_body.decode(raw)
+        chat_wire.check(body, self.endpoint)
         return body
 
     def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
@@ -40,11 +42,11 @@ class OpenAIAdapter:
         return extract(view, self.endpoint)
 
     def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
-                      source: openai.Source | None = None) -> tuple[bytes, bool]:
-        return openai.upstream_body(body, served_model, cap_tokens, endpoint=self.endpoint, source=source)
+                      source: json_body.Source | None = None) -> tuple[bytes, bool]:
+        return chat_wire.upstream_body(body, served_model, cap_tokens, endpoint=self.endpoint, source=source)
 
-    def usage_of(self, answer: Mapping[str, Any]) -> openai.Usage | None:
-        return openai.usage_of(answer)
+    def usage_of(self, answer: Mapping[str, Any]) -> Usage | None:
+        return chat_wire.usage_of(answer)
 
     def answer(self, raw: bytes, found: dict[str, Any], answer_id: str,
                managed: Managed | None = None) -> tuple[bytes, dict[str, Any]]:
@@ -75,31 +77,31 @@ class SseReader:
     def __init__(self, client_wants_usage: bool) -> None:
         self.client_wants_usage = client_wants_usage
         self._pending = b""
-        self.usage: openai.Usage | None = None
+        self.usage: Usage | None = None
         self.done = False
-        self.streamed = openai.StreamTally()  # what was generated, should the usage chunk never come
+        self.streamed = chat_wire.StreamTally()  # what was generated, should the usage chunk never come
 
     def feed(self, chunk: bytes) -> bytes:
         self.streamed.add(chunk)
         # Nearly every chunk is whole content events: pass those through without splitting them.
         if not self._pending and chunk.endswith(b"\n\n") and b'"usage"' not in chunk and b"[DONE]" not in chunk:
             return chunk
-        events, self._pending = openai.split_events(self._pending + chunk)
+        events, self._pending = chat_wire.split_events(self._pending + chunk)
         if not events:
             return b""
         kept = []
         for event in events:
-            if openai.is_usage_event(event):
-                self.usage = openai.usage_of(openai.event_data(event))
+            if chat_wire.is_usage_event(event):
+                self.usage = chat_wire.usage_of(chat_wire.event_data(event))
                 if not self.client_wants_usage:
                     continue
-            elif event.startswith(openai.DONE_EVENT):
+            elif event.startswith(chat_wire.DONE_EVENT):
                 self.done = True
             kept.append(event)
         return b"".join(kept)
 
     def error_event(self, err: GatewayError) -> bytes:
-        return openai.error_event(err)
+        return chat_wire.error_event(err)
 
     def answer_view(self) -> dict[str, Any] | None:
         return None

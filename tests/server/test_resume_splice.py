@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.wire import resume
-from gateway.wire.events import sse
+from gateway.apis.events import sse
+from gateway.server import resume_splice as resume
 
 HELLO = [{"role": "user", "content": "hi"}]
 

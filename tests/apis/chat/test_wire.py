@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from gateway.apis.chat.wire import check
 from gateway.errors import BadRequest
-from gateway.openai import check
 
 CHAT: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
 

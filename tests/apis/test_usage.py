@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from gateway import openai
-from gateway.apis.openai_api import CHAT, COMPLETIONS
-from gateway.openai import Usage
-from gateway.wire import events, messages, responses
-from gateway.wire.messages import MessagesReader
-from gateway.wire.responses import ResponsesReader
+from gateway.apis import events
+from gateway.apis.chat import wire as chat_wire
+from gateway.apis.chat.adapter import CHAT, COMPLETIONS
+from gateway.apis.messages import wire as messages
+from gateway.apis.messages.wire import MessagesReader
+from gateway.apis.responses import wire as responses
+from gateway.apis.responses.wire import ResponsesReader
+from gateway.apis.usage import Usage
 
 # (what the cached figure is, as sent; the usage read): the same table for every API
 CACHED_FIGURES = [
@@ -52,7 +54,7 @@ def test_chat_and_completions_read_prompt_tokens_details(adapter: Any, cached: A
     # streamed: the final usage-only chunk
     reader = adapter.stream_reader(True, "")
     chunk = {"object": "chat.completion.chunk", "choices": [], "usage": _openai_usage(cached)}
-    reader.feed(b"data: " + json.dumps(chunk).encode() + b"\n\n" + openai.DONE_EVENT)
+    reader.feed(b"data: " + json.dumps(chunk).encode() + b"\n\n" + chat_wire.DONE_EVENT)
     assert reader.usage == expected and reader.done
 
 
@@ -93,7 +95,7 @@ def test_a_garbled_cache_read_is_none_cached_and_no_prompt_token(cached: Any) ->
 @pytest.mark.parametrize("details", [None, "garbled", [], {"cached_tokens": None}, {}])
 def test_garbled_details_are_none_cached(details: Any) -> None:
     usage = {"prompt_tokens": 50, "completion_tokens": 2, "prompt_tokens_details": details}
-    assert openai.usage_of({"usage": usage}) == Usage(50, 2)
+    assert chat_wire.usage_of({"usage": usage}) == Usage(50, 2)
     assert responses.usage_of({"usage": {"input_tokens": 50, "output_tokens": 2, "input_tokens_details": details}}) \
         == Usage(50, 2)
 
@@ -101,4 +103,4 @@ def test_garbled_details_are_none_cached(details: Any) -> None:
 @pytest.mark.parametrize("prompt", ["12", None, -1, 3.0])
 def test_a_garbled_prompt_count_is_zero_and_any_cached_count_clamped_to_it(prompt: Any) -> None:
     usage = {"prompt_tokens": prompt, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}}
-    assert openai.usage_of({"usage": usage}) == Usage(0, 2, cached_overstated=True, cached_reported=True)
+    assert chat_wire.usage_of({"usage": usage}) == Usage(0, 2, cached_overstated=True, cached_reported=True)

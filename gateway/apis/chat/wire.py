@@ -1,88 +1,27 @@
-"""The slice of the OpenAI API the gateway reads and writes: lenient request checks, usage, SSE framing."""
+"""Chat Completions, Completions and Embeddings as the gateway reads and writes them: request checks, output
+caps, the deployment's body, SSE framing and what a stream generated."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-import pydantic_core
-
+from gateway.apis.json_body import Source, encode_edited, expect
+from gateway.apis.usage import Usage, cached_of, reported_usage
 from gateway.errors import BadRequest, GatewayError
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+
+
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
 # A stream's first bytes kept to estimate what it generated when it ends without usage; past them, every
 # further event counts as one token.
 TALLY_KEPT_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int = 0  # every prompt token, cached or not
-    completion_tokens: int = 0
-    estimated: bool = False  # counted by the gateway from a stream that ended without its usage chunk
-    cached_tokens: int = 0  # of the prompt, read from the deployment's prefix cache (priced apart)
-    cached_overstated: bool = False  # the deployment reported more cached tokens than prompt tokens: clamped
-    # the usage carried a cached count (vLLM's --enable-prompt-tokens-details); when not, cached_tokens is 0 for
-    # billing, but says nothing of the deployment's cache
-    cached_reported: bool = False
-
-
-def is_token_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def token_count(value: Any) -> int:
-    """A reported token count: a non-negative integer, else 0 (a missing or garbled figure never raises)."""
-    return value if is_token_count(value) else 0
-
-
-def reported_usage(prompt_tokens: Any, completion_tokens: Any, cached_tokens: Any = None) -> Usage:
-    """A deployment's usage from its raw figures. Cached tokens are part of the prompt: a count above the
-    prompt's is clamped to it and flagged, so no price ever charges a negative number of uncached tokens."""
-    prompt, cached = token_count(prompt_tokens), token_count(cached_tokens)
-    return Usage(prompt, token_count(completion_tokens), cached_tokens=min(cached, prompt),
-                 cached_overstated=cached > prompt, cached_reported=is_token_count(cached_tokens))
-
-
-def cached_of(details: Any) -> Any:
-    """The `cached_tokens` of a usage's details object (`prompt_tokens_details`, `input_tokens_details`)."""
-    return details.get("cached_tokens") if isinstance(details, dict) else None
-
-
-def decode(raw: bytes) -> dict[str, Any]:
-    """Parse a request body; anything but a JSON object is a 400 that says what was wrong.
-
-    pydantic's Rust parser takes about a quarter of json.loads' time on a small chat body; whatever it
-    refuses gets a second parse by json, whose verdict stands: its error messages, and its leniency
-    (a lone surrogate escape is valid JSON text to it).
-    """
-    try:
-        body = pydantic_core.from_json(raw)
-    except ValueError:
-        body = _decode_strictly(raw)
-    if not isinstance(body, dict):
-        raise BadRequest(f"The request body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
-def _decode_strictly(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise BadRequest("The request body is not valid UTF-8") from exc
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno} column {exc.colno}"
-        raise BadRequest(f"The request body is not valid JSON: {exc.msg} at {where}") from exc
-    except RecursionError as exc:
-        raise BadRequest("The request body nests arrays or objects too deeply") from exc
 
 
 def check(body: dict[str, Any], endpoint: str) -> None:
@@ -111,76 +50,6 @@ _OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "stream": bool, "stream_options": dict, "tools": list, "max_tokens": int, "max_completion_tokens": int, "n": int,
     "temperature": (int, float),
 }
-
-
-def expect(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
-    """The field's value when it has the wanted JSON type (None when absent); else a 400 naming the field."""
-    value = body.get(name)
-    if value is None:
-        if required:
-            raise BadRequest(f"Missing required parameter: '{name}'", param=name, code="missing_required_parameter")
-        return None
-    # bool is an int in Python; a JSON true is never a valid count.
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        wanted = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise BadRequest(
-            f"Invalid type for '{name}': expected {_json_type(wanted)}, got {_json_type(type(value).__name__)}",
-            param=name,
-            code="invalid_type",
-        )
-    return value
-
-
-def _json_type(py: str) -> str:
-    names = {"str": "a string", "list": "an array", "dict": "an object", "int": "an integer",
-             "float": "a number", "bool": "a boolean"}
-    return " or ".join(names.get(part, part) for part in py.split(" or "))
-
-
-# json.dumps with separators builds a new encoder per call; one shared encoder skips that on the hot path.
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
-
-
-def encode(value: Any) -> bytes:
-    """Compact JSON: pydantic's Rust encoder (about 4x json's speed), or json for what it cannot write
-    (a lone surrogate in a string, which json.loads accepts). NaN and Infinity stay as json writes them."""
-    try:
-        return pydantic_core.to_json(value, inf_nan_mode="constants")
-    except pydantic_core.PydanticSerializationError:
-        return _COMPACT.encode(value).encode()
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """A request body's bytes and the object they parse to (kept while nothing has edited that object)."""
-
-    raw: bytes
-    body: Mapping[str, Any]
-
-
-# A body's top-level members as the bytes they were sent as: msgspec skips over each value without building it.
-_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_RAW_ENCODER = msgspec.json.Encoder()
-_ABSENT = object()
-
-
-def encode_edited(out: Mapping[str, Any], source: Source | None) -> bytes:
-    """`out`, a copy of the body `source` was parsed into with top-level members set, added or dropped, as JSON.
-    The members `out` holds as parsed are copied from the request's bytes as sent and only the others are
-    encoded: an agent's 100-200 KB body costs one scan of its bytes (~60 µs), not an encode of every message
-    (~180 µs). A body the scan refuses (NaN, a lone surrogate escape) or reads otherwise is encoded whole."""
-    if source is None:
-        return encode(out)
-    try:
-        members = _MEMBERS.decode(source.raw)
-    except msgspec.DecodeError:
-        return encode(out)
-    parsed = source.body
-    if members.keys() != parsed.keys():
-        return encode(out)
-    edited = {name: members[name] if parsed.get(name, _ABSENT) is value else msgspec.Raw(encode(value))
-              for name, value in out.items()}
-    return _RAW_ENCODER.encode(edited)
 
 
 # The fields each API's deployment reads as its cap on generated tokens per choice, in the order it reads
@@ -256,15 +125,6 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
-def response_object(raw: bytes) -> dict[str, Any] | None:
-    """A deployment's JSON answer as an object; None when it is anything else (HTML, garbage, an array)."""
-    try:
-        found = pydantic_core.from_json(raw)
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
-
-
 _MODEL_FIELD = re.compile(rb'"model"\s*:\s*"([^"\\]{1,256})"')
 
 
@@ -325,7 +185,7 @@ class StreamTally:
     """What a deployment streamed, to estimate the tokens it generated when no usage chunk arrives.
 
     `text_of` reads the text one event generated; chat and completions chunks by default, another API's
-    events with that API's reader (gateway/wire/).
+    events with that API's reader (gateway/apis/<api>/wire.py).
     """
 
     __slots__ = ("events", "kept", "kept_bytes", "text_of")

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.apis import events
 from gateway.errors import BadRequest
-from gateway.wire import events
 
 CHECKED_MESSAGES = 16  # the newest messages checked: an agent's step adds two (its tool call, the results)
 # Block type -> the role whose turns may carry it (the rest of Anthropic's block types go by the deployment).

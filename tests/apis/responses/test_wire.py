@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from gateway import openai
+from gateway.apis import events
+from gateway.apis.responses import wire as responses
+from gateway.apis.responses.wire import ResponsesReader
+from gateway.apis.usage import Usage
 from gateway.errors import BadRequest, RateLimited, UpstreamError
 from gateway.features import count_tokens, extract, load_encoding
 from gateway.steps import read_step
-from gateway.wire import events, responses
-from gateway.wire.responses import ResponsesReader
 
-CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "captured"
+CAPTURED = Path(__file__).resolve().parents[2] / "fixtures" / "captured"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 # A Codex-like second step: instructions, the user's ask, the call the model made, its output fed back.
@@ -128,7 +129,7 @@ def test_the_upstream_body_rewrites_the_model_caps_and_turns_the_deployments_sto
 
 def test_usage_and_the_answer_view_of_a_captured_non_streamed_answer() -> None:
     answer = json.loads(_captured("responses.json"))
-    assert responses.usage_of(answer) == openai.Usage(15, 16, cached_reported=True)  # vLLM's: 0 cached
+    assert responses.usage_of(answer) == Usage(15, 16, cached_reported=True)  # vLLM's: 0 cached
     assert responses.usage_of({"usage": None}) is None
     view = responses.answer_view(answer)
     assert view["choices"][0]["message"]["content"] == answer["output"][0]["content"][0]["text"]
@@ -146,7 +147,7 @@ def test_the_reader_relays_a_captured_stream_and_reads_its_model_usage_and_end(n
     assert out == raw.replace(upstream_id.encode(), reader.response_id.encode())  # otherwise unchanged
     final = json.loads(raw.rsplit(b"data: ", 1)[1])["response"]
     assert reader.done and reader.model == "tiny-fast" and not reader.error
-    assert reader.usage == openai.Usage(final["usage"]["input_tokens"], final["usage"]["output_tokens"],
+    assert reader.usage == Usage(final["usage"]["input_tokens"], final["usage"]["output_tokens"],
                                         cached_tokens=final["usage"]["input_tokens_details"]["cached_tokens"],
                                         cached_reported=True)
     assert reader.final is not None and reader.final["id"] == reader.response_id
