@@ -78,7 +78,7 @@ class _Ticker:
 
 
 async def record_flood(n: int, store: Any) -> dict[str, float]:
-    from gateway.experiments.trajectories import Trajectories
+    from gateway.agents.recorder import Trajectories
 
     policy = load(POLICY)
     recorder = Trajectories(store, lambda: policy, make_metrics())
@@ -108,7 +108,7 @@ async def record_flood(n: int, store: Any) -> dict[str, float]:
 
 
 async def fill(store: MemoryTrajectoryStore, sessions: int) -> None:
-    from gateway.decision.trajectory import Step
+    from gateway.agents.trajectory import Step
     from gateway.policy.agents import Recording
 
     limits = Recording(max_sessions=max(sessions, 1), max_steps_per_session=5)

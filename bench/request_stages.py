@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.agents.steps import read_step
 from gateway.apis import json_body
 from gateway.apis.chat import wire as chat_wire
 from gateway.apis.routes import BY_ENDPOINT
 from gateway.classifier.scoring import Classifier
 from gateway.features import extract
-from gateway.steps import read_step
 
 WORDS = ("the", "function", "returns", "a", "value", "def", "class", "import", "self", "print", "error", "file",
          "path", "line", "test", "pass")

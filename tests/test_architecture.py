@@ -10,16 +10,22 @@ import pytest
 
 GATEWAY = Path(__file__).resolve().parents[1] / "gateway"
 # Lowest first: a module may import its own package and the packages before it, never one after it.
-LAYERS = ["frozen", "errors", "settings", "api_formats", "token_pieces", "native", "features", "agents", "steps",
-          "context", "classifier", "rollout", "policy", "decision", "apis", "store", "upstream", "telemetry",
-          "accounting", "experiments", "server", "cli"]
-# An API's folder under gateway/apis/ holds its formats (checks, views, usage, stream readers, errors: read by
-# features, context and accounting, so low) and its adapter (which reads the decision's view, so high). The
-# route table and the compaction the Responses adapter answers with sit with the adapters.
+LAYERS = ["frozen", "errors", "settings", "api_formats", "token_pieces", "native", "features", "agents", "context",
+          "classifier", "rollout", "policy", "agent_judging", "decision", "apis", "store", "upstream", "telemetry",
+          "agent_runtime", "accounting", "experiments", "server", "cli"]
+# Two folders span layers, each part where what it reads puts it. An API's folder under gateway/apis/ holds its
+# formats (checks, views, usage, stream readers, errors: read by features, context and accounting, so low) and its
+# adapter (which reads the decision's view, so high); the route table and the compaction the Responses adapter
+# answers with sit with the adapters. The agent runtime (gateway/agents/) reads a step (low: context and the
+# decision read it), judges a trajectory by the policy's agents section (loops, spikes) and records sessions at
+# run time (with the stores, metrics and rollout cohorts).
 API_ADAPTERS = {"gateway.apis.adapter", "gateway.apis.routes", "gateway.apis.responses.compaction"}
+AGENT_LAYERS = {"gateway.agents.loops": "agent_judging", "gateway.agents.spikes": "agent_judging",
+                "gateway.agents.recorder": "agent_runtime", "gateway.agents.pending_steps": "agent_runtime",
+                "gateway.agents.outcome_reports": "agent_runtime"}
 # settings is a leaf but not pure: reading the environment is its job
-PURE = {"frozen", "errors", "api_formats", "token_pieces", "native", "features", "agents", "steps", "context",
-        "classifier", "rollout", "policy", "decision", "apis"}
+PURE = {"frozen", "errors", "api_formats", "token_pieces", "native", "features", "agents", "context", "classifier",
+        "rollout", "policy", "agent_judging", "decision", "apis"}
 # pure halves that live beside their runtime: reading back a broken stream and splicing its continuation
 PURE_MODULES = {"gateway.server.resume_splice"}
 # the pure core also runs no tasks, threads, sockets or processes of its own: that belongs to the runtime
@@ -53,6 +59,8 @@ def _imports(path: Path) -> Iterator[str]:
 
 
 def _layer(module: str) -> str:
+    if module in AGENT_LAYERS:
+        return AGENT_LAYERS[module]
     if module.startswith("gateway.apis.") and module not in API_ADAPTERS and not module.endswith(".adapter"):
         return "api_formats"
     return module.split(".")[1] if module.count(".") else ""

@@ -66,7 +66,7 @@ COMMANDS = [
     "ls no_such_dir/",
     "ls gateway/agents",
     "sed -n 1,40p gateway/errors.py",
-    "head -30 gateway/steps.py",
+    "head -30 gateway/agents/steps.py",
     "wc -l gateway/*.py",
     "git log --oneline -5 --format=%s",
     "git show no-such-revision",

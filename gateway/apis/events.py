@@ -87,7 +87,7 @@ def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
 
 
 def answer_view(text: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
-    """An answer as a chat completion: what the agent step reads tool calls from (decision/trajectory.py)."""
+    """An answer as a chat completion: what the agent step reads tool calls from (agents/trajectory.py)."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from gateway.agents.steps import AgentStep
 from gateway.apis.usage import reported_usage
 from gateway.decision.call import Call
 from gateway.decision.context import Logged, Surroundings, gather
@@ -25,7 +26,6 @@ from gateway.errors import GatewayError
 from gateway.features import Features
 from gateway.policy import model as policy_module
 from gateway.policy.model import Policy
-from gateway.steps import AgentStep
 
 SHOWN_CHANGES = 20
 _FEATURES = [f.name for f in fields(Features)]

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.agents.session_ids import session_id
+from gateway.agents.steps import AgentStep, read_step
 from gateway.apis.json_body import Source
 from gateway.context.anthropic_edits import Managed
 from gateway.context.masking import Masking
 from gateway.context.prefix import Chain, chain_of
 from gateway.decision.admission import ANONYMOUS
-from gateway.decision.sessions import session_id
 from gateway.features import Features, prompt_tokens_with_template
 from gateway.policy.model import Policy
-from gateway.steps import AgentStep, read_step
 
 
 class Call:
@@ -46,7 +46,7 @@ class Call:
 
     @property
     def session_id(self) -> str | None:
-        """The agent session this call belongs to (decision/sessions.py), worked out on first use only."""
+        """The agent session this call belongs to (agents/session_ids.py), worked out on first use only."""
         if self._session is None:
             self._session = (session_id(self.headers, self.view, self.chain),)
         return self._session[0]

@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gateway.agents.loops import AgentVerdict
 from gateway.decision.admission import Admission, SessionState
 from gateway.decision.call import Call
-from gateway.decision.loops import AgentVerdict
 from gateway.decision.routing import Context, DeploymentLoad
 from gateway.decision.switch import SessionCache
 from gateway.decision.windows import Count, fits_of

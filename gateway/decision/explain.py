@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.agents.session_ids import shown_id
 from gateway.context.anthropic_edits import Managed
 from gateway.context.masking import MASK, Masking
 from gateway.decision.routing import Context, Decision
-from gateway.decision.sessions import shown_id
 from gateway.features import Features
 
 

@@ -7,15 +7,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.agents.loops import AgentVerdict
+from gateway.agents.steps import AgentStep
 from gateway.decision import windows
 from gateway.decision.admission import Admission, SessionState
 from gateway.decision.agent_compaction import compaction_asker
-from gateway.decision.loops import AgentVerdict
 from gateway.decision.switch import SessionCache, Weighed, expected_next, holdings, weigh
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import Features
 from gateway.policy.model import TRAJECTORY_CONDITIONS, ComplexityShare, Policy, Range, Rule, When
-from gateway.steps import AgentStep
 
 RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})  # the rest are budgets
 STEP_FEATURES = frozenset({"turn", "step", "tool_error", "repeated_calls"})  # read from Context.step

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.agents.pending_steps import Cohorted
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.errors import CLIENT_CLOSED
-from gateway.experiments.agent_steps import Cohorted
 from gateway.features import Features
 from gateway.policy.model import Policy
 from gateway.rollout.comparison import Capture

@@ -225,7 +225,7 @@ class When(Frozen):
     has_math: bool | None = None
     response_format: StrOrList | None = None
     headers: dict[str, StrOrList] | None = None
-    # Where the call stands in its agent loop (gateway/steps.py) and its session (the store's count):
+    # Where the call stands in its agent loop (gateway/agents/steps.py) and its session (the store's count):
     turn: list[Literal["user", "tool_result", "other"]] | Literal["user", "tool_result", "other"] | None = None
     step: Range | None = None
     tool_error: bool | None = None

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway import native
 from gateway.accounting.ledger import Accounting
+from gateway.agents.recorder import Trajectories
 from gateway.apis.routes import BY_PATH
 from gateway.classifier.scoring import Classifier
 from gateway.decision.share import ShareTracker
@@ -26,7 +27,6 @@ from gateway.experiments.request_log import RequestLog
 from gateway.experiments.rollouts import Rollouts
 from gateway.experiments.shadows import Shadows
 from gateway.experiments.shares import keep_in_step
-from gateway.experiments.trajectories import Trajectories
 from gateway.features import load_encoding
 from gateway.policy.model import Policy, PolicyError
 from gateway.server import (

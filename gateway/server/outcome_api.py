@@ -11,7 +11,7 @@
             "sessions_read": N}
 
 `session_id` is the id the run's client sent (`x-session-id`, or its agent's session header), as `sessions list`
-shows it (decision/sessions.py maps it to the stored session).
+shows it (agents/session_ids.py maps it to the stored session).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import logging
 
 from aiohttp import web
 
+from gateway.agents import outcomes as oc
+from gateway.agents.trajectory import RANKED_SCAN
 from gateway.apis import json_body
-from gateway.decision import outcomes as oc
 from gateway.decision.admission import ANONYMOUS
-from gateway.decision.trajectory import RANKED_SCAN
 from gateway.errors import NotFound, PayloadTooLarge
 from gateway.server.resources import EXPERIMENTS, TENANT, TRAJECTORIES
 from gateway.store.contract import reported_as_unavailable

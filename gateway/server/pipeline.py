@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from gateway.accounting.ledger import Admitted
+from gateway.agents.loops import AgentVerdict
 from gateway.apis.adapter import Adapter
 from gateway.apis.json_body import Source
 from gateway.context.masking import MaskRule
@@ -24,7 +25,6 @@ from gateway.decision.admission import ANONYMOUS, needs_admission
 from gateway.decision.agent_compaction import FIT_RULES, compaction_asker
 from gateway.decision.call import Call, read_call
 from gateway.decision.context import Surroundings, gather
-from gateway.decision.loops import AgentVerdict
 from gateway.decision.routing import Context, Decision, decide
 from gateway.errors import BadRequest, ContextTooLong, GatewayError, PayloadTooLarge
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment

@@ -10,6 +10,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
+from gateway.agents.recorder import Trajectories
 from gateway.classifier.scoring import Classifier
 from gateway.context.anthropic_edits import Managed
 from gateway.context.masking import Masking
@@ -18,7 +19,6 @@ from gateway.decision.call import Call
 from gateway.decision.routing import Context, Decision
 from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
-from gateway.experiments.trajectories import Trajectories
 from gateway.features import Features
 from gateway.policy.model import Policy
 from gateway.server.offload import Offload

@@ -7,7 +7,7 @@
            `session_ambiguous` when the id names several sessions (two tenants', without `tenant`)
 
 A session goes by the id its client sent (`x-session-id: run-1` is `run-1`; one no client named by the gateway's
-name for it, p:… or r:…: decision/sessions.py) and its tenant (two tenants may both send `run-1`): the page
+name for it, p:… or r:…: agents/session_ids.py) and its tenant (two tenants may both send `run-1`): the page
 always sends `tenant`; without it the id must name one tenant's session.
 
 (In the one session's view `steps` is the list of recorded steps, the last max_steps_per_session of them;
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.decision.trajectory import SORTS
+from gateway.agents.trajectory import SORTS
 from gateway.errors import BadRequest, NotFound
 from gateway.server.queries import whole_number
 from gateway.server.resources import TRAJECTORIES

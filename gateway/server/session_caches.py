@@ -16,11 +16,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from gateway.agents.trajectory import StepCache
 from gateway.apis.usage import Usage
 from gateway.context.prefix import NO_PREFIXES, Chain, rescaled
 from gateway.decision.call import Call
 from gateway.decision.switch import SessionCache, session_cache
-from gateway.decision.trajectory import StepCache
 from gateway.store.contract import StoreError, StoreFault
 from gateway.store.prefixes import PrefixStore
 from gateway.telemetry import metrics as t

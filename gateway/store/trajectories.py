@@ -41,9 +41,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from gateway.decision.outcomes import HISTORY_KEPT, Outcome
-from gateway.decision.spikes import bucket
-from gateway.decision.trajectory import RANKED_SCAN, Step, Summary, ranked
+from gateway.agents.outcomes import HISTORY_KEPT, Outcome
+from gateway.agents.spikes import bucket
+from gateway.agents.trajectory import RANKED_SCAN, Step, Summary, ranked
 from gateway.policy.agents import Recording
 from gateway.store.redis_store import RedisStore
 

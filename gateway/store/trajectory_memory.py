@@ -12,9 +12,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gateway.decision.outcomes import HISTORY_KEPT, Outcome
-from gateway.decision.spikes import bucket
-from gateway.decision.trajectory import RANKED_SCAN, Step, Summary, ranked
+from gateway.agents.outcomes import HISTORY_KEPT, Outcome
+from gateway.agents.spikes import bucket
+from gateway.agents.trajectory import RANKED_SCAN, Step, Summary, ranked
 from gateway.policy.agents import Recording
 from gateway.store.trajectories import Active, Append, Ref, SessionRecord, SpendSeries, fair_evictions
 

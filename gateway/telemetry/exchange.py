@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.agents.trajectory import StepCache
 from gateway.apis.chat.wire import StreamTally
 from gateway.apis.usage import Usage
 from gateway.decision.admission import ANONYMOUS
 from gateway.decision.routing import Decision
-from gateway.decision.trajectory import StepCache
 from gateway.errors import GatewayError
 from gateway.features import Features, count_tokens, prompt_tokens_with_template
 from gateway.policy.model import Price
@@ -25,7 +25,7 @@ def span_name(endpoint: str) -> str:
 
 
 class StepHook(Protocol):
-    """An agent step in the making (experiments/trajectories.py): told when its exchange ends, it records
+    """An agent step in the making (agents/recorder.py): told when its exchange ends, it records
     the exchange's span itself, later, with what the step adds."""
 
     chunks: list[bytes] | None  # a stream's tool-call events, kept by the relay; None: the request has no tools

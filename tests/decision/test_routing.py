@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.agents.steps import AgentStep
 from gateway.classifier.scoring import Calibration
 from gateway.decision.admission import Admission, SessionState
 from gateway.decision.routing import Context, DeploymentLoad, decide
 from gateway.errors import ContextTooLong, ModelNotFound, NoHealthyDeployment, NotFound, RateLimited
 from gateway.features import extract
 from gateway.policy import model as policy_module
-from gateway.steps import AgentStep
 
 POLICY = policy_module.parse((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())
 HEALTHY = {"hq": DeploymentLoad(), "fast": DeploymentLoad()}
@@ -272,7 +272,7 @@ def test_a_rollout_candidate_is_substituted_only_where_decide_would_send_it(
     if found is not None:
         assert found.deployment == "hq" and found.attempts == ("hq", "fast")
 def test_a_stopped_agent_session_is_429_naming_its_loop() -> None:
-    from gateway.decision.loops import AgentVerdict
+    from gateway.agents.loops import AgentVerdict
 
     stop = AgentVerdict("loop:repeated_tool_call", "stop", "hq", "search(args ab) 5 times", 3600.0)
     with pytest.raises(RateLimited) as refused:
@@ -282,7 +282,7 @@ def test_a_stopped_agent_session_is_429_naming_its_loop() -> None:
 
 
 def test_an_escalated_loop_and_a_steered_spike_redirect_after_the_rules() -> None:
-    from gateway.decision.loops import AgentVerdict
+    from gateway.agents.loops import AgentVerdict
 
     escalate = AgentVerdict("loop:repeated_output", "escalate", "hq", "assistant message 12 4 times")
     decision = decide(POLICY, _features(), _ctx(agent=escalate))

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from gateway.agents.steps import AgentStep
 from gateway.decision.routing import Context, decide
 from gateway.decision.switch import SessionCache
 from gateway.features import extract
 from gateway.policy.model import Policy, PolicyError, parse
-from gateway.steps import AgentStep
 
 POLICY = """
 deployments:

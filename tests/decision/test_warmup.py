@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from gateway.agents.steps import AgentStep
 from gateway.decision.routing import Context, DeploymentLoad, decide
 from gateway.decision.switch import SessionCache
 from gateway.decision.warmup import Outcome, admit
 from gateway.features import extract
 from gateway.policy.model import PolicyError, parse
 from gateway.policy.switch import WarmPolicy
-from gateway.steps import AgentStep
 from tests.decision.test_switch import ERROR, POLICY, ROUTINE, TOOLS
 
 WARM = POLICY + "  warm: {when: [price]}\n"

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.decision.spikes import bucket
-from gateway.decision.trajectory import Step, ToolCall, ToolResult
+from gateway.agents.spikes import bucket
+from gateway.agents.trajectory import Step, ToolCall, ToolResult
 from gateway.policy.agents import Recording
 from gateway.store.trajectories import (
     MAX_STEP_CHARS,
@@ -167,7 +167,7 @@ async def test_sessions_are_ranked_by_sort_and_limited(store: TrajectoryStore) -
 # --- outcomes ---
 
 async def test_an_outcome_is_kept_with_its_session_and_replacements_are_audited(store: TrajectoryStore) -> None:
-    from gateway.decision.outcomes import HISTORY_KEPT, Outcome
+    from gateway.agents.outcomes import HISTORY_KEPT, Outcome
 
     member = "hq-v2\t0\t1\tcandidate"
     await store.append([_append("s1", T0, route="auto", rollout=member), _append("s1", T0 + 1)], {}, LIMITS)
@@ -192,7 +192,7 @@ async def test_an_outcome_is_kept_with_its_session_and_replacements_are_audited(
 
 
 async def test_an_unknown_or_other_tenants_session_gets_no_outcome(store: TrajectoryStore) -> None:
-    from gateway.decision.outcomes import Outcome
+    from gateway.agents.outcomes import Outcome
 
     await store.append([_append("s1", T0)], {}, LIMITS)
     assert await store.set_outcome(("other", "s1"), Outcome(True)) is None
@@ -203,7 +203,7 @@ async def test_an_unknown_or_other_tenants_session_gets_no_outcome(store: Trajec
 
 
 async def test_a_session_past_its_ttl_takes_no_outcome(clock: ManualClock) -> None:
-    from gateway.decision.outcomes import Outcome
+    from gateway.agents.outcomes import Outcome
 
     store = MemoryTrajectoryStore(clock=clock)
     await store.append([_append("s1", T0)], {}, LIMITS)
@@ -213,7 +213,7 @@ async def test_a_session_past_its_ttl_takes_no_outcome(clock: ManualClock) -> No
 
 @pytest.mark.redis
 async def test_redis_writes_no_outcome_once_the_session_expired(redis_server: RedisServer, key_prefix: str) -> None:
-    from gateway.decision.outcomes import Outcome
+    from gateway.agents.outcomes import Outcome
 
     store = RedisTrajectoryStore(redis_server.url, timeout_s=1.0, prefix=key_prefix)
     await store.append([_append("s1", T0)], {}, LIMITS)

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from gateway import errors
+from gateway.agents.steps import read_step
 from gateway.apis import events
 from gateway.apis.messages import wire as messages
 from gateway.apis.messages.wire import MessagesReader
 from gateway.apis.usage import Usage
 from gateway.errors import BadRequest, GatewayError
 from gateway.features import count_tokens, extract, load_encoding
-from gateway.steps import read_step
 
 CAPTURED = Path(__file__).resolve().parents[2] / "fixtures" / "captured"
 WEATHER = {"name": "get_weather", "description": "Weather of a city",

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from gateway.agents.steps import read_step
 from gateway.apis import events
 from gateway.apis.responses import wire as responses
 from gateway.apis.responses.wire import ResponsesReader
 from gateway.apis.usage import Usage
 from gateway.errors import BadRequest, RateLimited, UpstreamError
 from gateway.features import count_tokens, extract, load_encoding
-from gateway.steps import read_step
 
 CAPTURED = Path(__file__).resolve().parents[2] / "fixtures" / "captured"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",

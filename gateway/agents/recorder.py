@@ -23,18 +23,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gateway.agents import loops as found
+from gateway.agents import spikes
+from gateway.agents import trajectory as tr
+from gateway.agents.loops import AgentVerdict, Finding
+from gateway.agents.outcome_reports import Outcomes
+from gateway.agents.outcomes import Membership, Outcome, read_header
+from gateway.agents.pending_steps import Cohorted, PendingStep, StepReport
+from gateway.agents.session_ids import shown_id, stored_ids
+from gateway.agents.trajectory import Step
 from gateway.apis.usage import Usage
-from gateway.decision import loops as found
-from gateway.decision import spikes
-from gateway.decision import trajectory as tr
 from gateway.decision.call import Call
-from gateway.decision.loops import AgentVerdict, Finding
-from gateway.decision.outcomes import Membership, Outcome, read_header
-from gateway.decision.sessions import shown_id, stored_ids
-from gateway.decision.trajectory import Step
 from gateway.errors import NotFound
-from gateway.experiments.agent_steps import Cohorted, PendingStep, StepReport
-from gateway.experiments.outcomes import Outcomes
 from gateway.policy.agents import SpikePolicy
 from gateway.policy.model import Policy
 from gateway.store.contract import StoreError

@@ -4,7 +4,7 @@ user turn or a tool-result continuation, a tool result that reports an error, a 
 Pure and bounded (the last MAX_MESSAGES messages, each tool result judged within gateway/agents/tool_outcomes.py's
 bounds, arguments compared as JSON up to MAX_CANONICAL_CHARS); any JSON shape is read without raising: what is not
 the shape the OpenAI API gives a field is ignored. The policy's trajectory conditions (`turn`, `step`, `tool_error`,
-`repeated_calls`) read it, and so does the trajectory record (decision/trajectory.py).
+`repeated_calls`) read it, and so does the trajectory record (agents/trajectory.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class AgentStep:
     tool_error: bool  # a tool result fed back by this call failed, by what the tool reports (tool_outcomes.judge)
     repeated_calls: int  # how many times in a row the latest tool call (name and arguments) was made
     # The verdicts of the tool results fed back, newest first, as far as `tool_error` read them: the step's record
-    # takes them rather than judging each result again (decision/trajectory.tool_results).
+    # takes them rather than judging each result again (trajectory.tool_results).
     verdicts: tuple[Verdict, ...] = field(default=(), compare=False, repr=False)
 
     def as_record(self) -> dict[str, Any]:

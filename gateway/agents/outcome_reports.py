@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from gateway.decision.outcomes import Membership, Outcome, mix
-from gateway.decision.trajectory import Summary
+from gateway.agents.outcomes import Membership, Outcome, mix
+from gateway.agents.trajectory import Summary
 from gateway.rollout.samples import Cohort, OutcomeSample, outcome_fields
 from gateway.store.trajectories import Ref, TrajectoryStore
 from gateway.telemetry import metrics as t

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.decision.loops import (
+from gateway.agents.loops import (
     REPEATED_OUTPUT,
     REPEATED_TOOL_CALL,
     REPEATED_TOOL_ERROR,
@@ -13,7 +13,7 @@ from gateway.decision.loops import (
     rework,
     verdict,
 )
-from gateway.decision.trajectory import Step, ToolCall, ToolResult
+from gateway.agents.trajectory import Step, ToolCall, ToolResult
 from gateway.policy.agents import LoopPolicy, Repeats, SpikePolicy
 
 RULES = LoopPolicy(repeated_tool_call=Repeats(count=3, window_steps=4), repeated_tool_error=Repeats(count=2,

@@ -15,8 +15,9 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.decision import trajectory as tr
-from gateway.experiments import agent_steps, trajectories
+from gateway.agents import pending_steps as agent_steps
+from gateway.agents import recorder as trajectories
+from gateway.agents import trajectory as tr
 from gateway.server.resources import TELEMETRY, TRAJECTORIES
 from gateway.telemetry.spans import Spans
 from tests.fixtures.agent_runs import SECRET_TASK, TOOLS, Agent, admin, recorded

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.decision.trajectory import Step
+from gateway.agents.trajectory import Step
 from gateway.policy.agents import LoopPolicy, Repeats, SpikePolicy
 
 REPEATED_TOOL_CALL = "loop:repeated_tool_call"

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.agents.steps import read_step
 from gateway.agents.tool_outcomes import judge
-from gateway.decision.trajectory import (
+from gateway.agents.trajectory import (
     MAX_TOOL_CALLS,
     MAX_TOOL_RESULTS,
     Step,
@@ -25,7 +26,6 @@ from gateway.decision.trajectory import (
     tool_calls_in_stream,
     tool_results,
 )
-from gateway.steps import read_step
 
 
 def _call(name: str, arguments: str, call_id: str = "c1") -> dict[str, Any]:
@@ -163,7 +163,7 @@ def test_steps_per_min_counts_the_trailing_minute() -> None:
                    {"role": "user", "content": "c"}]}, {}, True),
 ])
 def test_what_is_an_agent_step(body: dict[str, Any], headers: dict[str, str], recorded: bool) -> None:
-    from gateway.decision.trajectory import is_step
+    from gateway.agents.trajectory import is_step
     from gateway.features import extract
 
     assert is_step(extract({"model": "auto", **body}, "chat"), headers) is recorded

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.steps import AgentStep, canonical, read_step
+from gateway.agents.steps import AgentStep, canonical, read_step
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 ASK = {"role": "user", "content": "Book me a table for two."}
@@ -113,8 +113,8 @@ def test_any_json_shape_of_messages_never_raises(messages: list[Any]) -> None:
 
 
 def test_an_anthropic_tool_result_that_says_is_error_is_a_tool_error() -> None:
+    from gateway.agents.trajectory import tool_results
     from gateway.apis.messages import wire as messages
-    from gateway.decision.trajectory import tool_results
 
     body = {"model": "auto", "max_tokens": 8, "messages": [
         {"role": "user", "content": "list the files"},

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.decision import outcomes as oc
+from gateway.agents import outcomes as oc
 from gateway.errors import BadRequest
 
 

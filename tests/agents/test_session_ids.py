@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.decision.sessions import (
+from gateway.agents.session_ids import (
     MAX_ID_CHARS,
     derived,
     names_session,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.decision.spikes import BUCKET_S, buckets, spike
+from gateway.agents.spikes import BUCKET_S, buckets, spike
 from gateway.policy.agents import SpikePolicy
 
 RULES = SpikePolicy(factor=4, floor_usd_per_min=0.1, window_s=60, history_windows=10, min_windows=3)

@@ -21,12 +21,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.agents.outcomes import Membership, Outcome
+from gateway.agents.session_ids import names_session, shown_id, text_of
+from gateway.agents.steps import MAX_MESSAGES, canonical
 from gateway.agents.tool_outcomes import Verdict, judge
 from gateway.apis.chat import wire as chat_wire
-from gateway.decision.outcomes import Membership, Outcome
-from gateway.decision.sessions import names_session, shown_id, text_of
 from gateway.features import Features
-from gateway.steps import MAX_MESSAGES, canonical
 
 KEPT_CHARS = 4096  # an opted-in prompt, argument or tool output is truncated to this; longer texts are digested
 #                    by this much and their size

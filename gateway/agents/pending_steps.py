@@ -10,11 +10,11 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind
 
+from gateway.agents import trajectory as tr
+from gateway.agents.loops import Finding
+from gateway.agents.session_ids import shown_id
 from gateway.agents.tool_outcomes import Verdict
-from gateway.decision import trajectory as tr
-from gateway.decision.loops import Finding
-from gateway.decision.sessions import shown_id
-from gateway.decision.trajectory import Step
+from gateway.agents.trajectory import Step
 from gateway.policy.agents import LoopPolicy, SpikePolicy
 from gateway.policy.model import Policy
 from gateway.rollout.samples import Cohort, ProcessSample
@@ -24,7 +24,7 @@ from gateway.telemetry import metrics as t
 from gateway.telemetry.exchange import Exchange
 from gateway.telemetry.spans import SpanEvent, Spans
 
-log = logging.getLogger("gateway.experiments.trajectories")
+log = logging.getLogger("gateway.agents.recorder")
 
 
 @dataclass(frozen=True, slots=True)
