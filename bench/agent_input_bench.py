@@ -31,7 +31,7 @@ from gateway.decision.call import read_call
 from gateway.features import extract
 from gateway.policy.model import load
 from gateway.server.app import create_app
-from gateway.server.resources import TRAJECTORIES
+from gateway.server.resources import STATE
 from gateway.settings import Settings
 from gateway.store.trajectories import Append, encode
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
@@ -128,7 +128,7 @@ async def list_sessions(sessions: int, rounds: int) -> dict[str, float]:
         settings = Settings(policy=str(POLICY), admin_token=TOKEN)
         app = create_app(settings)
         async with TestClient(TestServer(app)) as client:
-            store = app[TRAJECTORIES].store
+            store = app[STATE].trajectories.store
             assert isinstance(store, MemoryTrajectoryStore)
             await fill(store, sessions)
             out = {}

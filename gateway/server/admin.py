@@ -14,17 +14,18 @@ from gateway.decision.routing import decide
 from gateway.errors import BadRequest, NotFound
 from gateway.policy.tenancy import find_tenant
 from gateway.server import pipeline
-from gateway.server.resources import ACCOUNTING, POLICY_FILE, RECENT, SESSION_CACHES, SETTINGS, SHARES
+from gateway.server.resources import STATE
 from gateway.server.scoring import LiveScoring
 
 
 async def explain_recent(request: web.Request) -> web.Response:
     """The full decision trail of a recent live request, recomputed from its recorded inputs."""
+    state = request.app[STATE]
     request_id = request.match_info["request_id"]
-    remembered = request.app[RECENT].get(request_id)
+    remembered = state.recent.get(request_id)
     if remembered is None:
         raise NotFound(f"No recent request with id {request_id!r} (only the last "
-                       f"{request.app[SETTINGS].explain_memory} are kept)")
+                       f"{state.settings.explain_memory} are kept)")
     report = explanation(decide(remembered.policy, remembered.features, remembered.ctx, explain=True),
                          remembered.features, remembered.ctx, remembered.context, remembered.masking)
     served = remembered.served
@@ -36,33 +37,35 @@ async def explain_recent(request: web.Request) -> web.Response:
 
 async def explain_body(request: web.Request) -> web.Response:
     """What the live policy would decide for this request body now, without calling any deployment."""
+    state = request.app[STATE]
     endpoint = request.query.get("endpoint", "chat")
     adapter = BY_ENDPOINT.get(endpoint)
     if adapter is None:
         raise BadRequest(f"endpoint={endpoint!r} is not one of {', '.join(BY_ENDPOINT)}", param="endpoint")
     call = await pipeline.read(request, adapter)
     # the live path's own gathering, as a dry run: no share observed, no budget or session step counted
-    sighting = await request.app[SESSION_CACHES].sighting(call)  # read only: nothing is recorded as served
+    sighting = await state.session_caches.sighting(call)  # read only: nothing is recorded as served
     ctx = gather(call, LiveScoring(request.app, observed=False),
                  pipeline.surroundings(request.app, None, None, sighting))
     report = explanation(decide(call.policy, call.features, ctx, explain=True), call.features, ctx, call.context,
                          call.masking)
-    report["shares"] = request.app[SHARES].describe(call.features.requested_model)
+    report["shares"] = state.shares.describe(call.features.requested_model)
     return web.json_response(report)
 
 
 async def shares(request: web.Request) -> web.Response:
     """Every rule-routed model's complexity-share targets: the threshold in force and the share observed."""
-    tracker = request.app[SHARES]
+    tracker = request.app[STATE].shares
     return web.json_response({route: tracker.describe(route) for route in sorted(tracker.routes)})
 
 
 async def usage(request: web.Request) -> web.Response:
     """Spend, tokens and requests per tenant, deployment and window (`?tenant=T` for one tenant), and under
     `limits` the budgets each of those tenants is held to (from the policy: its own entry, else `*`)."""
-    store = request.app[ACCOUNTING].store
+    state = request.app[STATE]
+    store = state.accounting.store
     report = await usage_report(store, request.query.get("tenant"))
-    tenants = request.app[POLICY_FILE].current.tenants
+    tenants = state.policy_file.current.tenants
     limits = {}
     for name in sorted({row["tenant"] for row in report["data"]}):
         found = find_tenant(tenants, name)
@@ -71,11 +74,11 @@ async def usage(request: web.Request) -> web.Response:
 
 
 async def policy_status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[POLICY_FILE].describe())
+    return web.json_response(request.app[STATE].policy_file.describe())
 
 
 async def policy_reload(request: web.Request) -> web.Response:
-    policy_file = request.app[POLICY_FILE]
+    policy_file = request.app[STATE].policy_file
     ok = policy_file.reload()
     return web.json_response(policy_file.describe(), status=200 if ok else 422)
 

@@ -6,9 +6,9 @@ A request under /admin/ runs the gateway app's middleware chain (server/middlewa
 envelope) and then admin_auth: `accounting.keys.check_admin` against the policy's `auth.admin_token_env`
 (403 while no token is set, 401 without the right one), for every path, an unknown one too (it is then a 404).
 
-The sub-app holds the gateway's resources under the same typed keys (server/resources.py), registered when it
-starts, after the gateway's cleanup contexts made them; so its handlers, and the pipeline stages they reuse
-(`POST /admin/explain` reads a body as the live path does), read `request.app[KEY]` like every other handler.
+The sub-app holds the gateway's state object itself (server/resources.py), so its handlers, and the pipeline
+stages they reuse (`POST /admin/explain` reads a body as the live path does), read `request.app[STATE]` like every
+other handler.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from aiohttp.typedefs import Handler
 
 from gateway.accounting.keys import check_admin
 from gateway.server import admin, context_api, deployment_admin, outcome_api, rollout_admin, session_admin
-from gateway.server.resources import POLICY_FILE, SETTINGS
+from gateway.server.resources import STATE
 
 PREFIX = "/admin/"
 
 
 @web.middleware
 async def admin_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    app = request.app
-    check_admin(request.headers.get("authorization"), app[POLICY_FILE].current.auth, app[SETTINGS].admin_token)
+    state = request.app[STATE]
+    check_admin(request.headers.get("authorization"), state.policy_file.current.auth, state.settings.admin_token)
     return await handler(request)
 
 
@@ -39,15 +39,10 @@ def create_admin_app() -> web.Application:
 
 
 def mount(app: web.Application) -> None:
-    """The admin sub-app at /admin/, given the gateway's resources once they exist (the app's first startup step,
-    its cleanup contexts, runs before this one)."""
-
-    async def share(_: web.Application) -> None:
-        for key in app:
-            admin_app[key] = app[key]
+    """The admin sub-app at /admin/, sharing the gateway's state."""
 
     admin_app = create_admin_app()
-    app.on_startup.append(share)  # before the sub-app's own startup, which add_subapp appends
+    admin_app[STATE] = app[STATE]  # the very object, whose resources the gateway's cleanup contexts set
     # `/admin` itself is no admin path (the sub-app's prefix would take it): unknown, without the check.
     app.router.add_route("*", PREFIX.rstrip("/"), _unknown)
     app.add_subapp(PREFIX, admin_app)

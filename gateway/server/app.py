@@ -1,5 +1,5 @@
-"""create_app(settings): one AppKey and one cleanup context per resource, the middleware chain, the routes and
-the admin sub-app."""
+"""create_app(settings): the app's one state object (server/resources.py), one cleanup context per resource that
+sets its attribute, the middleware chain, the routes and the admin sub-app."""
 
 from __future__ import annotations
 
@@ -42,29 +42,7 @@ from gateway.server import (
 )
 from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
-from gateway.server.resources import (
-    ACCOUNTING,
-    CLASSIFIER,
-    CONVERSATIONS,
-    COUNTS,
-    DEPLOYMENTS,
-    EXPERIMENTS,
-    OFFLOAD,
-    POLICY_FILE,
-    POOL,
-    RECENT,
-    SEAL,
-    SESSION_CACHES,
-    SETTINGS,
-    SHARES,
-    STORES,
-    TELEMETRY,
-    TRAFFIC,
-    TRAJECTORIES,
-    WARMUPS,
-    Recent,
-    Telemetry,
-)
+from gateway.server.resources import STATE, AppState, Recent, Telemetry
 from gateway.server.session_caches import SessionCaches
 from gateway.server.warmups import Warmups
 from gateway.settings import Settings
@@ -87,13 +65,12 @@ def create_app(settings: Settings) -> web.Application:
     # The body limit is enforced by pipeline.read_body with a clear message; aiohttp's own cap sits above it.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
     app.middlewares.extend(middleware.chain(app))
-    app[SETTINGS] = settings
-    app[RECENT] = Recent(settings.explain_memory)
-    app[TRAFFIC] = TrafficWindows(time.time())
+    # a production gateway without its seal's key fails here, at start
+    app[STATE] = AppState(settings, Recent(settings.explain_memory), TrafficWindows(time.time()),
+                          compaction.make_seal(settings))
     # In order: each context may use the resources of those before it, and closes after them.
     app.cleanup_ctx.extend([_pool, _telemetry, _policy, _deployments, _classifier, _stores, _offload, _conversations,
                             _shares, _accounting, _session_caches, _experiments, _trajectories, _long_lived_heap])
-    app[SEAL] = compaction.make_seal(settings)  # a production gateway without its key fails here, at start
     for path, adapter in BY_PATH.items():
         app.router.add_post(path, pipeline.handler(adapter))
     public.add_routes(app.router)
@@ -106,17 +83,19 @@ def create_app(settings: Settings) -> web.Application:
 
 
 async def _pool(app: web.Application) -> AsyncIterator[None]:
-    app[POOL] = pool = upstream.make_client(app[SETTINGS].upstream_connections)
+    state = app[STATE]
+    state.pool = pool = upstream.make_client(state.settings.upstream_connections)
     yield
     await pool.close()
 
 
 async def _telemetry(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
     metrics = m.make_metrics()
     m.export_native(metrics, native.loaded())
     log.info("%s", native.describe())
-    spans = make_spans(app[SETTINGS].traces)
-    app[TELEMETRY] = telemetry = Telemetry(metrics, spans)
+    spans = make_spans(state.settings.traces)
+    state.telemetry = telemetry = Telemetry(metrics, spans)
     if spans is not None:
         _watch_spans(metrics, spans)
     # Several workers: another worker may answer the scrape, so this one's figures must reach the shared files.
@@ -146,8 +125,9 @@ def _watch_spans(metrics: m.Metrics, spans: Spans) -> None:
 
 
 async def _policy(app: web.Application) -> AsyncIterator[None]:
-    settings, metrics = app[SETTINGS], app[TELEMETRY].metrics
-    app[POLICY_FILE] = policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
+    state = app[STATE]
+    settings, metrics = state.settings, state.telemetry.metrics
+    state.policy_file = policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
     metrics.policy_valid.set(1)
     watcher = asyncio.get_running_loop().create_task(policy_file.watch(settings.policy_poll_s))
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -159,18 +139,20 @@ async def _policy(app: web.Application) -> AsyncIterator[None]:
 
 
 def _reloaded(app: web.Application, new: Policy | None, err: PolicyError | None) -> None:
-    metrics = app[TELEMETRY].metrics
+    state = app[STATE]
+    metrics = state.telemetry.metrics
     metrics.policy_reloads.labels("ok" if err is None else "invalid").inc()
     metrics.policy_valid.set(0 if err is not None else 1)
-    if new is not None and DEPLOYMENTS in app:
-        app[DEPLOYMENTS].reconcile(new)
+    if new is not None and hasattr(state, "deployments"):
+        state.deployments.reconcile(new)
 
 
 PROBE_CONNECTIONS = 2  # per deployment: its /health probe and /metrics scrape run one after the other
 
 
 async def _deployments(app: web.Application) -> AsyncIterator[None]:
-    settings, metrics = app[SETTINGS], app[TELEMETRY].metrics
+    state = app[STATE]
+    settings, metrics = state.settings, state.telemetry.metrics
     # Probes and scrapes get their own small pool: the main pool at its limit under load must not fail
     # them and make a busy, healthy deployment look dead.
     probes = upstream.make_client(PROBE_CONNECTIONS)
@@ -179,10 +161,10 @@ async def _deployments(app: web.Application) -> AsyncIterator[None]:
         board = Board(os.path.join(settings.run_dir, "board"), settings.worker_index)
     deployments = Deployments(probes, on_change=lambda name, tracked: _export_load(metrics, name, tracked,
                                                                                    deployments), board=board)
-    app[DEPLOYMENTS] = deployments
-    app[COUNTS] = DeploymentCounts(app[POOL], lambda name, outcome: metrics.deployment_counts.labels(name, outcome)
+    state.deployments = deployments
+    state.counts = DeploymentCounts(state.pool, lambda name, outcome: metrics.deployment_counts.labels(name, outcome)
                                    .inc())
-    deployments.reconcile(app[POLICY_FILE].current)
+    deployments.reconcile(state.policy_file.current)
     yield
     await deployments.close()
     await probes.close()
@@ -205,14 +187,16 @@ def _export_load(metrics: m.Metrics, name: str, tracked: Tracked, deployments: D
 
 
 async def _classifier(app: web.Application) -> AsyncIterator[None]:
-    path = app[SETTINGS].classifier_model
-    app[CLASSIFIER] = Classifier.load(path) if path else Classifier.default()
+    state = app[STATE]
+    path = state.settings.classifier_model
+    state.classifier = Classifier.load(path) if path else Classifier.default()
     load_encoding()  # tiktoken's table takes ~0.4 s to build: not on the first request's event-loop turn
     yield
 
 
 async def _stores(app: web.Application) -> AsyncIterator[None]:
-    app[STORES] = stores = open_stores(app[POLICY_FILE].current.store, app[SETTINGS].redis_url)
+    state = app[STATE]
+    state.stores = stores = open_stores(state.policy_file.current.store, state.settings.redis_url)
     yield
     await stores.close()
 
@@ -220,33 +204,37 @@ async def _stores(app: web.Application) -> AsyncIterator[None]:
 async def _offload(app: web.Application) -> AsyncIterator[None]:
     """The object store of masked tool outputs, opened from the policy's `store.objects` at start (like the
     other stores, a reload does not move it)."""
-    section = app[POLICY_FILE].current.store.objects
-    default_dir = app[SETTINGS].objects_dir or os.path.join(tempfile.gettempdir(), "agent-gateway-objects")
+    state = app[STATE]
+    section = state.policy_file.current.store.objects
+    default_dir = state.settings.objects_dir or os.path.join(tempfile.gettempdir(), "agent-gateway-objects")
     store = open_objects(section, default_dir)
     if isinstance(store, DiskObjects):
         await store.open()
-    app[OFFLOAD] = Offload(store, app[TELEMETRY].metrics, section.ttl_s)
+    state.offload = Offload(store, state.telemetry.metrics, section.ttl_s)
     yield
     await store.close()
 
 
 async def _conversations(app: web.Application) -> AsyncIterator[None]:
-    app[CONVERSATIONS] = Conversations(app[STORES].responses)
+    state = app[STATE]
+    state.conversations = Conversations(state.stores.responses)
     yield
 
 
 async def _session_caches(app: web.Application) -> AsyncIterator[None]:
-    app[SESSION_CACHES] = caches = SessionCaches(app[STORES].prefixes, app[TELEMETRY].metrics)
-    app[WARMUPS] = warmups = Warmups(app[POOL], app[DEPLOYMENTS], app[STORES].prefixes, app[TELEMETRY].metrics,
-                                     app[ACCOUNTING].budgets)
+    state = app[STATE]
+    state.session_caches = caches = SessionCaches(state.stores.prefixes, state.telemetry.metrics)
+    state.warmups = warmups = Warmups(state.pool, state.deployments, state.stores.prefixes, state.telemetry.metrics,
+                                     state.accounting.budgets)
     yield
     await warmups.close()  # before the pool and the stores close
     await caches.close()
 
 
 async def _shares(app: web.Application) -> AsyncIterator[None]:
-    stores, policy_file = app[STORES], app[POLICY_FILE]
-    app[SHARES] = tracker = ShareTracker(shared=stores.shared)
+    state = app[STATE]
+    stores, policy_file = state.stores, state.policy_file
+    state.shares = tracker = ShareTracker(shared=stores.shared)
     tracker.follow(policy_file.current)
     if not stores.shared:  # one process: its own window is the whole truth, nothing to exchange
         yield
@@ -260,8 +248,9 @@ async def _shares(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _accounting(app: web.Application) -> AsyncIterator[None]:
-    store, metrics = app[STORES].accounting, app[TELEMETRY].metrics
-    app[ACCOUNTING] = Accounting(store, app[POLICY_FILE].current)
+    state = app[STATE]
+    store, metrics = state.stores.accounting, state.telemetry.metrics
+    state.accounting = Accounting(store, state.policy_file.current)
     fallback = store if isinstance(store, FallbackStore) else None
     m.watch(metrics, m.STORE_DEGRADED, lambda: float(fallback is not None and fallback.degraded))
     m.watch(metrics, m.STORE_PENDING_SETTLES, lambda: float(fallback.pending_settles if fallback else 0))
@@ -270,18 +259,19 @@ async def _accounting(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _experiments(app: web.Application) -> AsyncIterator[None]:
-    settings, metrics, policy_file = app[SETTINGS], app[TELEMETRY].metrics, app[POLICY_FILE]
-    rollouts = Rollouts(app[STORES].rollouts, lambda: policy_file.current, metrics)
+    state = app[STATE]
+    settings, metrics, policy_file = state.settings, state.telemetry.metrics, state.policy_file
+    rollouts = Rollouts(state.stores.rollouts, lambda: policy_file.current, metrics)
     # Labels keep prompts only with the request log's own opt-in (AGENT_GATEWAY_REQUEST_LOG_PROMPTS=1).
-    labeller = Labeller(app[POOL], app[STORES].labels, metrics, lambda: policy_file.current,
+    labeller = Labeller(state.pool, state.stores.labels, metrics, lambda: policy_file.current,
                         prompts=bool(settings.request_log_prompts))
-    shadows = Shadows(app[POOL], app[STORES].pairs, metrics, on_outcome=rollouts.counters.record_outcome,
+    shadows = Shadows(state.pool, state.stores.pairs, metrics, on_outcome=rollouts.counters.record_outcome,
                       on_pair=labeller.offer)
     request_log = None
     if settings.request_log:
         request_log = RequestLog(settings.request_log, prompts=bool(settings.request_log_prompts))
         request_log.start()
-    app[EXPERIMENTS] = Experiments(rollouts, shadows, metrics, request_log, app[CLASSIFIER])
+    state.experiments = Experiments(rollouts, shadows, metrics, request_log, state.classifier)
     rollouts.start_tasks()
     yield
     await shadows.close()
@@ -292,11 +282,12 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _trajectories(app: web.Application) -> AsyncIterator[None]:
-    settings, telemetry, policy_file = app[SETTINGS], app[TELEMETRY], app[POLICY_FILE]
-    trajectories = Trajectories(app[STORES].trajectories, lambda: policy_file.current, telemetry.metrics,
-                                app[EXPERIMENTS].rollouts.counters.record_process,
+    state = app[STATE]
+    settings, telemetry, policy_file = state.settings, state.telemetry, state.policy_file
+    trajectories = Trajectories(state.stores.trajectories, lambda: policy_file.current, telemetry.metrics,
+                                state.experiments.rollouts.counters.record_process,
                                 keep_text=bool(settings.request_log_prompts))
-    app[TRAJECTORIES] = trajectories
+    state.trajectories = trajectories
     trajectories.start()
     yield
     await trajectories.close()  # before the rollouts flush (their process counters) and the spans close

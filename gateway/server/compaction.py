@@ -42,7 +42,7 @@ from gateway.errors import UpstreamError
 from gateway.policy.model import Policy
 from gateway.server.exchanges import add_gateway_headers
 from gateway.server.relay import STREAM_HEADERS
-from gateway.server.resources import CONVERSATIONS, EXCHANGE, POOL, RECENT, SEAL, SETTINGS, TELEMETRY
+from gateway.server.resources import EXCHANGE, STATE
 from gateway.settings import Settings
 from gateway.telemetry import metrics as t
 from gateway.upstream import forward as upstream
@@ -88,7 +88,7 @@ def make_seal(settings: Settings) -> Seal:
 
 def opened(request: web.Request, body: dict[str, Any], tenant: str) -> dict[str, Any]:
     """The body with the compaction items of its input opened (a 400 when one does not open)."""
-    items, count = responses_compaction.open_input(responses.input_items(body), request.app[SEAL], tenant)
+    items, count = responses_compaction.open_input(responses.input_items(body), request.app[STATE].seal, tenant)
     if not count:
         return body
     ex = request.get(EXCHANGE)
@@ -134,14 +134,15 @@ async def summarize(request: web.Request, call: Call, messages: list[dict[str, A
 async def _ask(request: web.Request, policy: Policy, name: str, messages: list[dict[str, Any]],
                instructions: str | None) -> Written:
     app, rules, dep = request.app, policy.compaction, policy.deployments[name]
+    state = app[STATE]
     window = dep.max_model_len
     max_chars = rules.max_transcript_chars if window is None else \
         max(1_000, (window - rules.max_summary_tokens - PROMPT_OVERHEAD_TOKENS) * CHARS_PER_TOKEN)
     body = {"model": dep.served_model, "messages": summary_prompt(messages, max_chars, instructions),
             "max_tokens": rules.max_summary_tokens, "temperature": 0, "stream": False}
     headers = {"x-request-id": request[EXCHANGE].request_id}
-    fetched = await upstream.fetch(app[POOL], name, dep, CHAT_PATH, json_body.encode(body), headers,
-                                   timeout_s=rules.timeout_s, limit_bytes=app[SETTINGS].max_upstream_body_bytes)
+    fetched = await upstream.fetch(state.pool, name, dep, CHAT_PATH, json_body.encode(body), headers,
+                                   timeout_s=rules.timeout_s, limit_bytes=state.settings.max_upstream_body_bytes)
     found = json_body.response_object(fetched.body) if fetched.status == 200 else None
     choices = found.get("choices") if found is not None else None
     message = choices[0].get("message") if isinstance(choices, list) and choices and \
@@ -165,13 +166,14 @@ def chat_messages(body: dict[str, Any], items: list[Any]) -> list[dict[str, Any]
 
 def note(request: web.Request, api: str, trigger: str, written: Written, tokens_after: int) -> None:
     """The compaction on the metrics, the span and the decision trail."""
+    state = request.app[STATE]
     ex = request[EXCHANGE]
-    request.app[TELEMETRY].metrics.count_compaction(api, trigger, written.deployment, written.tokens_before,
+    state.telemetry.metrics.count_compaction(api, trigger, written.deployment, written.tokens_before,
                                                     tokens_after)
     ex.attributes.update({t.COMPACTION_TRIGGER: trigger, t.COMPACTION_DEPLOYMENT: written.deployment,
                           t.COMPACTION_TOKENS_BEFORE: written.tokens_before,
                           t.COMPACTION_TOKENS_AFTER: tokens_after})
-    request.app[RECENT].compacted(ex.request_id, f"{trigger}: {written.deployment} summarized "
+    state.recent.compacted(ex.request_id, f"{trigger}: {written.deployment} summarized "
                                   f"{written.tokens_before} tokens into {tokens_after} (summary: "
                                   f"{written.usage.prompt_tokens} in, {written.usage.completion_tokens} out)")
 
@@ -180,16 +182,17 @@ def _sealed(request: web.Request, call: Call, written: Written, kept: list[Any])
     """The compaction item of a summary, and the tokens of what stands in for the conversation now."""
     after = context_tokens(chat_messages({}, [*kept, responses_compaction.summary_message(written.text)]))
     payload = responses_compaction.sealed_payload(written.text, written.deployment, written.tokens_before, after)
-    return responses_compaction.compaction_item(request.app[SEAL].close(payload, call.tenant_or_anonymous)), after
+    return responses_compaction.compaction_item(request.app[STATE].seal.close(payload, call.tenant_or_anonymous)), after
 
 
 async def answer(request: web.Request, call: Call, decision: Decision, trigger: str) -> web.StreamResponse:
     """v1_compact and v2_trigger: the summary is the answer, in the form the client asked for."""
     app, ex = request.app, request[EXCHANGE]
+    state = app[STATE]
     items = responses_compaction.without_trigger(responses.input_items(call.body))
     written = await summarize(request, call, chat_messages(call.body, items), decision.attempts)
     ex.answered(written.deployment, written.model, call.policy.deployments[written.deployment].price)
-    ex.settle(written.usage, app[TELEMETRY].metrics)
+    ex.settle(written.usage, state.telemetry.metrics)
     kept = responses_compaction.retained(items)
     item, after = _sealed(request, call, written, kept)
     note(request, "responses", trigger, written, after)
@@ -200,7 +203,7 @@ async def answer(request: web.Request, call: Call, decision: Decision, trigger: 
         return web.json_response(responses_compaction.compacted(responses.new_response_id(), listed, used))
     final = responses_compaction.response(call.body, responses.new_response_id(), [item], used)
     # kept as the compacted conversation: a chain onto it reads the user's messages, then the summary
-    await app[CONVERSATIONS].keeper(call, {**call.body, "input": kept})(final)
+    await state.conversations.keeper(call, {**call.body, "input": kept})(final)
     if not call.features.stream:
         return web.json_response(final)
     return await _stream(request, responses_compaction.stream(call.body, final["id"], item, used))
@@ -224,7 +227,7 @@ async def compact(request: web.Request, adapter: Adapter, call: Call, decision: 
                     request[EXCHANGE].request_id, exc.message)
         return None
     request[EXCHANGE].side_call(written.deployment, call.policy.deployments[written.deployment].price,
-                                written.usage, request.app[TELEMETRY].metrics)
+                                written.usage, request.app[STATE].telemetry.metrics)
     reason = f"compaction: {trigger} due; {written.deployment} summarized {written.tokens_before} tokens"
     decision = replace(decision, reasons=(*decision.reasons, reason))
     if edit is None:
@@ -282,7 +285,7 @@ async def answer_paused(request: web.Request, compacted: Compacted) -> web.Strea
     dep = call.policy.deployments[written.deployment]
     ex.trying(written.deployment)
     ex.answered(written.deployment, dep.served_model, dep.price)
-    ex.settle(Usage(0, 0), request.app[TELEMETRY].metrics)  # the summary was charged as it was made
+    ex.settle(Usage(0, 0), request.app[STATE].telemetry.metrics)  # the summary was charged as it was made
     message = anthropic_answers.paused(call.context, dep.served_model, written.usage)
     if not call.features.stream:
         return web.json_response(message)

@@ -13,14 +13,14 @@ from aiohttp import web
 
 from gateway.decision.admission import ANONYMOUS
 from gateway.errors import NotFound, StoreUnavailable
-from gateway.server.resources import OFFLOAD, TENANT
+from gateway.server.resources import STATE, TENANT
 from gateway.store.contract import StoreError
 
 
 async def _original(request: web.Request, tenant: str) -> web.Response:
     ref = request.match_info["ref"]
     try:
-        found = await request.app[OFFLOAD].find(tenant, ref)
+        found = await request.app[STATE].offload.find(tenant, ref)
     except StoreError as exc:
         raise StoreUnavailable("The object store of masked tool outputs is unavailable; retry shortly") from exc
     if found is None:

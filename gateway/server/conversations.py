@@ -9,7 +9,7 @@ from gateway.apis.responses import stored
 from gateway.apis.responses.stored import StoredResponse
 from gateway.decision.admission import ANONYMOUS
 from gateway.errors import BadRequest, StoreUnavailable
-from gateway.server.resources import CONVERSATIONS, TENANT
+from gateway.server.resources import STATE, TENANT
 from gateway.store.contract import StoreError
 
 
@@ -19,7 +19,7 @@ def _tenant(request: web.Request) -> str:
 
 async def _stored(request: web.Request) -> StoredResponse:
     response_id = request.match_info["response_id"]
-    found = await request.app[CONVERSATIONS].find(_tenant(request), response_id)
+    found = await request.app[STATE].conversations.find(_tenant(request), response_id)
     if found is None:  # another tenant's is as absent as one that never was
         raise stored.not_found(response_id)
     return found
@@ -38,7 +38,7 @@ async def input_items(request: web.Request) -> web.Response:
 async def delete(request: web.Request) -> web.Response:
     """`DELETE /v1/responses/{id}`."""
     response_id = request.match_info["response_id"]
-    conversations = request.app[CONVERSATIONS]
+    conversations = request.app[STATE].conversations
     try:
         gone = await conversations.store.delete(_tenant(request), response_id)
     except StoreError as exc:

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.policy.model import ComplexityShare, Policy
-from gateway.server.resources import DEPLOYMENTS, EXPERIMENTS, POLICY_FILE, SETTINGS, SHARES, TELEMETRY, TRAFFIC
+from gateway.server.resources import STATE
 from gateway.telemetry.traffic import Counts, shares
 from gateway.upstream.deployments import Deployments
 
@@ -19,8 +19,9 @@ NOT_SERVED = "none"  # the deployment label of requests refused before any deplo
 
 async def deployments(request: web.Request) -> web.Response:
     app = request.app
-    policy, settings = app[POLICY_FILE].current, app[SETTINGS]
-    metrics, windows = app[TELEMETRY].metrics, app[TRAFFIC]
+    state = app[STATE]
+    policy, settings = state.policy_file.current, state.settings
+    metrics, windows = state.telemetry.metrics, state.traffic
     now = time.time()
     served = windows.requests.read(now, metrics.totals("gateway_requests"))
     arms = windows.arms.read(now, metrics.totals("gateway_rollout_requests"))
@@ -28,8 +29,8 @@ async def deployments(request: web.Request) -> web.Response:
     resumes = _resumes_from(metrics.totals("gateway_stream_resumes"))
     return web.json_response({
         "worker": {"index": settings.worker_index, "of": settings.workers, "pid": os.getpid(),
-                   "prober": app[DEPLOYMENTS].prober},
-        "deployments": [{**_deployment(app[DEPLOYMENTS], policy, name, by_deployment.get(name, 0.0)),
+                   "prober": state.deployments.prober},
+        "deployments": [{**_deployment(state.deployments, policy, name, by_deployment.get(name, 0.0)),
                          "resumes": resumes.get(name, {})} for name in policy.deployments],
         "shares": {"window_s": served.span_s, "requests": sum(served.by("deployment").values()),
                    "deployments": by_deployment, "rules": shares(served.by("rule"))},
@@ -80,7 +81,7 @@ def _share_targets(request: web.Request, policy: Policy) -> list[dict[str, Any]]
     for rule in policy.rules:
         if isinstance(rule.when.complexity, ComplexityShare):
             rules.setdefault(f"{rule.when.complexity.hq_share:g}", []).append(rule.name)
-    tracker = request.app[SHARES]
+    tracker = request.app[STATE].shares
     return [{"kind": "hq_share", "route": route, "rules": rules.get(share, []), "target": figures["target"],
              "observed": figures["observed"], "threshold": figures["threshold"], "source": figures["source"]}
             for route in sorted(policy.rule_routes) if policy.share_windows
@@ -89,7 +90,7 @@ def _share_targets(request: web.Request, policy: Policy) -> list[dict[str, Any]]
 
 def _rollout_targets(request: web.Request, policy: Policy, arms: Counts) -> list[dict[str, Any]]:
     """Each rollout's candidate weight (as this server applies it) against the candidate arm's share."""
-    view = request.app[EXPERIMENTS].rollouts.view
+    view = request.app[STATE].experiments.rollouts.view
     found = []
     for route, spec in view.index(policy).rollouts.items():
         state = view.state(spec)

@@ -14,7 +14,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from gateway.apis.routes import BY_PATH
 from gateway.errors import CLIENT_CLOSED
-from gateway.server.resources import EXCHANGE, REQUEST_ID, TELEMETRY
+from gateway.server.resources import EXCHANGE, REQUEST_ID, STATE
 from gateway.telemetry.exchange import Exchange, span_name
 
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -40,7 +40,7 @@ def exchange_middleware(app: web.Application) -> Middleware:
 
     @web.middleware
     async def exchange(request: web.Request, handler: Handler) -> web.StreamResponse:
-        telemetry = app[TELEMETRY]
+        telemetry = app[STATE].telemetry
         request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
         request[REQUEST_ID] = request_id
         adapter = BY_PATH.get(request.path) if request.method == "POST" else None

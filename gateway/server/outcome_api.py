@@ -25,7 +25,7 @@ from gateway.agents.trajectory import RANKED_SCAN
 from gateway.apis import json_body
 from gateway.decision.admission import ANONYMOUS
 from gateway.errors import NotFound, PayloadTooLarge
-from gateway.server.resources import EXPERIMENTS, TENANT, TRAJECTORIES
+from gateway.server.resources import STATE, TENANT
 from gateway.store.contract import reported_as_unavailable
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ async def report(request: web.Request) -> web.Response:
     given = request.match_info["session_id"]
     outcome = oc.read_body(json_body.decode(await _body(request)))
     tenant = request.get(TENANT) or ANONYMOUS
-    trajectories = request.app[TRAJECTORIES]
+    trajectories = request.app[STATE].trajectories
     with reported_as_unavailable("The trajectory store"):
         ref = await trajectories.locate(given, tenant, settled=True)
         summary = await trajectories.outcomes.report(ref, outcome)
@@ -63,7 +63,7 @@ async def _body(request: web.Request) -> bytes:
 async def figures(request: web.Request) -> web.Response:
     """Outcome figures over the most recently active sessions (the store's, so every replica's)."""
     with reported_as_unavailable("The trajectory store"):
-        found = await request.app[TRAJECTORIES].store.sessions(request.query.get("tenant") or None, RANKED_SCAN)
+        found = await request.app[STATE].trajectories.store.sessions(request.query.get("tenant") or None, RANKED_SCAN)
     reported = [(s.route or "none", oc.mix(s.deployments), s.membership.cohort if s.membership else "none",
                  s.outcome) for s in found if s.outcome is not None]
     return web.json_response({"object": "list", "data": [r.to_dict() for r in oc.rows(reported)],
@@ -72,7 +72,8 @@ async def figures(request: web.Request) -> web.Response:
 
 async def _wire(app: web.Application) -> None:
     """Outcomes of sessions measured in a rollout cohort count toward its guards."""
-    app[TRAJECTORIES].outcomes.counters = app[EXPERIMENTS].rollouts.counters
+    state = app[STATE]
+    state.trajectories.outcomes.counters = state.experiments.rollouts.counters
 
 
 def install(app: web.Application) -> None:

@@ -30,23 +30,7 @@ from gateway.errors import BadRequest, ContextTooLong, GatewayError, PayloadTooL
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
 from gateway.policy.model import Policy
 from gateway.server import compaction, relay
-from gateway.server.resources import (
-    ACCOUNTING,
-    CONVERSATIONS,
-    COUNTS,
-    DEPLOYMENTS,
-    EXCHANGE,
-    EXPERIMENTS,
-    OFFLOAD,
-    POLICY_FILE,
-    RECENT,
-    SESSION_CACHES,
-    SETTINGS,
-    TELEMETRY,
-    TENANT,
-    TRAJECTORIES,
-    WARMUPS,
-)
+from gateway.server.resources import EXCHANGE, STATE, TENANT
 from gateway.server.scoring import LiveScoring
 from gateway.server.session_caches import Sighting
 from gateway.store.contract import Reservation
@@ -66,14 +50,15 @@ def handler(adapter: Adapter) -> Callable[[web.Request], Awaitable[web.StreamRes
 
 async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     app, ex = request.app, request[EXCHANGE]
+    state = app[STATE]
     call = await read(request, adapter)
     ex.tenant = call.tenant_or_anonymous
-    recording = app[TRAJECTORIES].recording(call)  # asked once: the verdict and the record both need it
+    recording = state.trajectories.recording(call)  # asked once: the verdict and the record both need it
     agent = await verdict(app, call, ex, recording)
     admitted = await admit(app, call)
     call, sighting, ctx, decision = await decided(request, adapter, call, admitted, agent)
     asked, decision = compaction.asked(adapter, call, decision)  # the gateway answers with a compaction itself
-    experiments = app[EXPERIMENTS]
+    experiments = state.experiments
     engaged = asked is None and experiments.engaged(call.policy)
     enrollment = await experiments.begin(ex, call, ctx, decision) if engaged else None
     if enrollment is not None:
@@ -106,7 +91,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     finally:
         if held is not None:
             # Shielded: a client that disconnects cancels the handler, and the hold must still be settled or freed.
-            await asyncio.shield(app[ACCOUNTING].close(held, call.policy, ex))
+            await asyncio.shield(state.accounting.close(held, call.policy, ex))
         if enrollment is not None:
             experiments.finished(enrollment, status)
 
@@ -134,8 +119,9 @@ async def decided(
 
 async def _decision(app: web.Application, call: Call, admitted: Admitted | None, agent: AgentVerdict | None,
                     observed: bool) -> tuple[Sighting | None, Context, Decision]:
+    state = app[STATE]
     sighting = await sight(app, call)
-    counts = await app[COUNTS].count(call, app[DEPLOYMENTS].windows)  # {} unless a window's edge is near
+    counts = await state.counts.count(call, state.deployments.windows)  # {} unless a window's edge is near
     ctx = gather(call, LiveScoring(app, observed), surroundings(app, admitted, agent, sighting, counts))
     return sighting, ctx, decide(call.policy, call.features, ctx)
 
@@ -143,7 +129,7 @@ async def _decision(app: web.Application, call: Call, admitted: Admitted | None,
 async def _masked(app: web.Application, adapter: Adapter, call: Call, rule: MaskRule) -> Call | None:
     """The call with its tool outputs masked by `rule` (None when the originals could not be stored)."""
     assert adapter.tool_outputs is not None
-    body, masking = await app[OFFLOAD].mask_by(adapter.tool_outputs, rule, call.body, call.tenant_or_anonymous)
+    body, masking = await app[STATE].offload.mask_by(adapter.tool_outputs, rule, call.body, call.tenant_or_anonymous)
     if masking is None:
         return None
     view = adapter.view(body)
@@ -154,9 +140,10 @@ async def _masked(app: web.Application, adapter: Adapter, call: Call, rule: Mask
 def served(app: web.Application, adapter: Adapter, call: Call, decision: Decision, sighting: Sighting | None,
            ex: Exchange) -> None:
     """The deployment's cache now holds the prompt sighted: recorded, and the session's next step warmed."""
+    state = app[STATE]
     if sighting is not None:
-        app[SESSION_CACHES].served(call, sighting, ex)
-        app[WARMUPS].after(adapter, call, decision, sighting, ex)
+        state.session_caches.served(call, sighting, ex)
+        state.warmups.after(adapter, call, decision, sighting, ex)
 
 
 async def answer(
@@ -170,24 +157,25 @@ async def answer(
         return await compaction.answer_paused(request, compacted)
     keep = None
     if adapter.chains:
-        keep = request.app[CONVERSATIONS].keeper(call, compacted.kept_body if compacted is not None else None)
+        keep = request.app[STATE].conversations.keeper(call, compacted.kept_body if compacted is not None else None)
     return await relay.forward(request, adapter, call, decision, caps, keep)
 
 
 async def read(request: web.Request, adapter: Adapter) -> Call:
     """The one view of the call: the body read within its limit, checked, its features and agent step."""
-    raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
+    state = request.app[STATE]
+    raw = await read_body(request, state.settings.max_body_bytes)
     body = parsed = adapter.parse(raw)
-    policy = request.app[POLICY_FILE].current
+    policy = state.policy_file.current
     # Only tenant auth names a tenant: without it, no lookup (a missing key costs the mapping a KeyError).
     tenant, chain = request.get(TENANT) if policy.auth.enabled else None, None
     if adapter.chains:  # the full conversation, from the gateway's own store, whichever deployment served it
-        body, chain = await request.app[CONVERSATIONS].expand(body, tenant or ANONYMOUS)
+        body, chain = await state.conversations.expand(body, tenant or ANONYMOUS)
         body = compaction.opened(request, body, tenant or ANONYMOUS)  # no deployment reads a compaction item
     body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
     masking = None
     if policy.masks_context:  # the policy's context rules: old tool outputs masked, their originals stored first
-        body, masking = await request.app[OFFLOAD].mask(adapter.tool_outputs, policy, body, tenant,
+        body, masking = await state.offload.mask(adapter.tool_outputs, policy, body, tenant,
                                                         tenant or ANONYMOUS)
     view = adapter.view(body)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
@@ -199,31 +187,34 @@ async def verdict(app: web.Application, call: Call, ex: Exchange, recording: boo
     if not recording or not call.policy.agents.enforcing:
         return None
     sid = call.session_id
-    return None if sid is None else await app[TRAJECTORIES].verdict(call.policy, call.tenant_or_anonymous, sid, ex)
+    if sid is None:
+        return None
+    return await app[STATE].trajectories.verdict(call.policy, call.tenant_or_anonymous, sid, ex)
 
 
 async def sight(app: web.Application, call: Call) -> Sighting | None:
     """What each deployment's prefix cache holds of the session's prompt, when the policy prices switches; the
     session's warm-up still in flight is stale now that its next step is here."""
+    state = app[STATE]
     if call.policy.switch is None:
         return None
     if call.session_id is not None:
-        app[WARMUPS].arrived(call.tenant_or_anonymous, call.session_id)
-    return await app[SESSION_CACHES].sighting(call)
+        state.warmups.arrived(call.tenant_or_anonymous, call.session_id)
+    return await state.session_caches.sighting(call)
 
 
 async def admit(app: web.Application, call: Call) -> Admitted | None:
     """The budget and session verdict, when tenancy is configured or the call caps its own cost."""
     if not needs_admission(call.policy, call.headers):
         return None
-    return await app[ACCOUNTING].admit(call)
+    return await app[STATE].accounting.admit(call)
 
 
 def surroundings(
     app: web.Application, admitted: Admitted | None, agent: AgentVerdict | None, sighting: Sighting | None = None,
     counts: Mapping[str, windows.Count] | None = None,
 ) -> Surroundings:
-    deployments = app[DEPLOYMENTS]
+    deployments = app[STATE].deployments
     return Surroundings(
         load=dict(deployments.load), in_flight=deployments.in_flight_now(),
         admission=admitted.verdict if admitted is not None else None,
@@ -239,7 +230,7 @@ async def hold(
     """Hold the call's worst case against the tenant's budget; near a hard limit this may narrow the failover."""
     if admitted is None or not policy.accounted:
         return None, decision  # only a cost-cap header steered this call: nothing to account
-    return await app[ACCOUNTING].hold(admitted, policy, decision)
+    return await app[STATE].accounting.hold(admitted, policy, decision)
 
 
 def record(
@@ -248,6 +239,7 @@ def record(
 ) -> None:
     """The decision as admission left it goes on the request record, the explain memory and the agent step, with
     the context edits that made the prompt."""
+    state = app[STATE]
     ex.decided(call.features, decision, ctx.complexity)
     managed = call.context
     clearings = managed.clearings() if managed is not None else ()
@@ -257,13 +249,13 @@ def record(
     masking = call.masking
     if masking is not None and masking.masked:
         ex.masked_outputs(len(masking.masked), masking.tokens_saved, masking.frontier)
-    app[RECENT].remember(ex.request_id, call, ctx, decision)
+    state.recent.remember(ex.request_id, call, ctx, decision)
     asker = compaction_asker(call.features.last_user_text)
     if asker is not None:  # rare: counted at once
         ex.attributes[t.AGENT_COMPACTION] = asker
-        app[TELEMETRY].metrics.agent_compaction_requests.labels(asker, decision.deployment).inc()
+        state.telemetry.metrics.agent_compaction_requests.labels(asker, decision.deployment).inc()
     if recording and adapter.generates and call.session_id is not None:
-        app[TRAJECTORIES].begin(ex, call, enrollment.cohorted() if enrollment is not None else None)
+        state.trajectories.begin(ex, call, enrollment.cohorted() if enrollment is not None else None)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

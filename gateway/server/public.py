@@ -10,7 +10,7 @@ from aiohttp import web
 from gateway.decision import windows
 from gateway.experiments.shares import export as export_shares
 from gateway.policy.model import Policy
-from gateway.server.resources import DEPLOYMENTS, POLICY_FILE, SETTINGS, SHARES, TELEMETRY
+from gateway.server.resources import STATE
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -20,8 +20,9 @@ async def healthz(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     """The client-facing models the policy declares, in a list both the OpenAI and the Anthropic SDKs read, each
     with its context window where one is known (docs/windows.md: what to set a coding agent's compaction by)."""
-    policy = request.app[POLICY_FILE].current
-    learned = request.app[DEPLOYMENTS].windows
+    state = request.app[STATE]
+    policy = state.policy_file.current
+    learned = state.deployments.windows
     data = [{"id": name, "object": "model", "type": "model", "display_name": name, "owned_by": "agent-gateway",
              "created": 0, "created_at": "1970-01-01T00:00:00Z", "description": model.description,
              **_window(policy, model.pin, learned)}
@@ -42,8 +43,9 @@ def _window(policy: Policy, pin: str | None, learned: Mapping[str, int]) -> dict
 async def readyz(request: web.Request) -> web.Response:
     """Ready when a policy is loaded and a deployment is healthy; otherwise 503 saying why."""
     app = request.app
-    policy_file = app[POLICY_FILE]
-    healthy = sorted(name for name, load in app[DEPLOYMENTS].load.items() if load.healthy)
+    state = app[STATE]
+    policy_file = state.policy_file
+    healthy = sorted(name for name, load in state.deployments.load.items() if load.healthy)
     problems = []
     if not healthy:
         problems.append("no deployment is healthy: " + ", ".join(
@@ -67,12 +69,13 @@ def _where(problem: str) -> str:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    metrics = request.app[TELEMETRY].metrics
-    export_shares(request.app[SHARES], metrics)  # fresh at every scrape, not only at the once-a-second sync
+    state = request.app[STATE]
+    metrics = state.telemetry.metrics
+    export_shares(state.shares, metrics)  # fresh at every scrape, not only at the once-a-second sync
     body = metrics.render()
     # With several workers each scrape is merged from all of them; the header says which one answered.
     return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8",
-                                            "x-gateway-worker": str(request.app[SETTINGS].worker_index)})
+                                            "x-gateway-worker": str(state.settings.worker_index)})
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

@@ -23,7 +23,7 @@ from gateway.policy.model import Price
 from gateway.server import resume_splice as resume
 from gateway.server import resuming
 from gateway.server.exchanges import add_gateway_headers
-from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, SETTINGS, TELEMETRY
+from gateway.server.resources import EXCHANGE, STATE
 from gateway.telemetry.exchange import Exchange, Resume
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream import forward as upstream
@@ -44,12 +44,12 @@ async def forward(
     `keep` is handed the finished answer object before the client can see the answer end (the Responses API's
     stored state: a client that chains at once must find it)."""
     app, ex = request.app, request[EXCHANGE]
-    pool, deployments, metrics = app[POOL], app[DEPLOYMENTS], app[TELEMETRY].metrics
+    pool, deployments, metrics = app[STATE].pool, app[STATE].deployments, app[STATE].telemetry.metrics
     headers = upstream.forwardable(request.headers)
     headers["x-request-id"] = ex.request_id
     if ex.trace is not None:  # the deployment's spans become children of this request's span
         ex.trace.inject(headers)
-    limit = app[SETTINGS].max_upstream_body_bytes
+    limit = app[STATE].settings.max_upstream_body_bytes
     answer_id = adapter.new_id()
     plan = resuming.plan(adapter, call, caps, answer_id, headers) if call.features.stream else None
     body = {**call.body, "return_token_ids": True} if plan is not None and plan.asks_token_ids else call.body
@@ -121,7 +121,8 @@ async def _relay_stream(
     """Relay events as they arrive; learn usage. A failure after the first byte is resumed on the next deployment
     in the failover order where that is faithful (server/resuming.py), else it becomes one error event."""
     app, ex = request.app, request[EXCHANGE]
-    deployments, metrics = app[DEPLOYMENTS], app[TELEMETRY].metrics
+    state = app[STATE]
+    deployments, metrics = state.deployments, state.telemetry.metrics
     response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
     await response.prepare(request)
     part: StreamReader | resume.Splice = reader

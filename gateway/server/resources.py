@@ -1,5 +1,5 @@
-"""The app's resources, one typed AppKey each (created and closed in create_app's cleanup contexts), and the
-per-request keys the middleware sets (server/middleware.py)."""
+"""The app's state, one typed object (its resources created and closed in create_app's cleanup contexts), and
+the per-request keys the middleware sets (server/middleware.py)."""
 
 from __future__ import annotations
 
@@ -112,25 +112,41 @@ class Telemetry:
     spans: Spans | None
 
 
-SETTINGS = web.AppKey("settings", Settings)
-TELEMETRY = web.AppKey("telemetry", Telemetry)
-POOL = web.AppKey("pool", Pool)  # the one pool of connections to the deployments
-POLICY_FILE = web.AppKey("policy", PolicyFile)
-DEPLOYMENTS = web.AppKey("deployments", Deployments)
-COUNTS = web.AppKey("counts", DeploymentCounts)  # prompts near a window, in the deployment's own tokens
-CLASSIFIER = web.AppKey("classifier", Classifier)
-STORES = web.AppKey("stores", Stores)
-SHARES = web.AppKey("shares", ShareTracker)  # live complexity-share thresholds
-RECENT = web.AppKey("recent", Recent)
-TRAFFIC = web.AppKey("traffic", TrafficWindows)  # readings of the request counters, for /admin/deployments
-ACCOUNTING = web.AppKey("accounting", Accounting)
-EXPERIMENTS = web.AppKey("experiments", Experiments)
-TRAJECTORIES = web.AppKey("trajectories", Trajectories)
-CONVERSATIONS = web.AppKey("conversations", Conversations)  # the Responses API's stored responses
-SESSION_CACHES = web.AppKey("session_caches", SessionCaches)  # each agent session's prefix caches
-WARMUPS = web.AppKey("warmups", Warmups)  # the deployments' caches warmed for sessions' next steps
-OFFLOAD = web.AppKey("offload", Offload)  # masked tool outputs and the object store of their originals
-SEAL = web.AppKey("seal", Seal)  # seals and opens the compaction items clients send back
+class AppState:
+    """Everything the app holds, one typed attribute per resource. The request-independent ones come with the app;
+    the rest are set by create_app's cleanup contexts, in their order (each may use those set before it), before the
+    first request. One object under one key: handlers and stages read `request.app[STATE].pool`, and the admin
+    sub-app shares the very object."""
+
+    __slots__ = ("accounting", "classifier", "conversations", "counts", "deployments", "experiments", "offload",
+                 "policy_file", "pool", "recent", "seal", "session_caches", "settings", "shares", "stores",
+                 "telemetry", "traffic", "trajectories", "warmups")
+
+    settings: Settings
+    recent: Recent
+    traffic: TrafficWindows  # readings of the request counters, for /admin/deployments
+    seal: Seal  # seals and opens the compaction items clients send back
+    pool: Pool  # the one pool of connections to the deployments
+    telemetry: Telemetry
+    policy_file: PolicyFile
+    deployments: Deployments
+    counts: DeploymentCounts  # prompts near a window, in the deployment's own tokens
+    classifier: Classifier
+    stores: Stores
+    offload: Offload  # masked tool outputs and the object store of their originals
+    conversations: Conversations  # the Responses API's stored responses
+    shares: ShareTracker  # live complexity-share thresholds
+    accounting: Accounting
+    session_caches: SessionCaches  # each agent session's prefix caches
+    warmups: Warmups  # the deployments' caches warmed for sessions' next steps
+    experiments: Experiments
+    trajectories: Trajectories
+
+    def __init__(self, settings: Settings, recent: Recent, traffic: TrafficWindows, seal: Seal) -> None:
+        self.settings, self.recent, self.traffic, self.seal = settings, recent, traffic, seal
+
+
+STATE = web.AppKey("state", AppState)
 
 EXCHANGE = web.RequestKey("exchange", Exchange)
 REQUEST_ID = web.RequestKey("request_id", str)

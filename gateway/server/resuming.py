@@ -22,7 +22,7 @@ from gateway.errors import GatewayError, UpstreamError
 from gateway.features import count_tokens
 from gateway.policy.model import Deployment
 from gateway.server import resume_splice as resume
-from gateway.server.resources import DEPLOYMENTS, EXCHANGE, POOL, RECENT, SETTINGS, TELEMETRY
+from gateway.server.resources import EXCHANGE, STATE
 from gateway.telemetry.exchange import Resume
 from gateway.upstream import forward as upstream
 
@@ -69,6 +69,7 @@ async def go_on(
     faithful, nowhere to go, or the sibling failed before its first byte): the caller ends the client's stream
     with the error event, saying why (`unresumed`)."""
     app, ex = request.app, request[EXCHANGE]
+    state = app[STATE]
     broken = reply.deployment
     reply.close()  # a stalled deployment stops generating now, not when the continuation ends
     _count_part(progress, part)
@@ -90,12 +91,12 @@ async def go_on(
     ex.tried.append(target)
     if plan.sending is None:
         plan.sending = contextlib.ExitStack()
-    plan.sending.enter_context(app[DEPLOYMENTS].sending(target))
+    plan.sending.enter_context(state.deployments.sending(target))
     try:
-        sibling = await upstream.send(app[POOL], target, dep, path, body, plan.headers)
-        await upstream.answer(sibling, True, app[SETTINGS].max_upstream_body_bytes)
+        sibling = await upstream.send(state.pool, target, dep, path, body, plan.headers)
+        await upstream.answer(sibling, True, state.settings.max_upstream_body_bytes)
     except UpstreamError as exc:
-        app[DEPLOYMENTS].record_failure(target)
+        state.deployments.record_failure(target)
         return _record(request, Resume(broken, target, at, "failed", f"the continuation failed: {exc.message}"))
     plan.left -= 1
     progress.answer_id = progress.answer_id if adapter.endpoint in _TOKEN_APIS else plan.answer_id
@@ -123,13 +124,14 @@ async def _keep_shown_ids(app: web.Application, target: str, dep: Deployment, pr
     its detokenizer with the prompt, and one that ends mid-character lets out the whole prompt's text with its
     first character. Where the last event with text carried several ids, the sibling's tokenizer says which of
     them ends on a whole character."""
+    state = app[STATE]
     ends = progress.shown_ends()
     for end in ends[:-1]:  # the last candidate needs no asking: some id of that event let its text out
         try:
-            fetched = await upstream.fetch(app[POOL], target, dep, resume.DETOKENIZE_PATH,
+            fetched = await upstream.fetch(state.pool, target, dep, resume.DETOKENIZE_PATH,
                                            resume.detokenize_body(progress, end, dep.served_model), headers,
                                            timeout_s=DETOKENIZE_TIMEOUT_S,
-                                           limit_bytes=app[SETTINGS].max_upstream_body_bytes)
+                                           limit_bytes=state.settings.max_upstream_body_bytes)
         except GatewayError as exc:
             return f"where the client's text ends could not be found: {exc.message}"
         whole = resume.ends_on_character(fetched.body) if fetched.status == 200 else None
@@ -156,7 +158,7 @@ def _next(app: web.Application, decision: Decision, broken: str) -> str | None:
     """The deployment after the broken one in the failover order that is not ejected."""
     order = decision.attempts
     later = order[order.index(broken) + 1:] if broken in order else ()
-    load = app[DEPLOYMENTS].load
+    load = app[STATE].deployments.load
     return next((name for name in later if name not in load or load[name].healthy), None)
 
 
@@ -181,8 +183,9 @@ def _why_not(call: Call, plan: Plan, progress: resume.Progress, target: str | No
 def _record(request: web.Request, what: Resume) -> Resume:
     ex = request[EXCHANGE]
     ex.resumed(what)
-    request.app[TELEMETRY].metrics.stream_resumes.labels(what.from_deployment, what.to or "none", what.outcome).inc()
-    request.app[RECENT].resumed(ex.request_id, what.describe())
+    state = request.app[STATE]
+    state.telemetry.metrics.stream_resumes.labels(what.from_deployment, what.to or "none", what.outcome).inc()
+    state.recent.resumed(ex.request_id, what.describe())
     return what
 
 

@@ -15,7 +15,7 @@ from gateway.rollout import step as rollout
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.state import RolloutState
 from gateway.server.queries import whole_number
-from gateway.server.resources import EXPERIMENTS, POLICY_FILE, STORES
+from gateway.server.resources import STATE
 from gateway.store.contract import reported_as_unavailable
 
 PAIRS_LIMIT = 10_000
@@ -35,11 +35,11 @@ OPERATIONS: dict[str, Operation] = {
 
 
 def _experiments(request: web.Request) -> Experiments:
-    return request.app[EXPERIMENTS]
+    return request.app[STATE].experiments
 
 
 def _spec(request: web.Request, route: str) -> RolloutSpec:
-    policy = request.app[POLICY_FILE].current
+    policy = request.app[STATE].policy_file.current
     spec = _experiments(request).rollouts.view.index(policy).rollouts.get(route)
     if spec is None:
         routes = ", ".join(r.route or "" for r in policy.rollouts) or "none"
@@ -77,7 +77,7 @@ def _applied(experiments: Experiments, spec: RolloutSpec) -> dict[str, Any]:
 
 async def list_rollouts(request: web.Request) -> web.Response:
     experiments = _experiments(request)
-    specs = experiments.rollouts.view.index(request.app[POLICY_FILE].current).rollouts
+    specs = experiments.rollouts.view.index(request.app[STATE].policy_file.current).rollouts
     return web.json_response({route: await _status(experiments, route, spec) for route, spec in specs.items()})
 
 
@@ -135,7 +135,7 @@ async def shadow_pairs(request: web.Request) -> web.StreamResponse:
     target = request.query.get("target") or None
     limit = _limit(request)
     with reported_as_unavailable("The shadow pair store"):
-        records = await request.app[STORES].pairs.pairs(target, limit)
+        records = await request.app[STATE].stores.pairs.pairs(target, limit)
     return _records(request, records)
 
 
@@ -143,7 +143,7 @@ async def shadow_labels(request: web.Request) -> web.StreamResponse:
     """Labels of shadow pairs (the labeller's, see docs/learning-loop.md), oldest first: JSON, or JSONL."""
     limit = _limit(request)
     with reported_as_unavailable("The shadow label store"):
-        records = await request.app[STORES].labels.labels(limit)
+        records = await request.app[STATE].stores.labels.labels(limit)
     return _records(request, records)
 
 
@@ -160,7 +160,7 @@ def _records(request: web.Request, records: list[str]) -> web.Response:
 async def policy_shadow(request: web.Request) -> web.Response:
     """The candidate policy's agreement with the live one on this replica, and its recent disagreements."""
     experiments = _experiments(request)
-    section = request.app[POLICY_FILE].current.policy_shadow
+    section = request.app[STATE].policy_file.current.policy_shadow
     return web.json_response(
         {
             "candidate": None if section is None else section.candidate,

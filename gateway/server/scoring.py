@@ -9,7 +9,7 @@ from aiohttp import web
 
 from gateway.features import Features
 from gateway.policy.model import Policy
-from gateway.server.resources import CLASSIFIER, SHARES, TELEMETRY
+from gateway.server.resources import STATE
 
 
 class LiveScoring:
@@ -24,14 +24,15 @@ class LiveScoring:
         self.app, self.observed = app, observed
 
     def score(self, policy: Policy, features: Features) -> float:
+        state = self.app[STATE]
         started = time.perf_counter()
-        score = policy.classifier_or(self.app[CLASSIFIER]).score(features)
-        cost = self.app[TELEMETRY].metrics.scoring
+        score = policy.classifier_or(state.classifier).score(features)
+        cost = state.telemetry.metrics.scoring
         cost.seconds += time.perf_counter() - started
         cost.scores += 1
         return score
 
     def thresholds(self, policy: Policy, route: str, complexity: float) -> Mapping[float, float]:
-        shares = self.app[SHARES]
+        shares = self.app[STATE].shares
         shares.follow(policy)
         return shares.observe(route, complexity) if self.observed else shares.thresholds(route)

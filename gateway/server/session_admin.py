@@ -21,7 +21,7 @@ from aiohttp import web
 from gateway.agents.trajectory import SORTS
 from gateway.errors import BadRequest, NotFound
 from gateway.server.queries import whole_number
-from gateway.server.resources import TRAJECTORIES
+from gateway.server.resources import STATE
 from gateway.store.contract import reported_as_unavailable
 
 LIMIT_DEFAULT = 50
@@ -34,7 +34,7 @@ async def sessions(request: web.Request) -> web.Response:
     if sort not in SORTS:
         raise BadRequest(f"sort must be one of {', '.join(SORTS)}, got {sort[:32]!r}", param="sort")
     limit = whole_number(query, "limit", LIMIT_DEFAULT, 1, LIMIT_MAX)
-    store = request.app[TRAJECTORIES].store
+    store = request.app[STATE].trajectories.store
     with reported_as_unavailable("The trajectory store"):
         found = await store.sessions(query.get("tenant") or None, limit, sort)
     return web.json_response({"object": "list", "data": [s.to_dict() for s in found]})
@@ -42,7 +42,7 @@ async def sessions(request: web.Request) -> web.Response:
 
 async def session(request: web.Request) -> web.Response:
     given = request.match_info["session_id"]
-    trajectories = request.app[TRAJECTORIES]
+    trajectories = request.app[STATE].trajectories
     with reported_as_unavailable("The trajectory store"):
         tenant, session_id = await trajectories.locate(given, request.query.get("tenant") or None)
         found = await trajectories.store.session(session_id, tenant)

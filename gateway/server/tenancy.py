@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gateway.server.resources import ACCOUNTING, POLICY_FILE, TENANT
+from gateway.server.resources import STATE, TENANT
 
 
 def tenant_middleware(app: web.Application) -> Middleware:
@@ -14,8 +14,9 @@ def tenant_middleware(app: web.Application) -> Middleware:
 
     @web.middleware
     async def tenant(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith("/v1/") and app[POLICY_FILE].current.auth.enabled:
-            request[TENANT] = await app[ACCOUNTING].tenant(credential(request))
+        state = app[STATE]
+        if request.path.startswith("/v1/") and state.policy_file.current.auth.enabled:
+            request[TENANT] = await state.accounting.tenant(credential(request))
         return await handler(request)
 
     return tenant

@@ -16,7 +16,7 @@ from gateway.cli import simulate
 from gateway.policy import model as policy_module
 from gateway.policy.model import Price
 from gateway.policy.tenancy import Window
-from gateway.server.resources import ACCOUNTING
+from gateway.server.resources import STATE
 from tests.fixtures.agent_runs import Agent, recorded
 from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import FakeVLLM, Prompt
@@ -31,7 +31,7 @@ async def _spent(stack: Stack, tenant: str = "anonymous") -> float:
     """The tenant's settled spend of the day, once no hold is left open (a stream's settles as it ends)."""
 
     async def settled() -> float | None:
-        day = (await stack.gateway.app[ACCOUNTING].store.snapshot(tenant)).windows[Window.DAY]
+        day = (await stack.gateway.app[STATE].accounting.store.snapshot(tenant)).windows[Window.DAY]
         return day.spend_usd if day.reserved_usd == 0 and day.spend_usd > 0 else None
 
     found: float = await until(settled, what="every hold settled")

@@ -21,7 +21,7 @@ from gateway.accounting.ledger import Accounting
 from gateway.cli.command import main
 from gateway.policy import model as policy_module
 from gateway.policy.tenancy import Window
-from gateway.server.resources import ACCOUNTING
+from gateway.server.resources import STATE
 from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.redis_server import RedisServer
@@ -35,7 +35,7 @@ HQ_CALL_USD = (11 * 3 + 8 * 15) / 1e6
 
 
 def _accounting(stack: Stack) -> Accounting:
-    return stack.gateway.app[ACCOUNTING]
+    return stack.gateway.app[STATE].accounting
 
 
 async def _chat(
@@ -360,7 +360,7 @@ async def test_a_completions_call_is_held_for_the_max_tokens_vllm_obeys(make_sta
 
 async def _long_context(stack: Stack, max_model_len: int, names: tuple[str, ...] = ("fast",)) -> None:
     """Give deployments a context window (the policy reloads live)."""
-    from gateway.server.resources import POLICY_FILE
+    from gateway.server.resources import STATE
 
     policy = yaml.safe_load(stack.policy_path.read_text())
     for name, dep in policy["deployments"].items():
@@ -369,7 +369,7 @@ async def _long_context(stack: Stack, max_model_len: int, names: tuple[str, ...]
             dep["max_model_len"] = max_model_len
     stack.policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
     app = stack.gateway.app
-    deployments = lambda: app[POLICY_FILE].current.deployments  # noqa: E731
+    deployments = lambda: app[STATE].policy_file.current.deployments  # noqa: E731
     await until(lambda: all(deployments()[n].max_model_len == max_model_len for n in names), what="reload")
 
 

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.agents import pending_steps as agent_steps
 from gateway.agents import recorder as trajectories
 from gateway.agents import trajectory as tr
-from gateway.server.resources import TELEMETRY, TRAJECTORIES
+from gateway.server.resources import STATE
 from gateway.telemetry.spans import Spans
 from tests.fixtures.agent_runs import SECRET_TASK, TOOLS, Agent, admin, recorded
 from tests.fixtures.conditions import until
@@ -165,7 +165,7 @@ async def test_a_tenant_cost_spike_steers_the_session_that_drove_it_to_fast(make
     stack = await make_stack(SPIKES)
     stack.hq.tool_args = stack.fast.tool_args = _varied
     now = [math.floor(time.time() / 10) * 10.0]  # a window's start; moved on by hand below
-    stack.gateway.app[TRAJECTORIES].clock = lambda: now[0]
+    stack.gateway.app[STATE].trajectories.clock = lambda: now[0]
     async with stack.client() as client:
         steady, burst = Agent(client, "steady"), Agent(client, "burst")
         for _ in range(4):  # one step each per 10 s window: the tenant's baseline, ~0.0018 USD/min
@@ -189,7 +189,7 @@ async def test_a_tenant_cost_spike_steers_the_session_that_drove_it_to_fast(make
 async def test_the_step_span_carries_the_session_tool_calls_and_flags(make_stack: Callable[..., Any]) -> None:
     stack = await make_stack(LOOPS.format(action="flag"))
     exporter = InMemorySpanExporter()
-    stack.gateway.app[TELEMETRY].spans = Spans(SimpleSpanProcessor(exporter))
+    stack.gateway.app[STATE].telemetry.spans = Spans(SimpleSpanProcessor(exporter))
     async with stack.client() as client:
         await Agent(client, "traced", output=lambda i: "Error: boom" if i == 1 else "fine").run(3)
     await recorded(_base(stack), "traced", 3)
@@ -235,7 +235,7 @@ async def test_a_one_shot_call_is_no_session_but_a_conversation_is(stack: Stack)
         await client.chat.completions.create(model="auto", messages=follow_up)  # type: ignore[arg-type]
         await client.chat.completions.create(model="auto", messages=first,  # type: ignore[arg-type]
                                              extra_headers={"x-session-id": "named"})
-    await stack.gateway.app[TRAJECTORIES].flush()
+    await stack.gateway.app[STATE].trajectories.flush()
     status, listed = await admin(_base(stack), "/admin/sessions")
     named, derived = sorted(s["session_id"] for s in listed["data"])  # by the client's id, else the gateway's
     assert status == 200 and named == "named" and derived.startswith("p:")
@@ -270,7 +270,7 @@ async def test_a_step_that_sends_back_100k_tool_outputs_records_a_bounded_digest
             f"{_base(stack)}/v1/chat/completions", data=body,
             headers={"content-type": "application/json", "x-session-id": "flood"}) as resp:
         assert resp.status == 200, await resp.text()
-    recorder = stack.gateway.app[TRAJECTORIES]
+    recorder = stack.gateway.app[STATE].trajectories
     (queued,) = recorder._queue
     # what the queued step keeps: digests, not the request (the 100k messages) nor the response's bytes
     assert queued.messages is None and len(queued.sent.tool_results) == tr.MAX_TOOL_RESULTS
@@ -297,10 +297,10 @@ async def test_a_big_answer_is_read_when_queued_not_kept(
     stack.hq.faults.append(Fault(body=json.dumps(big).encode()))
     async with stack.client() as client:
         await Agent(client, "big").run(1)
-    (queued,) = stack.gateway.app[TRAJECTORIES]._queue
+    (queued,) = stack.gateway.app[STATE].trajectories._queue
     assert queued.raw is None and queued.kept_bytes == 0
     assert [c.name for c in queued.calls or ()] == ["search"]
-    await stack.gateway.app[TRAJECTORIES].flush()
+    await stack.gateway.app[STATE].trajectories.flush()
     session = await recorded(_base(stack), "big", 1)
     assert [c["name"] for c in session["steps"][0]["tool_calls"]] == ["search"]
 
@@ -323,7 +323,7 @@ async def test_one_malformed_step_never_costs_the_other_sessions_theirs(
         await Agent(client, "fine").run(1)
         await Agent(client, "faulty").run(1)
         await Agent(client, "also-fine").run(1)
-    await stack.gateway.app[TRAJECTORIES].flush()  # all four steps in one batch
+    await stack.gateway.app[STATE].trajectories.flush()  # all four steps in one batch
     for name in ("deep-args", "fine", "also-fine"):
         session = await recorded(_base(stack), name, 1)
         assert [c["name"] for c in session["steps"][0]["tool_calls"]] == ["search"]
@@ -335,7 +335,7 @@ async def test_one_malformed_step_never_costs_the_other_sessions_theirs(
             "id": "c", "type": "function", "function": {"name": "search", "arguments": DEEP_ARGS}}]},
             {"role": "tool", "tool_call_id": "c", "content": "ok"}]
         await agent.step()
-    await stack.gateway.app[TRAJECTORIES].flush()
+    await stack.gateway.app[STATE].trajectories.flush()
     await recorded(_base(stack), "deep-args", 2)
 
 
@@ -364,7 +364,7 @@ async def test_a_call_the_deployment_refuses_is_no_step(make_stack: Any) -> None
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(model="hq", messages=messages, tools=tools, extra_headers=headers)
         await client.chat.completions.create(model="hq", messages=messages, tools=tools, extra_headers=headers)
-    store = stack.gateway.app[TRAJECTORIES].store
+    store = stack.gateway.app[STATE].trajectories.store
 
     async def one_step() -> Any:
         found = await store.session("h:refused-then-ok", "anonymous")  # the stored id of x-session-id's

@@ -167,12 +167,12 @@ async def test_an_id_two_tenants_sent_is_ambiguous_until_the_tenant_is_named(
     import openai
 
     from gateway.accounting import keys
-    from gateway.server.resources import ACCOUNTING
+    from gateway.server.resources import STATE
 
     stack = await make_stack("auth: {enabled: true}\n")
     base = str(stack.gateway.make_url("")).rstrip("/")
     for tenant, steps in (("acme", 1), ("globex", 2)):
-        _, key = await keys.create(stack.gateway.app[ACCOUNTING].store, tenant)
+        _, key = await keys.create(stack.gateway.app[STATE].accounting.store, tenant)
         async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0) as client:
             await Agent(client, "run-1").run(steps)
     await recorded(base, "run-1?tenant=globex", 2)

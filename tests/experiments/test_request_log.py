@@ -10,7 +10,7 @@ import pytest
 
 from gateway.experiments import request_log
 from gateway.experiments.request_log import loggable_headers
-from gateway.server.resources import CLASSIFIER, EXPERIMENTS
+from gateway.server.resources import STATE
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import Stack
 
@@ -57,12 +57,12 @@ async def test_the_finish_path_scores_nothing_and_the_flush_scores_a_line_the_de
     log_path = tmp_path / "requests.jsonl"
     stack: Stack = await make_stack(settings={"request_log": str(log_path)})
     app = stack.gateway.app
-    classifier, scored = app[CLASSIFIER], []
+    classifier, scored = app[STATE].classifier, []
     score = classifier.score
     monkeypatch.setattr(classifier, "score", lambda f: scored.append(f) or score(f))
     async with stack.client() as client:
         await client.chat.completions.create(model="auto", messages=HELLO)
-    experiments = app[EXPERIMENTS]
+    experiments = app[STATE].experiments
     await until(lambda: experiments.log is not None and len(experiments.log._buffer) == 1, what="the line queued")
     assert scored == []  # the request finished without scoring
     assert experiments.log is not None

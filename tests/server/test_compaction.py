@@ -15,7 +15,7 @@ import pytest
 from gateway.context.seal import Seal
 from gateway.context.summaries import SECTIONS, SUMMARY_LEAD
 from gateway.policy.tenancy import Window
-from gateway.server.resources import ACCOUNTING
+from gateway.server.resources import STATE
 from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
@@ -203,7 +203,7 @@ async def test_the_summary_before_an_answer_that_fails_is_still_charged_to_the_b
         with pytest.raises(openai.APIStatusError):
             await client.responses.create(model="fast", input=CONVERSATION, extra_body=settings)  # type: ignore[arg-type]
     assert stack.fast.paths[0] == "/v1/chat/completions"
-    day = (await stack.gateway.app[ACCOUNTING].store.snapshot("anonymous")).windows[Window.DAY]
+    day = (await stack.gateway.app[STATE].accounting.store.snapshot("anonymous")).windows[Window.DAY]
     summary_usd = (11 * 0.5 + stack.fast.chunks * 1.5) / 1e6  # the fake's usage at fast's price
     assert (day.spend_usd, day.reserved_usd) == (pytest.approx(summary_usd), 0)
 

@@ -18,7 +18,7 @@ import pytest
 from gateway.accounting import keys
 from gateway.cli.command import main as cli
 from gateway.context.masking import read_stub
-from gateway.server.resources import ACCOUNTING
+from gateway.server.resources import STATE
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
 
@@ -73,7 +73,7 @@ def client(stack: Stack, key: str) -> openai.AsyncOpenAI:
 
 
 async def tenants(stack: Stack) -> tuple[str, str]:
-    store = stack.gateway.app[ACCOUNTING].store
+    store = stack.gateway.app[STATE].accounting.store
     return (await keys.create(store, "acme"))[1], (await keys.create(store, "globex"))[1]
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.server.resources import RECENT
+from gateway.server.resources import STATE
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
 HELLO = [{"role": "user", "content": "hello there"}]
@@ -18,7 +18,7 @@ async def test_a_remembered_decision_keeps_only_the_headers_the_policy_reads(sta
         raw = await client.chat.completions.with_raw_response.create(
             model="auto", messages=HELLO, extra_headers={"x-priority": "high", **padding})
     request_id = raw.headers["x-request-id"]
-    remembered = stack.gateway.app[RECENT].get(request_id)
+    remembered = stack.gateway.app[STATE].recent.get(request_id)
     assert remembered is not None
     assert dict(remembered.ctx.headers) == {"x-priority": "high"}
     # The trail recomputed from what was kept is the one the live request got.

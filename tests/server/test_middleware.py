@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from gateway.accounting import keys
-from gateway.server.resources import ACCOUNTING
+from gateway.server.resources import STATE
 from tests.fixtures.stack import Stack, metric
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -27,7 +27,7 @@ async def keyed(make_stack: Any) -> tuple[Stack, str]:
     stack: Stack = await make_stack("""
         auth: {enabled: true}
     """)
-    _, raw = await keys.create(stack.gateway.app[ACCOUNTING].store, "acme")
+    _, raw = await keys.create(stack.gateway.app[STATE].accounting.store, "acme")
     return stack, raw
 
 

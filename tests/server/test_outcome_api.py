@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from gateway.accounting import keys
-from gateway.server.resources import ACCOUNTING
+from gateway.server.resources import STATE
 from tests.fixtures.agent_runs import Agent, admin, recorded
 from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.stack import Stack, metric
@@ -82,7 +82,7 @@ async def test_an_unknown_session_or_a_body_that_is_not_json_writes_nothing(stac
 
 async def test_a_tenant_reports_only_its_own_sessions(make_stack: Callable[..., Any]) -> None:
     stack: Stack = await make_stack("auth: {enabled: true}\n")
-    store = stack.gateway.app[ACCOUNTING].store
+    store = stack.gateway.app[STATE].accounting.store
     _, acme = await keys.create(store, "acme")
     _, other = await keys.create(store, "other")
     async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=acme, max_retries=0) as client:
@@ -121,9 +121,9 @@ async def test_a_report_right_after_the_last_step_finds_the_step_not_yet_flushed
 
 
 async def test_the_report_counts_the_last_step_even_before_the_recorder_wrote_it(stack: Stack) -> None:
-    from gateway.server.resources import TRAJECTORIES
+    from gateway.server.resources import STATE
 
-    trajectories = stack.gateway.app[TRAJECTORIES]
+    trajectories = stack.gateway.app[STATE].trajectories
     async with stack.client() as client:
         agent = await Agent(client, "run-6").run(1)
         await recorded(_base(stack), "run-6", 1)  # the session exists, with its first step

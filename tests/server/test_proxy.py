@@ -380,12 +380,12 @@ async def _metric(stack: Stack, series: str) -> float:
 
 async def test_the_explain_memory_keeps_one_copy_of_snapshots_consecutive_requests_share(stack: Stack) -> None:
     """Equal load, header and window snapshots are kept once, yet each request's trail stays its own."""
-    from gateway.server.resources import RECENT
+    from gateway.server.resources import STATE
 
     async with stack.client() as client:
         raws = [await client.chat.completions.with_raw_response.create(
             model="auto", messages=HELLO, extra_headers={"x-priority": p}) for p in ("low", "low", "high")]
-    recent = stack.gateway.app[RECENT]
+    recent = stack.gateway.app[STATE].recent
     kept = [recent.get(raw.headers["x-request-id"]) for raw in raws]
     assert all(k is not None for k in kept)
     first, second, third = (k.ctx for k in kept if k is not None)

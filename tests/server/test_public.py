@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gateway.accounting import keys
-from gateway.server.resources import ACCOUNTING
+from gateway.server.resources import STATE
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
@@ -78,7 +78,7 @@ async def test_liveness_readiness_and_the_scrape_need_no_token_with_keys_and_an_
 ) -> None:
     """Claude Code checks the base URL with a HEAD / before anything else: no key of any kind may be asked."""
     stack: Stack = await make_stack({"auth": {"enabled": True}})
-    await keys.create(stack.gateway.app[ACCOUNTING].store, "acme")  # tenant keys exist, the admin token too
+    await keys.create(stack.gateway.app[STATE].accounting.store, "acme")  # tenant keys exist, the admin token too
     status, _, text = await _get(stack, path, method)
     assert status == 200, text
     if path in ("/", "/healthz") and method == "GET":
@@ -87,7 +87,7 @@ async def test_liveness_readiness_and_the_scrape_need_no_token_with_keys_and_an_
 
 async def test_with_auth_on_the_model_list_is_a_v1_call_that_needs_a_tenant_key(make_stack: Any) -> None:
     stack: Stack = await make_stack({"auth": {"enabled": True}})
-    _, raw = await keys.create(stack.gateway.app[ACCOUNTING].store, "acme")
+    _, raw = await keys.create(stack.gateway.app[STATE].accounting.store, "acme")
     status, _, _ = await _get(stack, "/v1/models", authorization=f"Bearer {ADMIN_TOKEN}")
     assert status == 401  # the admin token is no tenant key
     async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=raw, max_retries=0) as client:

@@ -157,9 +157,9 @@ async def test_a_stream_that_cannot_be_continued_faithfully_ends_with_the_error_
 
 def _explained_resumes(pair: Pair) -> str:
     """What the explain memory says about the last request's resumes."""
-    from gateway.server.resources import RECENT
+    from gateway.server.resources import STATE
 
-    recent = pair.gateway.app[RECENT]
+    recent = pair.gateway.app[STATE].recent
     last = next(reversed(recent._items.values()))  # the newest entry (the API reads by id)
     return " ".join(last.resumes)
 

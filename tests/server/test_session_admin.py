@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.server.resources import TRAJECTORIES
+from gateway.server.resources import STATE
 from tests.fixtures.agent_runs import Agent, admin, recorded
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import Stack
@@ -48,7 +48,7 @@ async def test_an_id_that_names_a_clients_session_and_the_gateways_is_a_404_sayi
         await client.chat.completions.create(model="auto", messages=conversation)  # type: ignore[arg-type]
 
         async def derived() -> str | None:
-            await stack.gateway.app[TRAJECTORIES].flush()
+            await stack.gateway.app[STATE].trajectories.flush()
             _, listed = await admin(_base(stack), "/admin/sessions")
             return listed["data"][0]["session_id"] if listed["data"] else None
 

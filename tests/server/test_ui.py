@@ -22,7 +22,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from gateway.accounting import keys
-from gateway.server.resources import ACCOUNTING
+from gateway.server.resources import STATE
 from tests.fixtures.agent_runs import Agent, recorded
 from tests.fixtures.agent_runs import admin as admin_get
 from tests.fixtures.conditions import until
@@ -230,7 +230,7 @@ async def test_two_tenants_sessions_of_one_id_stay_apart_and_an_evicted_one_lets
     make_stack: Callable[..., Any], browser: WebDriver,
 ) -> None:
     stack: Stack = await make_stack(TENANTS_POLICY)
-    store = stack.gateway.app[ACCOUNTING].store
+    store = stack.gateway.app[STATE].accounting.store
     (_, acme), (_, globex) = await keys.create(store, "acme"), await keys.create(store, "globex")
     base = str(stack.gateway.make_url("")).rstrip("/")
 

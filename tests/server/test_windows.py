@@ -11,7 +11,7 @@ import anthropic
 import pytest
 import yaml
 
-from gateway.server.resources import DEPLOYMENTS
+from gateway.server.resources import STATE
 from tests.fixtures.conditions import until
 from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.stack import Stack, metric
@@ -25,7 +25,7 @@ async def _models(stack: Stack) -> dict[str, Any]:
 
 
 async def _learned(stack: Stack, **expected: int) -> None:
-    await until(lambda: stack.gateway.app[DEPLOYMENTS].windows == expected, what=f"windows learned: {expected}")
+    await until(lambda: stack.gateway.app[STATE].deployments.windows == expected, what=f"windows learned: {expected}")
 
 
 def _pair(fake_pair: Any, hq_window: int, fast_window: int) -> tuple[FakeVLLM, FakeVLLM]:

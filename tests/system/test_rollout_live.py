@@ -181,7 +181,7 @@ async def _served_by_arm(live: Live) -> dict[str, float]:
 async def test_only_calls_a_deployment_served_are_sampled_shadowed_and_paired(
     make_live: Callable[..., Any],
 ) -> None:
-    from gateway.server.resources import EXPERIMENTS
+    from gateway.server.resources import STATE
 
     shadow = """
 shadows:
@@ -197,7 +197,7 @@ tenants: [{name: anonymous, requests_per_minute: 2}]
         await client.chat.completions.create(model="fast", messages=HELLO)  # served: the one sample
         with pytest.raises(openai.RateLimitError):  # refused at the budget hold: no sample, no shadow
             await client.chat.completions.create(model="fast", messages=HELLO)
-    experiments = live.gateway.app[EXPERIMENTS]
+    experiments = live.gateway.app[STATE].experiments
     await experiments.rollouts.flush()
     _, status = await live.admin("GET", "/admin/rollouts/fast")
     assert status["samples"]["candidate"] == 1
