@@ -27,7 +27,7 @@ from gateway.agents import loops as found
 from gateway.agents import spikes
 from gateway.agents import trajectory as tr
 from gateway.agents.loops import AgentVerdict, Finding
-from gateway.agents.outcome_reports import Outcomes
+from gateway.agents.outcome_reports import CohortCounts, Outcomes
 from gateway.agents.outcomes import Membership, Outcome, read_header
 from gateway.agents.pending_steps import Cohorted, PendingStep, StepReport
 from gateway.agents.session_ids import shown_id, stored_ids
@@ -158,6 +158,10 @@ class Trajectories:
                        "the one the gateway named so", param="session_id", code="session_ambiguous")
 
     # --- the flusher ---
+
+    def count_outcomes_in(self, counters: CohortCounts) -> None:
+        """Outcomes of sessions measured in a rollout cohort count toward its guards from now on."""
+        self.outcomes.counters = counters
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="trajectory-flush")

@@ -24,6 +24,7 @@ from gateway.experiments.mirror import Mirror
 from gateway.experiments.policy_shadow import PolicyShadow
 from gateway.experiments.request_log import RequestLog, log_record
 from gateway.experiments.rollout_arm import DEFAULT_KEY, RolloutArm, request_key
+from gateway.experiments.rollout_counters import RolloutCounters
 from gateway.experiments.rollouts import Rollouts
 from gateway.experiments.shadows import Shadows
 from gateway.policy.model import Policy
@@ -49,6 +50,11 @@ class Experiments:
         self.mirror = Mirror(shadows, candidates, rollouts.view.fresh)
         self.arm = RolloutArm(rollouts, candidates, self.mirror, metrics)
         self.policy_shadow = PolicyShadow(candidates, metrics)
+
+    @property
+    def cohort_counters(self) -> RolloutCounters:
+        """Each rollout cohort's counters: the process figures and the outcomes its guards judge are counted here."""
+        return self.rollouts.counters
 
     @property
     def agreement(self) -> Counter[str]:

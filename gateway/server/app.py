@@ -42,7 +42,7 @@ from gateway.server import (
 )
 from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
-from gateway.server.resources import STATE, AppState, Recent, Telemetry
+from gateway.server.resources import STATE, AppState, Recent
 from gateway.server.session_caches import SessionCaches
 from gateway.server.warmups import Warmups
 from gateway.settings import Settings
@@ -95,7 +95,7 @@ async def _telemetry(app: web.Application) -> AsyncIterator[None]:
     m.export_native(metrics, native.loaded())
     log.info("%s", native.describe())
     spans = make_spans(state.settings.traces)
-    state.telemetry = telemetry = Telemetry(metrics, spans)
+    state.metrics, state.spans = metrics, spans
     if spans is not None:
         _watch_spans(metrics, spans)
     # Several workers: another worker may answer the scrape, so this one's figures must reach the shared files.
@@ -106,8 +106,8 @@ async def _telemetry(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await folding
         metrics.fold()
-    if telemetry.spans is not None:
-        await telemetry.spans.close()  # exports what is still queued
+    if spans is not None:
+        await spans.close()  # exports what is still queued
 
 
 async def _fold_every(metrics: m.Metrics) -> None:
@@ -126,7 +126,7 @@ def _watch_spans(metrics: m.Metrics, spans: Spans) -> None:
 
 async def _policy(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    settings, metrics = state.settings, state.telemetry.metrics
+    settings, metrics = state.settings, state.metrics
     state.policy_file = policy_file = PolicyFile(settings.policy, on_reload=lambda new, err: _reloaded(app, new, err))
     metrics.policy_valid.set(1)
     watcher = asyncio.get_running_loop().create_task(policy_file.watch(settings.policy_poll_s))
@@ -140,7 +140,7 @@ async def _policy(app: web.Application) -> AsyncIterator[None]:
 
 def _reloaded(app: web.Application, new: Policy | None, err: PolicyError | None) -> None:
     state = app[STATE]
-    metrics = state.telemetry.metrics
+    metrics = state.metrics
     metrics.policy_reloads.labels("ok" if err is None else "invalid").inc()
     metrics.policy_valid.set(0 if err is not None else 1)
     if new is not None and hasattr(state, "deployments"):
@@ -152,7 +152,7 @@ PROBE_CONNECTIONS = 2  # per deployment: its /health probe and /metrics scrape r
 
 async def _deployments(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    settings, metrics = state.settings, state.telemetry.metrics
+    settings, metrics = state.settings, state.metrics
     # Probes and scrapes get their own small pool: the main pool at its limit under load must not fail
     # them and make a busy, healthy deployment look dead.
     probes = upstream.make_client(PROBE_CONNECTIONS)
@@ -210,7 +210,7 @@ async def _offload(app: web.Application) -> AsyncIterator[None]:
     store = open_objects(section, default_dir)
     if isinstance(store, DiskObjects):
         await store.open()
-    state.offload = Offload(store, state.telemetry.metrics, section.ttl_s)
+    state.offload = Offload(store, state.metrics, section.ttl_s)
     yield
     await store.close()
 
@@ -223,8 +223,8 @@ async def _conversations(app: web.Application) -> AsyncIterator[None]:
 
 async def _session_caches(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    state.session_caches = caches = SessionCaches(state.stores.prefixes, state.telemetry.metrics)
-    state.warmups = warmups = Warmups(state.pool, state.deployments, state.stores.prefixes, state.telemetry.metrics,
+    state.session_caches = caches = SessionCaches(state.stores.prefixes, state.metrics)
+    state.warmups = warmups = Warmups(state.pool, state.deployments, state.stores.prefixes, state.metrics,
                                      state.accounting.budgets)
     yield
     await warmups.close()  # before the pool and the stores close
@@ -249,7 +249,7 @@ async def _shares(app: web.Application) -> AsyncIterator[None]:
 
 async def _accounting(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    store, metrics = state.stores.accounting, state.telemetry.metrics
+    store, metrics = state.stores.accounting, state.metrics
     state.accounting = Accounting(store, state.policy_file.current)
     fallback = store if isinstance(store, FallbackStore) else None
     m.watch(metrics, m.STORE_DEGRADED, lambda: float(fallback is not None and fallback.degraded))
@@ -260,7 +260,7 @@ async def _accounting(app: web.Application) -> AsyncIterator[None]:
 
 async def _experiments(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    settings, metrics, policy_file = state.settings, state.telemetry.metrics, state.policy_file
+    settings, metrics, policy_file = state.settings, state.metrics, state.policy_file
     rollouts = Rollouts(state.stores.rollouts, lambda: policy_file.current, metrics)
     # Labels keep prompts only with the request log's own opt-in (AGENT_GATEWAY_REQUEST_LOG_PROMPTS=1).
     labeller = Labeller(state.pool, state.stores.labels, metrics, lambda: policy_file.current,
@@ -283,9 +283,9 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
 
 async def _trajectories(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    settings, telemetry, policy_file = state.settings, state.telemetry, state.policy_file
-    trajectories = Trajectories(state.stores.trajectories, lambda: policy_file.current, telemetry.metrics,
-                                state.experiments.rollouts.counters.record_process,
+    settings, policy_file = state.settings, state.policy_file
+    trajectories = Trajectories(state.stores.trajectories, lambda: policy_file.current, state.metrics,
+                                state.experiments.cohort_counters.record_process,
                                 keep_text=bool(settings.request_log_prompts))
     state.trajectories = trajectories
     trajectories.start()

@@ -168,7 +168,7 @@ def note(request: web.Request, api: str, trigger: str, written: Written, tokens_
     """The compaction on the metrics, the span and the decision trail."""
     state = request.app[STATE]
     ex = request[EXCHANGE]
-    state.telemetry.metrics.count_compaction(api, trigger, written.deployment, written.tokens_before,
+    state.metrics.count_compaction(api, trigger, written.deployment, written.tokens_before,
                                                     tokens_after)
     ex.attributes.update({t.COMPACTION_TRIGGER: trigger, t.COMPACTION_DEPLOYMENT: written.deployment,
                           t.COMPACTION_TOKENS_BEFORE: written.tokens_before,
@@ -192,7 +192,7 @@ async def answer(request: web.Request, call: Call, decision: Decision, trigger: 
     items = responses_compaction.without_trigger(responses.input_items(call.body))
     written = await summarize(request, call, chat_messages(call.body, items), decision.attempts)
     ex.answered(written.deployment, written.model, call.policy.deployments[written.deployment].price)
-    ex.settle(written.usage, state.telemetry.metrics)
+    ex.settle(written.usage, state.metrics)
     kept = responses_compaction.retained(items)
     item, after = _sealed(request, call, written, kept)
     note(request, "responses", trigger, written, after)
@@ -227,7 +227,7 @@ async def compact(request: web.Request, adapter: Adapter, call: Call, decision: 
                     request[EXCHANGE].request_id, exc.message)
         return None
     request[EXCHANGE].side_call(written.deployment, call.policy.deployments[written.deployment].price,
-                                written.usage, request.app[STATE].telemetry.metrics)
+                                written.usage, request.app[STATE].metrics)
     reason = f"compaction: {trigger} due; {written.deployment} summarized {written.tokens_before} tokens"
     decision = replace(decision, reasons=(*decision.reasons, reason))
     if edit is None:
@@ -285,7 +285,7 @@ async def answer_paused(request: web.Request, compacted: Compacted) -> web.Strea
     dep = call.policy.deployments[written.deployment]
     ex.trying(written.deployment)
     ex.answered(written.deployment, dep.served_model, dep.price)
-    ex.settle(Usage(0, 0), request.app[STATE].telemetry.metrics)  # the summary was charged as it was made
+    ex.settle(Usage(0, 0), request.app[STATE].metrics)  # the summary was charged as it was made
     message = anthropic_answers.paused(call.context, dep.served_model, written.usage)
     if not call.features.stream:
         return web.json_response(message)

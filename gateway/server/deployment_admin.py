@@ -21,7 +21,7 @@ async def deployments(request: web.Request) -> web.Response:
     app = request.app
     state = app[STATE]
     policy, settings = state.policy_file.current, state.settings
-    metrics, windows = state.telemetry.metrics, state.traffic
+    metrics, windows = state.metrics, state.traffic
     now = time.time()
     served = windows.requests.read(now, metrics.totals("gateway_requests"))
     arms = windows.arms.read(now, metrics.totals("gateway_rollout_requests"))

@@ -40,13 +40,13 @@ def exchange_middleware(app: web.Application) -> Middleware:
 
     @web.middleware
     async def exchange(request: web.Request, handler: Handler) -> web.StreamResponse:
-        telemetry = app[STATE].telemetry
+        state = app[STATE]
         request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
         request[REQUEST_ID] = request_id
         adapter = BY_PATH.get(request.path) if request.method == "POST" else None
         ex = None
         if adapter is not None:
-            spans = telemetry.spans
+            spans = state.spans
             trace = spans.begin(span_name(adapter.endpoint), request.headers) if spans else None
             ex = Exchange(request_id, adapter.endpoint, adapter.operation, trace, _client_request_id(request))
             request[EXCHANGE] = ex
@@ -64,7 +64,7 @@ def exchange_middleware(app: web.Application) -> Middleware:
             raise
         finally:
             if ex is not None:
-                ex.finish(status, telemetry.metrics, telemetry.spans)
+                ex.finish(status, state.metrics, state.spans)
 
     return exchange
 

@@ -73,7 +73,7 @@ async def figures(request: web.Request) -> web.Response:
 async def _wire(app: web.Application) -> None:
     """Outcomes of sessions measured in a rollout cohort count toward its guards."""
     state = app[STATE]
-    state.trajectories.outcomes.counters = state.experiments.rollouts.counters
+    state.trajectories.count_outcomes_in(state.experiments.cohort_counters)
 
 
 def install(app: web.Application) -> None:

@@ -70,7 +70,7 @@ def _where(problem: str) -> str:
 
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    metrics = state.telemetry.metrics
+    metrics = state.metrics
     export_shares(state.shares, metrics)  # fresh at every scrape, not only at the once-a-second sync
     body = metrics.render()
     # With several workers each scrape is merged from all of them; the header says which one answered.

@@ -44,7 +44,7 @@ async def forward(
     `keep` is handed the finished answer object before the client can see the answer end (the Responses API's
     stored state: a client that chains at once must find it)."""
     app, ex = request.app, request[EXCHANGE]
-    pool, deployments, metrics = app[STATE].pool, app[STATE].deployments, app[STATE].telemetry.metrics
+    pool, deployments, metrics = app[STATE].pool, app[STATE].deployments, app[STATE].metrics
     headers = upstream.forwardable(request.headers)
     headers["x-request-id"] = ex.request_id
     if ex.trace is not None:  # the deployment's spans become children of this request's span
@@ -122,7 +122,7 @@ async def _relay_stream(
     in the failover order where that is faithful (server/resuming.py), else it becomes one error event."""
     app, ex = request.app, request[EXCHANGE]
     state = app[STATE]
-    deployments, metrics = state.deployments, state.telemetry.metrics
+    deployments, metrics = state.deployments, state.metrics
     response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
     await response.prepare(request)
     part: StreamReader | resume.Splice = reader

@@ -104,30 +104,42 @@ def _sharing(kept: _T, last: _T, names: tuple[str, ...]) -> _T:
     return replace(kept, **same) if same else kept  # type: ignore[type-var]
 
 
-@dataclass(slots=True)
-class Telemetry:
-    """The metrics registry and the span exporter (None when AGENT_GATEWAY_TRACES=none)."""
-
-    metrics: Metrics
-    spans: Spans | None
-
-
 class AppState:
     """Everything the app holds, one typed attribute per resource. The request-independent ones come with the app;
     the rest are set by create_app's cleanup contexts, in their order (each may use those set before it), before the
     first request. One object under one key: handlers and stages read `request.app[STATE].pool`, and the admin
     sub-app shares the very object."""
 
-    __slots__ = ("accounting", "classifier", "conversations", "counts", "deployments", "experiments", "offload",
-                 "policy_file", "pool", "recent", "seal", "session_caches", "settings", "shares", "stores",
-                 "telemetry", "traffic", "trajectories", "warmups")
+    __slots__ = (
+        "accounting",
+        "classifier",
+        "conversations",
+        "counts",
+        "deployments",
+        "experiments",
+        "metrics",
+        "offload",
+        "policy_file",
+        "pool",
+        "recent",
+        "seal",
+        "session_caches",
+        "settings",
+        "shares",
+        "spans",
+        "stores",
+        "traffic",
+        "trajectories",
+        "warmups",
+    )
 
     settings: Settings
     recent: Recent
     traffic: TrafficWindows  # readings of the request counters, for /admin/deployments
     seal: Seal  # seals and opens the compaction items clients send back
     pool: Pool  # the one pool of connections to the deployments
-    telemetry: Telemetry
+    metrics: Metrics  # every Prometheus series
+    spans: Spans | None  # the span exporter (None when AGENT_GATEWAY_TRACES=none)
     policy_file: PolicyFile
     deployments: Deployments
     counts: DeploymentCounts  # prompts near a window, in the deployment's own tokens

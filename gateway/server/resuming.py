@@ -184,7 +184,7 @@ def _record(request: web.Request, what: Resume) -> Resume:
     ex = request[EXCHANGE]
     ex.resumed(what)
     state = request.app[STATE]
-    state.telemetry.metrics.stream_resumes.labels(what.from_deployment, what.to or "none", what.outcome).inc()
+    state.metrics.stream_resumes.labels(what.from_deployment, what.to or "none", what.outcome).inc()
     state.recent.resumed(ex.request_id, what.describe())
     return what
 

@@ -27,7 +27,7 @@ class LiveScoring:
         state = self.app[STATE]
         started = time.perf_counter()
         score = policy.classifier_or(state.classifier).score(features)
-        cost = state.telemetry.metrics.scoring
+        cost = state.metrics.scoring
         cost.seconds += time.perf_counter() - started
         cost.scores += 1
         return score

@@ -189,7 +189,7 @@ async def test_a_tenant_cost_spike_steers_the_session_that_drove_it_to_fast(make
 async def test_the_step_span_carries_the_session_tool_calls_and_flags(make_stack: Callable[..., Any]) -> None:
     stack = await make_stack(LOOPS.format(action="flag"))
     exporter = InMemorySpanExporter()
-    stack.gateway.app[STATE].telemetry.spans = Spans(SimpleSpanProcessor(exporter))
+    stack.gateway.app[STATE].spans = Spans(SimpleSpanProcessor(exporter))
     async with stack.client() as client:
         await Agent(client, "traced", output=lambda i: "Error: boom" if i == 1 else "fine").run(3)
     await recorded(_base(stack), "traced", 3)

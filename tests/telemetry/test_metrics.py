@@ -38,7 +38,7 @@ HELLO = [{"role": "user", "content": "hi"}]
 
 def _capture(stack: Stack) -> InMemorySpanExporter:
     exporter = InMemorySpanExporter()
-    stack.gateway.app[STATE].telemetry.spans = Spans(SimpleSpanProcessor(exporter))
+    stack.gateway.app[STATE].spans = Spans(SimpleSpanProcessor(exporter))
     return exporter
 
 
@@ -116,7 +116,7 @@ async def test_without_a_valid_traceparent_the_gateway_starts_the_trace(stack: S
 
 
 async def test_with_spans_off_the_callers_traceparent_goes_upstream_as_sent(stack: Stack) -> None:
-    stack.gateway.app[STATE].telemetry.spans = None
+    stack.gateway.app[STATE].spans = None
     sent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
     async with stack.client() as client:
         await client.chat.completions.create(model="auto", messages=HELLO, extra_headers={"traceparent": sent})
@@ -256,7 +256,7 @@ async def test_otlp_export_sends_each_request_span_as_otlp_protobuf_through_the_
         for i in range(3):
             await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5, extra_headers={
                 "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"} if i == 0 else None)
-    spans = stack.gateway.app[STATE].telemetry.spans
+    spans = stack.gateway.app[STATE].spans
     assert isinstance(spans.processor, BoundedBatches)
     await until(lambda: spans.processor.handed == 3, what="the three spans recorded after their responses")
     # the batch is not full yet: the SDK's processor sends it now rather than after its delay
