@@ -15,7 +15,7 @@ import gzip
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run o
                                                "command": {"type": "string"}}, "required": ["command"]}}}]
 TOOLS_TOKENS = 60  # the one tool's definition as a chat template renders it
 CACHED_INPUT_SHARE = 0.1  # a cache read's price against fresh input, as hosted APIs charge it
+Received = Callable[[list[list[Any]]], list[list[Any]]]  # a step's messages -> what the deployment reads
 
 
 def read_sessions(path: str, limit: int | None = None) -> Iterator[dict[str, Any]]:
@@ -109,18 +110,22 @@ class Tally:
 
 
 def replay_session(policy: Policy, session: dict[str, Any], model: str, tally: Tally, *,
-                   free_switch: bool = False) -> None:
+                   free_switch: bool = False, received: Received | None = None) -> None:
     """One session's steps through `policy` for `model`; `free_switch`: as if both deployments had cached every
-    step (the rules' routing with no switch ever paying: the bound no cache-keeping routing can beat)."""
+    step (the rules' routing with no switch ever paying: the bound no cache-keeping routing can beat);
+    `received`: the step's messages as the deployment receives them (the gateway's context edits, decided on
+    before routing, as the gateway does), else as the agent sent them."""
     messages = session["messages"]
     record: SessionPrefixes = NO_PREFIXES
     previous: Chain = ()
     tally.sessions += 1
     prefill_rate = dict(policy.switch.prefill_ms_per_1k_tokens) if policy.switch else {}
     for index, output_tokens in steps_of(messages):
-        body = chat_body(messages[:index], model)
+        sent = messages[:index]
+        prompt_messages = sent if received is None else received(sent)
+        body = chat_body(prompt_messages, model)
         features = extract(body, "chat")
-        prompt = chain_of_record(messages[:index])
+        prompt = chain_of_record(prompt_messages)
         total = prompt[-1].tokens
         features = dataclasses.replace(features, prompt_tokens=total)
         call = read_call(policy, "chat", body, body, 0, features, {}, None)
