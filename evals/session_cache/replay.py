@@ -3,7 +3,7 @@
 Each step's prompt is the session's messages before its assistant turn, sent as a tool-calling agent sends it
 (one `bash` tool). It is decided by the gateway's own path: features and agent step read from the chat body,
 the per-deployment prefix caches predicted by decision/switch.session_cache from the session's record, gathered
-by decision/context.gather, decided by routing.decide. The fake pair caches as vLLM's prefix cache does when
+by decision/gathering.gather, decided by routing.decide. The fake pair caches as vLLM's prefix cache does when
 nothing is evicted: each deployment holds the last prompt it served the session, so a step prefills what its
 deployment has not seen. What the texts said is not kept: messages carry their token count and a hash.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.context.prefix import NO_PREFIXES, Chain, Link, SessionPrefixes, after_serving, common_tokens
 from gateway.decision.call import read_call
-from gateway.decision.context import Logged, Surroundings, gather
+from gateway.decision.gathering import Logged, Surroundings, gather
 from gateway.decision.routing import decide
 from gateway.decision.switch import session_cache
 from gateway.features import TEMPLATE_TOKENS_PER_MESSAGE, extract

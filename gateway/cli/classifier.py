@@ -231,7 +231,7 @@ def _train_examples(args: argparse.Namespace) -> tuple[list[Example], dict[str, 
     source = Path(args.sets or args.data).name if args.data or args.sets else None
     if not args.labels:
         return examples, {"data": source}
-    from gateway.classifier.traffic import label_examples
+    from gateway.classifier.traffic_examples import label_examples
 
     found = label_examples(args.labels, args.labels_weight, args.request_log)
     progress(f"{args.labels}: {found.summary()} (rows without prompt text are skipped: their prompts were "

@@ -24,8 +24,8 @@ from gateway.decision.admission import (
     window_bucket,
 )
 from gateway.decision.call import Call, read_call
-from gateway.decision.context import ColdStart, Surroundings, gather
 from gateway.decision.explain import explanation
+from gateway.decision.gathering import ColdStart, Surroundings, gather
 from gateway.decision.routing import DeploymentLoad, decide
 from gateway.policy import model as policy_module
 from gateway.policy.tenancy import Window

@@ -20,7 +20,7 @@ from typing import Any
 from gateway.agents.steps import AgentStep
 from gateway.apis.usage import reported_usage
 from gateway.decision.call import Call
-from gateway.decision.context import Logged, Surroundings, gather
+from gateway.decision.gathering import Logged, Surroundings, gather
 from gateway.decision.routing import decide
 from gateway.errors import GatewayError
 from gateway.features import Features

@@ -8,14 +8,14 @@ from aiohttp import web
 
 from gateway.accounting.budgets import usage_report
 from gateway.apis.routes import BY_ENDPOINT
-from gateway.decision.context import gather
 from gateway.decision.explain import explanation
+from gateway.decision.gathering import gather
 from gateway.decision.routing import decide
 from gateway.errors import BadRequest, NotFound
 from gateway.policy.tenancy import find_tenant
 from gateway.server import pipeline
+from gateway.server.live_scores import LiveScoring
 from gateway.server.resources import STATE
-from gateway.server.scoring import LiveScoring
 
 
 async def explain_recent(request: web.Request) -> web.Response:

@@ -24,14 +24,14 @@ from gateway.decision import windows
 from gateway.decision.admission import ANONYMOUS, needs_admission
 from gateway.decision.agent_compaction import FIT_RULES, compaction_asker
 from gateway.decision.call import Call, read_call
-from gateway.decision.context import Surroundings, gather
+from gateway.decision.gathering import Surroundings, gather
 from gateway.decision.routing import Context, Decision, decide
 from gateway.errors import BadRequest, ContextTooLong, GatewayError, PayloadTooLarge
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
 from gateway.policy.model import Policy
 from gateway.server import compaction, relay
+from gateway.server.live_scores import LiveScoring
 from gateway.server.resources import EXCHANGE, STATE, TENANT
-from gateway.server.scoring import LiveScoring
 from gateway.server.session_caches import Sighting
 from gateway.store.contract import Reservation
 from gateway.telemetry import metrics as t

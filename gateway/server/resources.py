@@ -68,7 +68,7 @@ class Recent:
         self._items: OrderedDict[str, Remembered] = OrderedDict()
 
     def remember(self, request_id: str, call: Call, ctx: Context, served: Decision) -> None:
-        # The context holds only the headers the policy reads (decision/context.gather), never the request's
+        # The context holds only the headers the policy reads (decision/gathering.gather), never the request's
         # own: the last 2,048 requests' could hold gigabytes.
         last = self._items[next(reversed(self._items))] if self._items else None
         if last is not None:  # neither is changed after its decision: the previous entry's copies serve

@@ -1,4 +1,4 @@
-"""The live gateway's complexity scores and share thresholds, for decision/context.gather."""
+"""The live gateway's complexity scores and share thresholds, for decision/gathering.gather."""
 
 from __future__ import annotations
 
