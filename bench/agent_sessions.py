@@ -132,8 +132,8 @@ def local_gateway(hq_ms: float, fast_ms: float, policy_path: Path) -> Iterator[s
                 policy["deployments"][name]["url"] = f"http://127.0.0.1:{port}"
             path = Path(tmp) / "policy.yaml"
             path.write_text(yaml.safe_dump(policy))
-            procs += [start([PY, "-m", "bench.fake_upstream", str(hq), str(hq_ms)]),
-                      start([PY, "-m", "bench.fake_upstream", str(fast), str(fast_ms)]),
+            procs += [start([PY, "-m", "fakes.openai_upstream", str(hq), str(hq_ms)]),
+                      start([PY, "-m", "fakes.openai_upstream", str(fast), str(fast_ms)]),
                       start([PY, "-m", "gateway", "serve", "--port", str(gateway), "--policy", str(path)])]
             for port in (hq, fast, gateway):
                 wait_ready(port)

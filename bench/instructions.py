@@ -5,7 +5,7 @@
 
 Wall-clock figures on a shared 2-core VM move by ±10% between runs of the same code; instructions do not
 depend on the load, so they are the measure of a change on the request path. Each proxy runs under
-`valgrind --tool=callgrind` in front of `bench.fake_upstream` (spans to `bench.trace_sink`, the default
+`valgrind --tool=callgrind` in front of `fakes.openai_upstream` (spans to `fakes.trace_sink`, the default
 policy); its counters are zeroed after the warm-up requests and dumped after the measured ones, and the
 count is the process's user-space instructions divided by the requests. Work done per second rather than per
 request would make the count depend on the pace callgrind ran at (and so on the machine's load): health
@@ -102,8 +102,8 @@ def main() -> None:
         try:
             up_port, sink_port = free_port(), free_port()
             upstream = f"http://127.0.0.1:{up_port}"
-            procs.append(start([PY, "-m", "bench.fake_upstream", str(up_port)]))
-            procs.append(start([PY, "-m", "bench.trace_sink", str(sink_port)]))
+            procs.append(start([PY, "-m", "fakes.openai_upstream", str(up_port)]))
+            procs.append(start([PY, "-m", "fakes.trace_sink", str(sink_port)]))
             wait_ready(up_port)
             wait_ready(sink_port)
             policy = gateway_policy(upstream, tmp, args.policy, False, "instructions",

@@ -139,8 +139,8 @@ def run(
         try:
             up_port, min_port, sink_port = free_port(), free_port(), free_port()
             upstream = f"http://127.0.0.1:{up_port}"
-            procs.append(start([PY, "-m", "bench.fake_upstream", str(up_port)]))
-            procs.append(start([PY, "-m", "bench.trace_sink", str(sink_port)]))
+            procs.append(start([PY, "-m", "fakes.openai_upstream", str(up_port)]))
+            procs.append(start([PY, "-m", "fakes.trace_sink", str(sink_port)]))
             ports: dict[str, int] = {"direct": up_port, "minimal proxy": min_port}
             pids: dict[str, int | None] = {"direct": None}
             procs.append(start([PY, "-m", "bench.minimal_proxy", str(min_port), upstream]))

@@ -5,7 +5,7 @@
 
     .venv/bin/python -m bench.reliability --groups rounds --rounds 5   # RSS after each round of 1,000 streams
 
-`fast` is a fake deployment that fails on cue (bench/fake_upstream.py --faults, picked per request by the
+`fast` is a fake deployment that fails on cue (fakes/openai_upstream.py --faults, picked per request by the
 x-fake-fault header), `hq` one that always answers: the policy sends `auto` to fast and fails over to hq.
 Every process runs on a free loopback port, is started here and stopped by PID at the end; every loop is
 bounded in count and time. Prints one row per fault (requests, expected, observed, pass) and exits 1 when
@@ -194,7 +194,7 @@ async def dead_redis(rig: Rig, ports: tuple[int, int], n: int) -> Row:
 
 
 GROUPS = ("faults", "resume", "memory", "agents", "rounds")
-# A pair of one deterministic model family (bench/greedy_upstream.py), so a resumed answer can be compared with
+# A pair of one deterministic model family (fakes/greedy_vllm.py), so a resumed answer can be compared with
 # the uninterrupted one; a short read timeout, so a stall is seen as one.
 RESUME_POLICY = POLICY.replace("resume: {{enabled: false}}", "resume: {{enabled: true, max: 1}}").replace(
     "read_s: 2", "read_s: 1")
@@ -205,7 +205,7 @@ async def resume(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> 
     uninterrupted answer (the pair's greedy answers are the same)."""
     fast, hq = free_port(), free_port()
     for port in (fast, hq):
-        rig.start([sys.executable, "-m", "bench.greedy_upstream", str(port), "bench"])
+        rig.start([sys.executable, "-m", "fakes.greedy_vllm", str(port), "bench"])
         wait_ready(port)
     gw = rig.gateway("resume", RESUME_POLICY.format(fast=fast, hq=hq), {})
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:

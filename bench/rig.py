@@ -77,8 +77,8 @@ class Rig:
 
     def fakes(self) -> tuple[int, int]:
         fast, hq = free_port(), free_port()
-        self.start([sys.executable, "-m", "bench.fake_upstream", str(fast), "--faults"])
-        self.start([sys.executable, "-m", "bench.fake_upstream", str(hq)])
+        self.start([sys.executable, "-m", "fakes.openai_upstream", str(fast), "--faults"])
+        self.start([sys.executable, "-m", "fakes.openai_upstream", str(hq)])
         wait_ready(fast)
         wait_ready(hq)
         return fast, hq

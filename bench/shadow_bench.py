@@ -102,7 +102,7 @@ def run(rounds: int, duration_s: float, rate: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             up, stall, plain, mirrored = free_port(), free_port(), free_port(), free_port()
-            procs.append(start([PY, "-m", "bench.fake_upstream", str(up)]))
+            procs.append(start([PY, "-m", "fakes.openai_upstream", str(up)]))
             procs.append(start([PY, "-m", "bench.shadow_bench", "--stall-server", str(stall)]))
             fast_url, stall_url = f"http://127.0.0.1:{up}", f"http://127.0.0.1:{stall}"
             for port, shadow in ((plain, False), (mirrored, True)):

@@ -108,8 +108,8 @@ def run(duration_s: float, concurrency: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         up_port, sink_port, port = free_port(), free_port(), free_port()
         upstream, out = f"http://127.0.0.1:{up_port}", str(Path(tmp) / "stages.json")
-        procs = [start([PY, "-m", "bench.fake_upstream", str(up_port)]),
-                 start([PY, "-m", "bench.trace_sink", str(sink_port)])]
+        procs = [start([PY, "-m", "fakes.openai_upstream", str(up_port)]),
+                 start([PY, "-m", "fakes.trace_sink", str(sink_port)])]
         policy = gateway_policy(upstream, tmp, ROOT / "policies" / "default.yaml", False, "in-situ")
         env = {"AGENT_GATEWAY_LOG_LEVEL": "WARNING", "AGENT_GATEWAY_TRACES": "otlp",
                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink_port}/v1/traces"}

@@ -12,6 +12,7 @@ import anthropic
 import pytest
 import yaml
 
+from fakes.faulty_vllm import FakeVLLM, Prompt
 from gateway.cli import simulate
 from gateway.policy import model as policy_module
 from gateway.policy.model import Price
@@ -19,7 +20,6 @@ from gateway.policy.tenancy import Window
 from gateway.server.resources import STATE
 from tests.fixtures.agent_runs import Agent, recorded
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import FakeVLLM, Prompt
 from tests.fixtures.stack import Stack, metric, policy_data
 
 HQ = Price(input_per_mtok_usd=3, output_per_mtok_usd=15, cached_input_per_mtok_usd=0.25)

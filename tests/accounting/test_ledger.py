@@ -16,6 +16,7 @@ import openai
 import pytest
 import yaml
 
+from fakes.faulty_vllm import Fault
 from gateway.accounting import keys
 from gateway.accounting.ledger import Accounting
 from gateway.cli.command import main
@@ -23,7 +24,6 @@ from gateway.policy import model as policy_module
 from gateway.policy.tenancy import Window
 from gateway.server.resources import STATE
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
 

@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from fakes.faulty_vllm import Fault
 from gateway.agents import pending_steps as agent_steps
 from gateway.agents import recorder as trajectories
 from gateway.agents import trajectory as tr
@@ -22,7 +23,6 @@ from gateway.server.resources import STATE
 from gateway.telemetry.spans import Spans
 from tests.fixtures.agent_runs import SECRET_TASK, TOOLS, Agent, admin, recorded
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack, metric
 
 STEP_FIELDS = {"step", "at", "deployment", "rule", "arm", "tokens_in", "tokens_cached", "tokens_out", "cost_usd",

@@ -10,7 +10,7 @@ from bench.proxy_bench import PY, free_port, start, wait_ready
 
 def test_it_counts_the_minimal_proxys_instructions_per_request(tmp_path: Path) -> None:
     up_port = free_port()
-    upstream = start([PY, "-m", "bench.fake_upstream", str(up_port)])
+    upstream = start([PY, "-m", "fakes.openai_upstream", str(up_port)])
     try:
         wait_ready(up_port)
         port = free_port()

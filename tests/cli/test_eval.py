@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from fakes.faulty_vllm import FakeVLLM
 from gateway.cli.command import main
 from gateway.cli.eval_cases import Case, Run, check, load
 from tests.fixtures.agent_runs import admin
-from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.stack import Stack, policy_yaml
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "evals" / "examples.yaml"

@@ -14,10 +14,10 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
+from fakes.faulty_vllm import FakeVLLM, Fault
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import FakeVLLM, Fault
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, policy_yaml, with_deployment
 
 HELLO = [{"role": "user", "content": "hello there"}]

@@ -12,11 +12,11 @@ import aiohttp
 import openai
 import pytest
 
+from fakes.faulty_vllm import Fault
 from gateway.context.seal import Seal
 from gateway.context.summaries import SECTIONS, SUMMARY_LEAD
 from gateway.policy.tenancy import Window
 from gateway.server.resources import STATE
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
 SUMMARY = ("## Goal\nFix the failing parser test.\n## Decisions\nKeep the tokenizer.\n"

@@ -10,10 +10,10 @@ import aiohttp
 import anthropic
 import pytest
 
+from fakes.faulty_vllm import Fault
 from gateway.context.anthropic_edits import CLEARED_TOOL_RESULT
 from gateway.context.summaries import INSTRUCTIONS, summary_message_text, written_summary
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
 
 BETAS: Any = ["context-management-2025-06-27"]

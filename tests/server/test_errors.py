@@ -87,7 +87,7 @@ async def test_unknown_path_and_method_are_enveloped(stack: Stack) -> None:
 
 
 async def test_upstream_client_error_is_passed_through_not_failed_over(stack: Stack) -> None:
-    from tests.fixtures.fake_vllm import Fault
+    from fakes.faulty_vllm import Fault
 
     stack.fast.faults.append(Fault(status=400))
     async with stack.client() as client:
@@ -131,7 +131,7 @@ async def test_chunked_body_is_read_whole_and_bounded(make_stack: Any) -> None:
 async def test_a_deployment_5xx_body_is_logged_not_shown_to_the_client(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.fixtures.fake_vllm import Fault
+    from fakes.faulty_vllm import Fault
 
     leak = "OOM on gpu-node-7.internal:/var/lib/models"
     stack.fast.faults.append(Fault(status=503, message=leak))

@@ -10,7 +10,7 @@ import aiohttp
 import anthropic
 import pytest
 
-from tests.fixtures.fake_vllm import Fault
+from fakes.faulty_vllm import Fault
 from tests.fixtures.stack import Stack
 
 TOOLS: Any = [{"name": "Read", "description": "Read a file.",

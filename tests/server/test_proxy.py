@@ -14,9 +14,9 @@ import openai
 import pytest
 from aiohttp import web
 
+from fakes.faulty_vllm import FakeVLLM, Fault
 from gateway.settings import Settings
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import FakeVLLM, Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, fake_server, policy_yaml, with_deployment
 
 HELLO = [{"role": "user", "content": "hello there"}]

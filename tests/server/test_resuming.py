@@ -1,6 +1,6 @@
 """A stream that breaks after its first byte is finished by the sibling deployment (issue 21).
 
-Two deterministic fakes of one model family (bench/greedy_upstream.py: every answer is `w0 w1 ... w11`) stand
+Two deterministic fakes of one model family (fakes/greedy_vllm.py: every answer is `w0 w1 ... w11`) stand
 in for the pair, so the client's stream can be compared with the uninterrupted answer word for word; the real pair
 is killed mid-answer in tests/system/test_e2e_vllm.py.
 """
@@ -17,7 +17,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from bench.greedy_upstream import ANSWER_WORDS, PROMPT_IDS, Break, GreedyFake, word
+from fakes.greedy_vllm import ANSWER_WORDS, PROMPT_IDS, Break, GreedyFake, word
 from gateway.settings import Settings
 from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml
 

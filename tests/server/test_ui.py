@@ -273,7 +273,7 @@ async def _listed(base: str, count: int) -> bool:
 
 
 async def test_the_deployments_table_shows_streams_resumed_on_the_sibling(make_stack: Any, browser: WebDriver) -> None:
-    from tests.fixtures.fake_vllm import Fault
+    from fakes.faulty_vllm import Fault
 
     stack: Stack = await make_stack()
     stack.fast.faults.append(Fault(drop_after_chunks=3))  # fast dies mid-answer: hq finishes it

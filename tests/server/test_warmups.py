@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
+from fakes.faulty_vllm import Fault
 from gateway.cli.command import main
 from tests.fixtures.agent_runs import admin, recorded
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
 from tests.server.test_session_caches import DEFAULT, RULES, TOOLS, explain, prompt_tokens
 

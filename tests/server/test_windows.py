@@ -11,9 +11,9 @@ import anthropic
 import pytest
 import yaml
 
+from fakes.faulty_vllm import FakeVLLM
 from gateway.server.resources import STATE
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.stack import Stack, metric
 
 NO_RULES: dict[str, Any] = {"rules": []}  # every call goes to the default, fast

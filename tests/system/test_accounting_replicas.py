@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakes.faulty_vllm import FakeVLLM
 from gateway.accounting import keys
 from gateway.policy.tenancy import Window
 from gateway.store.redis_store import RedisStore
-from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.processes import spawn_gateway, stop
 from tests.fixtures.redis_server import RedisServer, free_port
 from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml

@@ -21,9 +21,9 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
+from fakes.faulty_vllm import PROMPT_TOKENS, FakeVLLM, Fault, ToolUse
 from tests.fixtures import agent_clients
 from tests.fixtures.conditions import wait_until
-from tests.fixtures.fake_vllm import PROMPT_TOKENS, FakeVLLM, Fault, ToolUse
 
 CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "captured"
 MODEL = "fake-fast"

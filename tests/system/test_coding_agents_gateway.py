@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import yaml
 
+from fakes.faulty_vllm import ToolUse
 from tests.fixtures import agent_clients
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import ToolUse
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
 DEFAULT = yaml.safe_load((Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text())

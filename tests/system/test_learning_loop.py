@@ -20,6 +20,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
+from fakes.faulty_vllm import FakeVLLM
 from gateway.classifier.scoring import Calibration
 from gateway.cli.command import main
 from gateway.rollout.labels import JUDGE_SYSTEM, JUDGE_USER
@@ -27,7 +28,6 @@ from gateway.server.app import create_app
 from gateway.settings import Settings
 from tests.fixtures.classifier_data import synthetic_rows, write_csv
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, policy_yaml, with_deployment
 
 HQ_SHARE = 0.5  # as much as the arithmetic in the traffic: a perfect router sends exactly it

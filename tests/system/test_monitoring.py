@@ -20,10 +20,10 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from fakes.faulty_vllm import Fault
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from tests.fixtures.agent_runs import Agent
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import ADMIN_TOKEN, OpsStack
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

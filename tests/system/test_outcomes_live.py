@@ -15,10 +15,10 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
+from fakes.faulty_vllm import FakeVLLM
 from gateway.settings import Settings
 from tests.fixtures.agent_runs import Agent
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, three_deployments
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -14,10 +14,10 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
+from fakes.faulty_vllm import FakeVLLM, Fault
 from gateway.cli.command import main
 from gateway.settings import Settings
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import FakeVLLM, Fault
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, three_deployments
 
 HELLO = [{"role": "user", "content": "hello there"}]

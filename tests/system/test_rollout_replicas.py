@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakes.faulty_vllm import FakeVLLM
 from gateway.rollout.step import bucket
-from tests.fixtures.fake_vllm import FakeVLLM
 from tests.fixtures.processes import spawn_gateway, stop
 from tests.fixtures.redis_server import RedisServer, free_port
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, three_deployments

@@ -22,14 +22,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
-from bench import trace_sink
+from fakes import trace_sink
+from fakes.faulty_vllm import Fault
 from gateway.apis.usage import Usage
 from gateway.server.resources import STATE
 from gateway.settings import Settings
 from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
 from gateway.telemetry.spans import BoundedBatches, Spans, make_spans
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack
 from tests.server.test_proxy import _ready_status
 

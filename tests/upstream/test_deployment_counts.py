@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fakes.faulty_vllm import FakeVLLM, Fault
 from gateway.decision import windows
 from gateway.decision.call import Call, read_call
 from gateway.features import extract
@@ -17,7 +18,6 @@ from gateway.policy.model import Policy
 from gateway.telemetry.metrics import Metrics, make_metrics
 from gateway.upstream import forward as upstream
 from gateway.upstream.deployment_counts import DeploymentCounts, Memo, chain, parts
-from tests.fixtures.fake_vllm import FakeVLLM, Fault
 from tests.fixtures.stack import policy_data
 
 SYSTEM = "You are a coding agent. " * 400  # ~10 KB: Codex-like instructions

@@ -8,9 +8,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fakes.faulty_vllm import Fault
 from gateway.upstream.deployments import parse_metrics
 from tests.fixtures.conditions import until
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack
 
 HELLO = [{"role": "user", "content": "hi"}]

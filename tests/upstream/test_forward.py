@@ -12,8 +12,8 @@ import openai
 import pytest
 from multidict import CIMultiDict
 
+from fakes.faulty_vllm import Fault
 from gateway.upstream.forward import forwardable
-from tests.fixtures.fake_vllm import Fault
 from tests.fixtures.stack import Stack
 from tests.server.test_proxy import _metric
 

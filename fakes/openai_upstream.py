@@ -4,7 +4,7 @@ For the reliability suite (bench/reliability.py), started with `--faults`, a req
 the `x-fake-fault` header (the gateway forwards x-* headers): see FAULTS. Without `--faults` the header is
 ignored and every answer is the fast, correct one (the healthy deployment to fail over to).
 
-    python -m bench.fake_upstream PORT [DELAY_MS] [--faults]
+    python -m fakes.openai_upstream PORT [DELAY_MS] [--faults]
 """
 
 from __future__ import annotations
