@@ -113,3 +113,11 @@ def _cycle_from(node: str, graph: dict[str, set[str]], path: list[str], done: se
             return cycle
     done.add(node)
     return []
+
+
+def test_the_product_imports_no_test_or_benchmark_code() -> None:
+    """gateway/ and serving/ are what is installed; bench/, fakes/ and tests/ are not, so the product needs none."""
+    found = [f"{path.relative_to(GATEWAY.parent)} imports {imported}"
+             for package in ("gateway", "serving") for path in (GATEWAY.parent / package).rglob("*.py")
+             for imported in _imports(path) if imported.split(".")[0] in ("bench", "fakes", "tests")]
+    assert found == []
