@@ -94,7 +94,9 @@ async def test_offline_explain_admin_explain_and_simulate_decide_what_the_live_g
     assert [d for d, _ in live] == ["hq", "fast", "hq", "hq"]  # planning, routine, tool error, repeated call
     assert offline == live
     assert dry == live
-    await until(lambda: sum(1 for _ in log_path.open()) == len(steps))
+    # The log file appears with its first line, written off the request path: not there yet is not yet.
+    await until(lambda: log_path.read_text().count("\n") == len(steps), what="every step's line in the request log",
+                tolerate=(FileNotFoundError,))
     replayed = simulate.replay(str(log_path), policy, policy)
     assert replayed["requests"] == len(steps) and replayed["changed"] == 0
     assert replayed["tallies"]["live"]["shares"] == {"hq": 3, "fast": 1}
