@@ -11,20 +11,29 @@ from __future__ import annotations
 
 from gateway.context.masking import MaskRule
 
-# The instruction's opening words, by the agent that sends it.
-OPENINGS = {
-    "codex": ("CONTEXT CHECKPOINT COMPACTION",),
-    "claude-code": ("Your task is to create a detailed summary of the conversation so far",),
+CLAUDE_SUMMARY_TASK = "Your task is to create a detailed summary of the conversation so far"
+# The instruction's opening words by the agent that sends it, each with a phrase that must follow within
+# FOLLOWS_WITHIN_CHARS (None: the opening says enough). Claude Code 2.1.332 puts a no-tools preamble before its
+# summary task; the preamble alone is too general to name a summary request.
+OPENINGS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "codex": (("CONTEXT CHECKPOINT COMPACTION", None),),
+    "claude-code": (
+        (CLAUDE_SUMMARY_TASK, None),
+        ("CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.", CLAUDE_SUMMARY_TASK),
+    ),
 }
-LOOKED_AT_CHARS = 400  # the phrase opens the instruction; what follows may be long
+LOOKED_AT_CHARS = 400  # the opening starts the instruction; what follows may be long
+FOLLOWS_WITHIN_CHARS = 1_500  # the fixed preamble before the task is ~470 characters
 
 
 def compaction_asker(last_user_text: str) -> str | None:
     """The agent whose compaction instruction the last user message is, else None."""
-    head = last_user_text.lstrip()[:LOOKED_AT_CHARS]
-    for agent, phrases in OPENINGS.items():
-        if any(phrase in head for phrase in phrases):
-            return agent
+    text = last_user_text.lstrip()
+    head = text[:LOOKED_AT_CHARS]
+    for agent, openings in OPENINGS.items():
+        for opening, then in openings:
+            if opening in head and (then is None or then in text[:FOLLOWS_WITHIN_CHARS]):
+                return agent
     return None
 
 

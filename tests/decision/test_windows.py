@@ -157,3 +157,21 @@ def test_the_instruction_is_recognized_only_where_it_opens_the_last_message() ->
     assert compaction_asker("  " + CODEX_COMPACT + " more") == "codex"
     assert compaction_asker("Please explain this:\n" + "x" * 500 + CLAUDE_SUMMARY) is None
     assert compaction_asker("fix the failing test") is None
+
+
+# How Claude Code 2.1.332 opens its summary request (captured through the gateway): a no-tools preamble first.
+CLAUDE_2_1_332_SUMMARY = (
+    "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\n- Do NOT use Read, Bash, Grep, Glob, Edit, Write, "
+    "or ANY other tool.\n- You already have all the context you need in the conversation above.\n- Tool calls will "
+    "be REJECTED and will waste your only turn \u2014 you will fail the task.\n- Your entire response must be plain "
+    "text: an <analysis> block followed by a <summary> block.\n\n" + CLAUDE_SUMMARY + "\nThis summary should be "
+    "thorough in capturing technical details, code patterns, and architectural decisions."
+)
+
+
+def test_claude_codes_summary_request_is_recognized_behind_its_no_tools_preamble() -> None:
+    from gateway.decision.agent_compaction import compaction_asker
+
+    assert compaction_asker(CLAUDE_2_1_332_SUMMARY) == "claude-code"
+    # the preamble alone is any client's "answer in text"
+    assert compaction_asker(CLAUDE_2_1_332_SUMMARY.split("\n\n")[0] + "\n\nWhat does this file do?") is None

@@ -87,7 +87,7 @@ async def test_codex_compacts_through_the_gateway_and_goes_on(make_stack: Any, t
     stack: Stack = await make_stack(settings={"compaction_key": "k" * 40})
     stack.fast.answer = lambda body: "## Goal\nPrint the clue.\n## Next step\nSay it is done."
     stack.fast.script = [ToolUse("exec_command", {"cmd": "echo clue-$((6 * 7))"}), "All done."]
-    run = await agent_clients.codex_exec(stack.base_url, "Print the clue.", tmp_path, model="fast",
+    run = await agent_clients.codex_exec(stack.base_url, "Print the clue.", tmp_path, model="auto",
                                          provider="openai", auto_compact_tokens=15)
     assert run.exit_code == 0, run.describe()
     messages = [e["item"]["text"] for e in run.events() if e.get("type") == "item.completed"
@@ -101,3 +101,44 @@ async def test_codex_compacts_through_the_gateway_and_goes_on(make_stack: Any, t
     async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
         text = await resp.text()
     assert 'gateway_compactions_total{api="responses",deployment="fast",trigger="v2_trigger"} 1.0' in text
+
+
+SUMMARY = "<analysis>One clue printed.</analysis>\n<summary>1. Primary Request: print the clue twice.</summary>"
+
+
+def _summary_or_done(body: dict[str, Any]) -> str:
+    """The fake's text: a summary for Claude Code's summary request, else the end of the turn."""
+    asked = "create a detailed summary of the conversation" in json.dumps(body["messages"][-1])
+    return SUMMARY if asked else "All done."
+
+
+def _context_reported(body: dict[str, Any]) -> int:
+    """90k of a 100k window before the compaction (over Claude Code's threshold), 5k after it: a context that
+    stays full after a compaction makes Claude Code stop as thrashing."""
+    return 5_000 if "This session is being continued" in json.dumps(body["messages"][0]) else 90_000
+
+
+async def test_claude_code_compacts_through_the_gateway_and_goes_on(make_stack: Any, tmp_path: Path) -> None:
+    """Claude Code with a small auto-compact window: the deployments report a context near it, so Claude Code
+    sends its own summary request; the gateway recognizes it (counted
+    and routed as one), and Claude Code goes on from the summary to the end of its turn."""
+    stack: Stack = await make_stack(rules=RULES)
+    stack.hq.script = [ToolUse("Bash", {"command": "echo clue-$((6 * 7))", "description": "Print the clue"})]
+    stack.fast.script = [ToolUse("Bash", {"command": "echo again-$((6 * 7))", "description": "Print it again"})]
+    for fake in (stack.hq, stack.fast):
+        fake.prompt_tokens = _context_reported
+        fake.answer = _summary_or_done
+    run = await agent_clients.claude_print(stack.gateway_root, "Print the clue.", tmp_path, model="auto",
+                                           auto_compact_window=100_000)
+    assert run.exit_code == 0, run.describe()
+    final = [e for e in run.events() if e.get("type") == "result"]
+    assert final and final[0]["result"] == "All done.", run.describe()
+    bodies = [b for fake in (stack.hq, stack.fast) for b in fake.received]
+    summaries = [b for b in bodies if "create a detailed summary" in json.dumps(b["messages"][-1])]
+    continued = [b for b in bodies if "This session is being continued" in json.dumps(b["messages"][0])]
+    assert summaries and continued, [json.dumps(b["messages"][-1])[:200] for b in bodies]
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
+        text = await resp.text()
+    counted = [line for line in text.splitlines()
+               if line.startswith('gateway_agent_compaction_requests_total{agent="claude-code"')]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in counted) == len(summaries), counted
