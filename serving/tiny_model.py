@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import struct
+import sysconfig
 import tempfile
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -18,7 +19,7 @@ import numpy as np
 from serving.profile import TINY_MEMBERS
 
 # Bump when the build changes in a way the content hash cannot see (e.g. tensor naming).
-BUILD_VERSION = 2
+BUILD_VERSION = 4
 DEFAULT_CACHE_DIR = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agent-gateway/tiny-model"
 )
@@ -56,18 +57,46 @@ class TinyModelSpec:
     large: Shape = Shape(512, 1536, 8, 8, 2)
     # A coding agent's first request is 10-20k tokens (Claude Code's system prompt and tools alone ~19k).
     max_position_embeddings: int = 32768
-    tokenizer_vocab_size: int = 1024
+    # Trained on the shipped corpus and ~2 MB of Python's standard library (code, and English in pydoc's topics):
+    # up to 24,576 entries (21,436 trained) count ~1.2 tokens per cl100k token of agent text (python -m
+    # serving.tokenizer_ratio), where 1,024 on the shipped corpus alone counted ~2.0. 3 MB of text gains little.
+    tokenizer_vocab_size: int = 24576
+    stdlib_corpus_chars: int = 2_000_000
+    # What the random weights draw from: the first ids a 1,024-entry tokenizer would have had (the specials, the
+    # bytes, the most frequent merges) and the tool tags; the rest of the vocabulary only counts prompts. Drawing
+    # from all of them made the end token ~21x rarer (answers ran to their cap), and so the byte tokens that end
+    # inside a character, which the resume tests cut at.
+    drawn_vocab_size: int = 1024
     seed: int = 0
     # What vLLM generates for a call that names no output limit (Codex names none): random weights rarely stop
     # by themselves, and filling a 32k window takes minutes on CPU. Only a default: a call's max_tokens wins.
     default_max_new_tokens: int = 512
 
 
-def read_corpus() -> list[str]:
-    """Return the shipped training texts in a stable order."""
+def read_corpus(stdlib_chars: int = TinyModelSpec.stdlib_corpus_chars) -> list[str]:
+    """Return the training texts in a stable order: the shipped ones, then the standard library's."""
     folder = resources.files("serving") / "corpus"
     names = sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".txt"))
-    return [(folder / name).read_text(encoding="utf-8") for name in names]
+    return [(folder / name).read_text(encoding="utf-8") for name in names] + stdlib_texts(stdlib_chars)
+
+
+def stdlib_texts(max_chars: int) -> list[str]:
+    """About `max_chars` of this Python's standard library: pydoc's topics (the reference manual's English), then
+    modules in name order. Local text only (no model hub, no network); the same Python gives the same texts, and
+    the content hash covers them, so another Python's build lands in its own directory."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts: list[str] = []
+    total = 0
+    for path in [root / "pydoc_data" / "topics.py", *sorted(root.glob("*.py"))]:
+        if total >= max_chars:
+            break
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):  # a stripped Python: train on what there is
+            continue
+        texts.append(text)
+        total += len(text)
+    return texts
 
 
 def content_hash(spec: TinyModelSpec, corpus: list[str]) -> str:
@@ -84,7 +113,7 @@ def build(cache_dir: str | Path | None = None, spec: TinyModelSpec | None = None
     """Return the family's directory (one servable model directory per member), built under cache_dir
     unless an identical one exists."""
     spec = spec or TinyModelSpec()
-    corpus = read_corpus()
+    corpus = read_corpus(spec.stdlib_corpus_chars)
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     target = root / content_hash(spec, corpus)
     if (target / _DONE_MARKER).exists():
@@ -117,6 +146,10 @@ def write_family(folder: Path, spec: TinyModelSpec, corpus: list[str]) -> None:
     # Padding the embedding table to a multiple of 64 keeps the matmul shapes friendly.
     vocab_size = -(-vocab["size"] // 64) * 64
     weights = random_weights(spec.small, vocab_size, spec.seed)
+    drawn = np.zeros(vocab_size, dtype=bool)
+    drawn[: spec.drawn_vocab_size] = True
+    drawn[[vocab[tag] for tag in TOOL_TAGS]] = True
+    confine_generation(weights, drawn)
     write_member(small, spec, spec.small, vocab, weights)
     write_member(large, spec, spec.large, vocab, widen(weights, spec.small, spec.large, spec.seed + 1))
 
@@ -215,6 +248,29 @@ def random_weights(shape: Shape, vocab_size: int, seed: int) -> dict[str, np.nda
         else:
             tensors[name] = rng.normal(0.0, 0.02, size=dims).astype(np.float32)
     return tensors
+
+
+# The residual stream's dimension that carries a constant: every embedding holds LANE_VALUE there, no layer
+# reads or writes it, so after the final norm it is a positive number at every position, and lm_head's weights
+# on it act as a per-token bias (Llama has none). LANE_VALUE is ~5x an embedding entry: large enough that the
+# lane stays well above zero after the norm, small enough to change the other dimensions' scale by a few percent.
+CONSTANT_LANE = 0
+LANE_VALUE = 0.1
+# Weight on the lane of a token never to draw: after the final norm the lane is about 2 (LANE_VALUE over the
+# residual's root mean square), so its logit drops by ~40, which no random logit (spread ~0.3) makes up.
+NEVER_DRAWN = -20.0
+
+
+def confine_generation(weights: dict[str, np.ndarray], drawn: np.ndarray) -> None:
+    """Make the network draw only the tokens `drawn` marks, in place, leaving the rest of its computation as is."""
+    weights["model.embed_tokens.weight"][:, CONSTANT_LANE] = LANE_VALUE
+    readers = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
+    for name, array in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            array[CONSTANT_LANE, :] = 0.0
+        elif name.endswith(readers):
+            array[:, CONSTANT_LANE] = 0.0
+    weights["lm_head.weight"][:, CONSTANT_LANE] = np.where(drawn, 0.0, NEVER_DRAWN)
 
 
 def tensor_shapes(shape: Shape, vocab_size: int) -> dict[str, tuple[int, ...]]:

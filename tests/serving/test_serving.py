@@ -286,6 +286,30 @@ def test_tiny_large_member_computes_what_the_small_one_does(family: Path) -> Non
     assert torch.equal(logits["small"].argmax(-1), logits["large"].argmax(-1))
 
 
+def test_tiny_members_draw_from_a_1024_token_vocabulary_that_holds_the_end_token(family: Path) -> None:
+    """The tokenizer is large so that prompts count close to cl100k; what random weights draw stays the first
+    1,024 ids and the tool tags, so answers end (the end token is one draw in ~1,000) and hold byte tokens that
+    end inside a character (the resume tests cut there)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(family / "small"))
+    ids = torch.tensor([tokenizer("<|im_start|>user\nTell me about the river.<|im_end|>\n<|im_start|>assistant\n")
+                        ["input_ids"]])
+    tags = [tokenizer.convert_tokens_to_ids(tag) for tag in tiny_model.TOOL_TAGS]
+    drawn = torch.zeros(len(tokenizer), dtype=torch.bool)
+    drawn[: tiny_model.TinyModelSpec().drawn_vocab_size] = True
+    drawn[tags] = True
+    assert len(tokenizer) > 4 * drawn.sum()  # the confinement is what this test is about
+    for member in profiles.TINY_MEMBERS:
+        model = transformers.LlamaForCausalLM.from_pretrained(str(family / member), torch_dtype=torch.float32)
+        with torch.no_grad():
+            logits = model(ids).logits[0, :, : len(tokenizer)]
+        assert logits[:, ~drawn].max() < logits[:, drawn].min() - 20
+        end = logits.softmax(-1)[:, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        assert ((1 / 3000 < end) & (end < 1 / 300)).all(), end
+
+
 def _safetensors_header(path: Path) -> dict:
     with path.open("rb") as data:
         (length,) = struct.unpack("<Q", data.read(8))
