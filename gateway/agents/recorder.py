@@ -266,11 +266,14 @@ class Trajectories:
         dep = p.policy.deployments.get(deployment)
         arm = p.cohorted.cohort.value if p.cohorted is not None else None
         sent = p.sent
+        cost_usd, compaction_usd = ex.cost_usd() if dep is not None else (0.0, 0.0)
         return Step(p.at, deployment, ex.rule or "", arm, usage.prompt_tokens, usage.completion_tokens,
-                    dep.price.cost_usd_of(usage) if dep is not None else 0.0, p.elapsed_s * 1000,
+                    cost_usd, p.elapsed_s * 1000,
                     None if p.ttft_s is None else p.ttft_s * 1000, p.status, p.tool_calls(self.keep_text),
                     sent.tool_results, sent.echo, prompt=sent.prompt, cache=p.cache,
-                    tokens_cached=usage.cached_tokens)
+                    tokens_cached=usage.cached_tokens,
+                    compaction=ex.compaction[0] if ex.compaction is not None else None,
+                    compaction_cost_usd=compaction_usd)
 
     def _judge(self, batch: _Batch, p: PendingStep, step: Step) -> None:
         """Flag the step against its session's recent steps and spend; queue its append; count and trace it."""

@@ -162,6 +162,8 @@ class Step:
     prompt: str | None = None  # only when prompts are kept
     cache: StepCache | None = None  # with the policy's `switch` section
     tokens_cached: int = 0  # of tokens_in, read from the deployment's prefix cache (priced apart)
+    compaction: str | None = None  # who asked for the compaction the step is or made (exchange.compaction)
+    compaction_cost_usd: float = 0.0  # of cost_usd, what went to that compaction's summary
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, internal digests included (what the store keeps)."""
@@ -178,11 +180,13 @@ class Step:
             out["prompt"] = self.prompt
         if self.cache is not None:
             out["cache"] = self.cache.to_dict()
+        if self.compaction is not None:
+            out["compaction"] = {"by": self.compaction, "cost_usd": self.compaction_cost_usd}
         return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Step:
-        cache = raw.get("cache")
+        cache, compaction = raw.get("cache"), raw.get("compaction")
         return cls(
             float(raw["at"]), str(raw.get("deployment", "")), str(raw.get("rule", "")), raw.get("arm"),
             int(raw.get("tokens_in", 0)), int(raw.get("tokens_out", 0)), float(raw.get("cost_usd", 0.0)),
@@ -193,6 +197,8 @@ class Step:
             int(raw.get("step", 0)), raw.get("prompt"),
             cache=StepCache.from_dict(cache) if isinstance(cache, dict) else None,
             tokens_cached=int(raw.get("tokens_cached", 0)),
+            compaction=compaction.get("by") if isinstance(compaction, dict) else None,
+            compaction_cost_usd=float(compaction.get("cost_usd", 0.0)) if isinstance(compaction, dict) else 0.0,
         )  # fmt: skip
 
     def shown(self) -> dict[str, Any]:

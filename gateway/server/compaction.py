@@ -192,6 +192,7 @@ async def answer(request: web.Request, call: Call, decision: Decision, trigger: 
     items = responses_compaction.without_trigger(responses.input_items(call.body))
     written = await summarize(request, call, chat_messages(call.body, items), decision.attempts)
     ex.answered(written.deployment, written.model, call.policy.deployments[written.deployment].price)
+    ex.compaction = (trigger, True)
     ex.settle(written.usage, state.metrics)
     kept = responses_compaction.retained(items)
     item, after = _sealed(request, call, written, kept)
@@ -227,7 +228,7 @@ async def compact(request: web.Request, adapter: Adapter, call: Call, decision: 
                     request[EXCHANGE].request_id, exc.message)
         return None
     request[EXCHANGE].side_call(written.deployment, call.policy.deployments[written.deployment].price,
-                                written.usage, request.app[STATE].metrics)
+                                written.usage, request.app[STATE].metrics, compaction=trigger)
     reason = f"compaction: {trigger} due; {written.deployment} summarized {written.tokens_before} tokens"
     decision = replace(decision, reasons=(*decision.reasons, reason))
     if edit is None:

@@ -253,6 +253,7 @@ def record(
     asker = compaction_asker(call.features.last_user_text)
     if asker is not None:  # rare: counted at once
         ex.attributes[t.AGENT_COMPACTION] = asker
+        ex.compaction = (asker, True)  # the whole answer is the agent's summary: its cost counted as one
         state.metrics.agent_compaction_requests.labels(asker, decision.deployment).inc()
     if recording and adapter.generates and call.session_id is not None:
         state.trajectories.begin(ex, call, enrollment.cohorted() if enrollment is not None else None)

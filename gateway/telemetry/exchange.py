@@ -62,6 +62,7 @@ class Exchange:
     __slots__ = (
         "attributes",
         "client_request_id",
+        "compaction",
         "context_edits",
         "deployment",
         "endpoint",
@@ -120,6 +121,9 @@ class Exchange:
         self.masked: tuple[int, int] | None = None  # (tool outputs masked, tokens saved): metrics at the end
         # Calls made for this request beside its answer (a compaction's summary): (deployment, price, usage)
         self.side_parts: list[tuple[str, Price | None, Usage]] | None = None
+        # Who asked for the compaction this request is or made (v1_compact, v2_trigger, context_management,
+        # anthropic_compact, or an agent's own: codex, claude-code), and whether the whole answer is it
+        self.compaction: tuple[str, bool] | None = None
 
     def decided(self, features: Features, decision: Decision, complexity: float | None) -> None:
         """The decision as admission left it; the deployment is set only once one is tried (a call the budget
@@ -156,11 +160,15 @@ class Exchange:
         attrs[t.CONTEXT_MASKED_TOKENS] = tokens_saved
         attrs[t.CONTEXT_MASK_FRONTIER] = frontier
 
-    def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics) -> None:
-        """A call made for this request beside its answer: its tokens and cost counted now, and charged to the
-        tenant with the answer's."""
+    def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics,
+                  compaction: str | None = None) -> None:
+        """A call made for this request beside its answer (the summary of the compaction `compaction` asked
+        for): its tokens and cost counted now, and charged to the tenant with the answer's."""
         cost_usd = price.cost_usd_of(usage) if price is not None else 0.0
         metrics.count_tokens(deployment, self.tenant, usage, cost_usd)
+        if compaction is not None:
+            self.compaction = (compaction, False)
+            metrics.compaction_cost_usd.labels(compaction, deployment).inc(cost_usd)
         if self.side_parts is None:
             self.side_parts = []
         self.side_parts.append((deployment, price, usage))
@@ -193,6 +201,21 @@ class Exchange:
         if usage is not None and self.deployment is not None:
             cost_usd = self.price.cost_usd_of(usage) if self.price is not None else 0.0
             metrics.count_tokens(self.deployment, self.tenant, usage, cost_usd)
+            if self.compaction is not None and self.compaction[1]:
+                metrics.compaction_cost_usd.labels(self.compaction[0], self.deployment).inc(cost_usd)
+
+    def cost_usd(self) -> tuple[float, float]:
+        """What this request cost in all (its answer, a resumed stream's earlier parts, calls beside it), and the
+        part of that which went to a compaction."""
+        def priced(price: Price | None, usage: Usage) -> float:
+            price = price or self.price
+            return price.cost_usd_of(usage) if price is not None else 0.0
+
+        answer = priced(self.price, self.usage) if self.usage is not None else 0.0
+        parts = sum(priced(price, usage) for _, price, usage in self.parts or ())
+        beside = sum(priced(price, usage) for _, price, usage in self.side_parts or ())
+        whole = self.compaction is not None and self.compaction[1]
+        return answer + parts + beside, (answer + parts + beside if whole else beside if self.compaction else 0.0)
 
     def part_ended(self, usage: Usage, metrics: t.Metrics) -> None:
         """The answering deployment's part of a stream that another deployment goes on with: charged at its price."""

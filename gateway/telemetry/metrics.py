@@ -284,6 +284,7 @@ class Metrics:
     compactions: Counter
     agent_compaction_requests: Counter
     compaction_tokens: Counter
+    compaction_cost_usd: Counter
     # prometheus_client validates and hashes label values on every .labels() call; the label sets are
     # few, so each child is looked up once and kept.
     request_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any]] = field(default_factory=dict)
@@ -582,6 +583,10 @@ def make_metrics() -> Metrics:
         compaction_tokens=Counter("gateway_compaction_tokens", "Context tokens of compacted conversations, before "
                                   "(what was summarized) and after (kept messages and the summary); the ratio is "
                                   "the compaction's gain", ["api", "trigger", "stage"], registry=r),
+        compaction_cost_usd=Counter("gateway_compaction_cost_usd", "What compactions cost (also in the "
+                                    "tenant's and the session's spend), by who asked (the gateway's triggers, or "
+                                    "an agent's own summary request: codex, claude-code) and the summarizing "
+                                    "deployment", ["trigger", "deployment"], registry=r),
         agents=_agent_series(r),
         caches=_cache_series(r),
     )

@@ -184,3 +184,23 @@ async def test_an_id_two_tenants_sent_is_ambiguous_until_the_tenant_is_named(
     assert "HTTP 404" in err and "'run-1'" in err and "'acme', 'globex'" in err and "[session_ambiguous]" in err
     assert await _cli(base, "sessions", "show", "run-1", "--tenant", "globex") == 0
     assert capsys.readouterr().out.startswith("session run-1 (tenant globex): 2 steps")
+
+
+async def test_sessions_show_says_what_a_compaction_cost_and_who_asked(
+    make_stack: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.server.test_compaction import CONVERSATION, KEY, _summarizer
+
+    stack = await make_stack(settings={"compaction_key": KEY})
+    _summarizer(stack)
+    settings: Any = {"context_management": [{"type": "compaction", "compact_threshold": 5}]}
+    async with stack.client() as client:
+        await client.responses.create(model="fast", input=CONVERSATION, extra_body=settings,  # type: ignore[arg-type]
+                                      extra_headers={"x-session-id": "compacted-run"})
+    base = str(stack.gateway.make_url("")).rstrip("/")
+    await recorded(base, "compacted-run", 1)
+    capsys.readouterr()
+    assert await _cli(base, "sessions", "show", "compacted-run") == 0
+    shown = capsys.readouterr().out
+    summary_usd = (11 * 0.5 + stack.fast.chunks * 1.5) / 1e6
+    assert f"compaction by context_management: {summary_usd:.6f} USD of the step's cost" in shown

@@ -33,7 +33,7 @@ CONVERSATION: list[dict[str, Any]] = [
 
 def _summarizer(stack: Stack) -> None:
     """The fast fake answers chat completions (the summarizer's calls) with SUMMARY."""
-    stack.fast.answer = lambda body: SUMMARY if body["messages"][0]["role"] == "system" else "tok tok"
+    stack.fast.answer = lambda body: SUMMARY if (body.get("messages") or [{}])[0].get("role") == "system" else "tok tok"
 
 
 def _texts(body: dict[str, Any]) -> str:
@@ -208,6 +208,25 @@ async def test_the_summary_before_an_answer_that_fails_is_still_charged_to_the_b
     assert (day.spend_usd, day.reserved_usd) == (pytest.approx(summary_usd), 0)
 
 
+async def test_a_compaction_is_charged_to_the_session_and_counted_apart(compacting: Stack) -> None:
+    """The summary's cost is part of the step's (and so the session's) cost, said apart on the step and on
+    /metrics by who asked for it."""
+    from tests.fixtures.agent_runs import recorded
+    from tests.fixtures.stack import metric
+
+    settings: Any = {"context_management": [{"type": "compaction", "compact_threshold": 5}]}
+    async with compacting.client() as client:
+        await client.responses.create(model="fast", input=CONVERSATION, extra_body=settings,  # type: ignore[arg-type]
+                                      extra_headers={"x-session-id": "compacted-run"})
+    base = str(compacting.gateway.make_url("")).rstrip("/")
+    (step,) = (await recorded(base, "compacted-run", 1))["steps"]
+    per_call_usd = (11 * 0.5 + compacting.fast.chunks * 1.5) / 1e6  # the fake's usage at fast's price
+    assert step["compaction"] == {"by": "context_management", "cost_usd": pytest.approx(per_call_usd)}
+    assert step["cost_usd"] == pytest.approx(2 * per_call_usd)  # the summary, then the answer
+    assert await metric(compacting.gateway, "gateway_compaction_cost_usd_total", trigger="context_management",
+                        deployment="fast") == pytest.approx(per_call_usd)
+
+
 async def test_a_summary_that_fails_leaves_the_input_whole(compacting: Stack) -> None:
     compacting.fast.faults += [Fault(status=500)]
     compacting.hq.faults += [Fault(status=500)]
@@ -251,6 +270,9 @@ async def test_an_agents_own_compaction_request_is_counted_and_goes_to_the_large
     assert plain.headers["x-gateway-deployment"] == "fast"
     assert asked.headers["x-gateway-deployment"] == "hq"
     assert await metric(stack.gateway, "gateway_agent_compaction_requests_total", agent="codex", deployment="hq") == 1
+    hq_usd = (11 * 3 + stack.hq.chunks * 15) / 1e6  # the whole answer is the summary: at hq's price
+    assert await metric(stack.gateway, "gateway_compaction_cost_usd_total", trigger="codex",
+                        deployment="hq") == pytest.approx(hq_usd)
 
 
 async def test_an_agents_summary_request_no_window_holds_is_masked_until_it_fits(
@@ -283,3 +305,6 @@ async def test_an_agents_summary_request_no_window_holds_is_masked_until_it_fits
     async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url(f"/v1/context/{ref}")) as resp:
         assert resp.status == 200 and await resp.text() == outputs[0]
     assert await metric(stack.gateway, "gateway_agent_compaction_requests_total", agent="codex", deployment="hq") == 1
+    hq_usd = (11 * 3 + stack.hq.chunks * 15) / 1e6  # the whole answer is the summary: at hq's price
+    assert await metric(stack.gateway, "gateway_compaction_cost_usd_total", trigger="codex",
+                        deployment="hq") == pytest.approx(hq_usd)

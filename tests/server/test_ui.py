@@ -310,3 +310,22 @@ async def test_the_timeline_shows_each_steps_prefix_caches_moves_and_warm_ups(
     rows = await wait_for(browser, steps)
     assert "warm-up hq started" in rows[5] and "hq " in rows[5] and " uncached" in rows[5]
     assert "uncached (warmed)" in rows[6] and "moved from fast" in rows[6]
+
+
+async def test_the_timeline_shows_what_a_compaction_cost_and_who_asked(
+        make_stack: Callable[..., Any], browser: WebDriver) -> None:
+    from tests.server.test_compaction import CONVERSATION, KEY, _summarizer
+
+    stack: Stack = await make_stack(settings={"compaction_key": KEY})
+    _summarizer(stack)
+    settings: Any = {"context_management": [{"type": "compaction", "compact_threshold": 5}]}
+    async with stack.client() as client:
+        await client.responses.create(model="fast", input=CONVERSATION, extra_body=settings,  # type: ignore[arg-type]
+                                      extra_headers={"x-session-id": "compacted-run"})
+    base = str(stack.gateway.make_url("")).rstrip("/")
+    await recorded(base, "compacted-run", 1)
+    await sign_in(browser, f"{base}/ui")
+    await wait_for(browser, text_of('#sessions tr[data-session="compacted-run"]'))
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="compacted-run"]').click)
+    shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-compaction="context_management"]'))
+    assert shown.startswith("compaction (context_management) $")

@@ -307,7 +307,7 @@ def test_tiny_members_draw_from_a_1024_token_vocabulary_that_holds_the_end_token
             logits = model(ids).logits[0, :, : len(tokenizer)]
         assert logits[:, ~drawn].max() < logits[:, drawn].min() - 20
         end = logits.softmax(-1)[:, tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        assert ((1 / 3000 < end) & (end < 1 / 300)).all(), end
+        assert ((end > 1 / 3000) & (end < 1 / 300)).all(), end
 
 
 def _safetensors_header(path: Path) -> dict:

@@ -142,3 +142,6 @@ async def test_claude_code_compacts_through_the_gateway_and_goes_on(make_stack: 
     counted = [line for line in text.splitlines()
                if line.startswith('gateway_agent_compaction_requests_total{agent="claude-code"')]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in counted) == len(summaries), counted
+    charged = [line for line in text.splitlines()
+               if line.startswith('gateway_compaction_cost_usd_total{deployment=') and 'trigger="claude-code"' in line]
+    assert charged and all(float(line.rsplit(" ", 1)[1]) > 0 for line in charged), charged

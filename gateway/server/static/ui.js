@@ -149,6 +149,14 @@ function tokensCell(step) {
   return step.tokens_cached ? [el("span", {}, text), el("span", { class: "sub-line" }, `${step.tokens_cached} cached`)] : text;
 }
 
+// A step's cost, and under it the part a compaction's summary took, with who asked for it.
+function costCell(step) {
+  const c = step.compaction;
+  return c ? [el("span", {}, usd(step.cost_usd)),
+    el("span", { class: "sub-line", data: { compaction: c.by } }, `compaction (${c.by}) ${usd(c.cost_usd)}`)]
+    : usd(step.cost_usd);
+}
+
 function renderShares(view) {
   const shares = view.shares;
   $("shares-note").textContent = `${shares.requests} requests over the last ${shares.window_s.toFixed(0)} s`;
@@ -404,7 +412,7 @@ async function loadTimeline(selected) {
   const start = s.started_at || (s.steps.length ? s.steps[0].at : 0);
   const rows = s.steps.map((step) => el("tr", { data: { step: step.step } }, cells([
     step.step, `+${num(step.at - start, 1)} s`, step.deployment, step.rule, step.arm || "–",
-    tokensCell(step), usd(step.cost_usd), num(step.latency_ms), num(step.ttft_ms),
+    tokensCell(step), costCell(step), num(step.latency_ms), num(step.ttft_ms),
     pill(String(step.status), String(step.status).startsWith("2") ? "ok" : "bad"),
     [...(step.tool_calls || []).map((c) => pill(`→ ${c.name}`)),
       ...(step.tool_results || []).map((r) => pill(`← ${r.ok ? "ok" : "error"} ${r.size} B`, r.ok ? "ok" : "bad"))],
