@@ -126,7 +126,8 @@ def test_dashboard_covers_what_operators_watch() -> None:
                    "gateway_spend_usd_total", "gateway_rollout_weight_pct", "gateway_rollout_verdict",
                    "gateway_rollout_phase", "gateway_shadow_pairs_total", "gateway_agent_flags_total",
                    "gateway_agent_session_outcomes_total", "gateway_agent_session_outcome_cost_usd_total",
-                   "gateway_agent_session_outcome_steps_total", "gateway_cached_tokens_total"):
+                   "gateway_agent_session_outcome_steps_total", "gateway_cached_tokens_total",
+                   "gateway_compactions_total", "gateway_compaction_cost_usd_total"):
         assert wanted in queried
 
 
