@@ -164,6 +164,7 @@ class Step:
     tokens_cached: int = 0  # of tokens_in, read from the deployment's prefix cache (priced apart)
     compaction: str | None = None  # who asked for the compaction the step is or made (exchange.compaction)
     compaction_cost_usd: float = 0.0  # of cost_usd, what went to that compaction's summary
+    masked: tuple[int, int] | None = None  # the policy's context rules: (tool outputs masked, tokens saved)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, internal digests included (what the store keeps)."""
@@ -182,6 +183,8 @@ class Step:
             out["cache"] = self.cache.to_dict()
         if self.compaction is not None:
             out["compaction"] = {"by": self.compaction, "cost_usd": self.compaction_cost_usd}
+        if self.masked is not None:
+            out["context"] = {"masked_outputs": self.masked[0], "tokens_saved": self.masked[1]}
         return out
 
     @classmethod
@@ -199,6 +202,7 @@ class Step:
             tokens_cached=int(raw.get("tokens_cached", 0)),
             compaction=compaction.get("by") if isinstance(compaction, dict) else None,
             compaction_cost_usd=float(compaction.get("cost_usd", 0.0)) if isinstance(compaction, dict) else 0.0,
+            masked=_masked(raw.get("context")),
         )  # fmt: skip
 
     def shown(self) -> dict[str, Any]:
@@ -214,6 +218,12 @@ class Step:
     @property
     def tool_call_keys(self) -> list[tuple[str, str]]:
         return [(c.name, c.args_digest) for c in self.tool_calls]
+
+
+def _masked(context: Any) -> tuple[int, int] | None:
+    if not isinstance(context, dict):
+        return None
+    return int(context.get("masked_outputs", 0)), int(context.get("tokens_saved", 0))
 
 
 @dataclass(slots=True)

@@ -92,6 +92,9 @@ def timeline(session: dict[str, Any]) -> str:
             lines.append(f"{'':>5} {'':>8}  ! {', '.join(step['flags'])}")
         if step.get("cache"):
             lines.append(f"{'':>5} {'':>8}  cache: {cache_line(step['cache'])}")
+        if step.get("context"):
+            lines.append(f"{'':>5} {'':>8}  context: {step['context']['masked_outputs']} tool outputs masked, "
+                         f"{step['context']['tokens_saved']:,} tokens saved")
         if step.get("compaction"):
             lines.append(f"{'':>5} {'':>8}  compaction by {step['compaction']['by']}: "
                          f"{step['compaction']['cost_usd']:.6f} USD of the step's cost")

@@ -181,3 +181,26 @@ async def test_masking_is_off_unless_the_policy_turns_it_on(make_stack: Any, tmp
     async with client(stack, acme) as sdk:
         await sdk.chat.completions.create(model="fast", max_tokens=16, messages=chat_messages())
     assert outputs_received("chat", stack.fast.received[-1]) == LOGS
+
+
+async def test_the_session_shows_each_steps_masks_and_tokens_saved(
+    make_stack: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.fixtures.agent_runs import recorded
+
+    stack: Stack = await make_stack(context_policy(tmp_path / "objects"))
+    acme, _ = await tenants(stack)
+    async with client(stack, acme) as sdk:
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="fast", max_tokens=16, messages=chat_messages(), extra_headers={"x-session-id": "masked-run"})
+    async with aiohttp.ClientSession() as http, http.get(
+            stack.gateway.make_url(f"/admin/requests/{raw.headers['x-request-id']}/explain"),
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+        saved = (await resp.json())["context"]["mask_tool_outputs"]["tokens_saved"]
+    url = str(stack.gateway.make_url("")).rstrip("/")
+    (step,) = (await recorded(url, "masked-run", 1))["steps"]
+    assert step["context"] == {"masked_outputs": 4, "tokens_saved": saved}
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli, ["sessions", "show", "masked-run", "--tenant", "acme", "--url", url,
+                                         "--admin-token", ADMIN_TOKEN]) == 0
+    assert f"context: 4 tool outputs masked, {saved:,} tokens saved" in capsys.readouterr().out

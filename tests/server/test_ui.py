@@ -329,3 +329,20 @@ async def test_the_timeline_shows_what_a_compaction_cost_and_who_asked(
     await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="compacted-run"]').click)
     shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-compaction="context_management"]'))
     assert shown.startswith("compaction (context_management) $")
+
+
+async def test_the_timeline_shows_each_steps_masked_tool_outputs(
+        make_stack: Callable[..., Any], browser: WebDriver, tmp_path: Path) -> None:
+    from tests.server.test_context_masking import chat_messages, client, context_policy, tenants
+
+    stack: Stack = await make_stack(context_policy(tmp_path / "objects"))
+    acme, _ = await tenants(stack)
+    async with client(stack, acme) as sdk:
+        await sdk.chat.completions.create(model="fast", max_tokens=16, messages=chat_messages(),
+                                          extra_headers={"x-session-id": "masked-run"})
+    base = str(stack.gateway.make_url("")).rstrip("/")
+    await sign_in(browser, f"{base}/ui")
+    await wait_for(browser, text_of('#sessions tr[data-session="masked-run"]'))
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="masked-run"]').click)
+    shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-masked="4"]'))
+    assert shown.startswith("4 masked · ") and shown.endswith(" saved")

@@ -127,7 +127,8 @@ def test_dashboard_covers_what_operators_watch() -> None:
                    "gateway_rollout_phase", "gateway_shadow_pairs_total", "gateway_agent_flags_total",
                    "gateway_agent_session_outcomes_total", "gateway_agent_session_outcome_cost_usd_total",
                    "gateway_agent_session_outcome_steps_total", "gateway_cached_tokens_total",
-                   "gateway_compactions_total", "gateway_compaction_cost_usd_total"):
+                   "gateway_compactions_total", "gateway_compaction_cost_usd_total",
+                   "gateway_context_masked_tokens_saved_total", "gateway_context_offloads_total"):
         assert wanted in queried
 
 

@@ -143,10 +143,16 @@ function priceCell(price) {
     el("span", { class: "sub-line" }, `cached in ${usd(price.cached_input_per_mtok_usd)}`)];
 }
 
-// A step's tokens: in / out, and under them how many of the input came from the deployment's prefix cache.
+// A step's tokens: in / out, and under them how many of the input came from the deployment's prefix cache and
+// how many the policy's context rules saved by masking old tool outputs.
 function tokensCell(step) {
   const text = `${step.tokens_in} / ${step.tokens_out}`;
-  return step.tokens_cached ? [el("span", {}, text), el("span", { class: "sub-line" }, `${step.tokens_cached} cached`)] : text;
+  const under = [];
+  if (step.tokens_cached) under.push(el("span", { class: "sub-line" }, `${step.tokens_cached} cached`));
+  const c = step.context;
+  if (c) under.push(el("span", { class: "sub-line", data: { masked: c.masked_outputs } },
+    `${c.masked_outputs} masked · ${c.tokens_saved} saved`));
+  return under.length ? [el("span", {}, text), ...under] : text;
 }
 
 // A step's cost, and under it the part a compaction's summary took, with who asked for it.
