@@ -6,7 +6,8 @@ A failure is a non-zero exit code. Figures come apart by what the text carries, 
 exit code out of its text is no achievement: "as shown" is each mini-swe-agent observation as the agent's next
 prompt showed it (its `<returncode>` line included: the structured signal the verdict reads); "output alone" is
 the same observations with that line taken out plus the commands run in this repository, whose texts never
-carried an exit code: there only the shape of the words can tell.
+carried an exit code: there only the shape of the words can tell; "real agents" are the results Codex CLI and
+Claude Code sent back in our own runs (agent_runs.py), as they sent them (Claude Code's `is_error` included).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ OLD_MARKERS = re.compile(
 OLD_SCAN_CHARS = 2_000
 # mini-swe-agent's wrapper around a command's output: its return code, its notes and tags, never the command's words
 SHOWN, ALONE, HERE = "as shown (exit code in the text)", "output alone (no exit code)", "  of which this repository's"
+AGENTS = "real agents, as they sent them"
+AGENT_SOURCES = ("codex", "claude-code")
 _WRAPPER = re.compile(r"\A<returncode>-?\d+</returncode>\n?|<warning>.*?</warning>|<elided_chars>.*?</elided_chars>"
                       r"|</?output(?:_head|_tail)?>\n?", re.DOTALL)
 
@@ -63,32 +66,42 @@ def output_alone(text: str) -> str:
     return _WRAPPER.sub("", text)
 
 
-def views(rows: Iterable[dict[str, Any]]) -> dict[str, list[tuple[str, bool]]]:
-    """(text, failed) cases: as the agent showed them (the harness's exit code in the text), and output alone."""
-    shown: list[tuple[str, bool]] = []
-    alone: list[tuple[str, bool]] = []
-    here: list[tuple[str, bool]] = []
+@dataclass(frozen=True)
+class Case:
+    text: str
+    failed: bool  # the label: the exit code was not 0
+    is_error: bool | None = None  # the API's own flag, where the agent sent one (Claude Code's tool_result)
+
+
+def views(rows: Iterable[dict[str, Any]]) -> dict[str, list[Case]]:
+    """The cases: as the harness showed them (its exit code in the text), output alone, and real agents' results."""
+    shown: list[Case] = []
+    alone: list[Case] = []
+    here: list[Case] = []
+    agents: list[Case] = []
     for row in rows:
         failed = row["exit_code"] != 0
         if row["source"] == "mini-swe-agent":
-            shown.append((row["text"], failed))
-            alone.append((output_alone(row["text"]), failed))
+            shown.append(Case(row["text"], failed))
+            alone.append(Case(output_alone(row["text"]), failed))
+        elif row["source"] in AGENT_SOURCES:
+            agents.append(Case(row["text"], failed, row.get("is_error")))
         else:
-            alone.append((row["text"], failed))
-            here.append((row["text"], failed))
-    return {SHOWN: shown, ALONE: alone, HERE: here}
+            alone.append(Case(row["text"], failed))
+            here.append(Case(row["text"], failed))
+    return {SHOWN: shown, ALONE: alone, HERE: here, AGENTS: agents}
 
 
-def old_check(text: str) -> bool:
-    return OLD_MARKERS.search(text[:OLD_SCAN_CHARS]) is not None
+def old_check(case: Case) -> bool:
+    return OLD_MARKERS.search(case.text[:OLD_SCAN_CHARS]) is not None
 
 
-def new_check(text: str) -> bool:
-    return judge(text).failed is True
+def new_check(case: Case) -> bool:
+    return judge(case.text, case.is_error).failed is True
 
 
-def figures(cases: Iterable[tuple[str, bool]], check: Callable[[str], bool]) -> Figures:
-    counts = Counter((failed, check(text)) for text, failed in cases)
+def figures(cases: Iterable[Case], check: Callable[[Case], bool]) -> Figures:
+    counts = Counter((case.failed, check(case)) for case in cases)
     return Figures(sum(counts.values()), counts[True, True] + counts[True, False], counts[True, True],
                    counts[False, True])
 
@@ -100,7 +113,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{name:<36} {new.cases:>6} {new.failed:>6}   {old.precision:>6.3f} {old.recall:>6.3f}   "
                      f"{new.precision:>6.3f} {new.recall:>6.3f}")
     for name, cases in views(rows).items():
-        sources = Counter((str(judge(text).source), failed) for text, failed in cases)
+        sources = Counter((str(judge(c.text, c.is_error).source), c.failed) for c in cases)
         shown = ", ".join(f"{s} {sources[s, True]}/{sources[s, True] + sources[s, False]}"
                           for s in sorted({s for s, _ in sources}))
         lines.append(f"verdict sources, {name} (failed/all): {shown}")

@@ -59,6 +59,7 @@ class Verdict:
 
 UNKNOWN = Verdict(None, Source.NONE)
 REPORTED_ERROR = Verdict(True, Source.IS_ERROR)
+REPORTED_OK = Verdict(False, Source.IS_ERROR)
 RUNNING = Verdict(None, Source.RUNNING)
 HARNESS_FAILED = Verdict(True, Source.HARNESS_ERROR)
 
@@ -66,7 +67,7 @@ _N = r"(-?\d{1,10})"
 # First lines: Codex (`Exit code: N`, unified exec's `Process exited with code N`), Claude Code (`Exit code N`),
 # mini-swe-agent (`<returncode>N</returncode>`).
 _HEADER = re.compile(rf"(?:Exit code:? {_N}|Process exited with code {_N}|<returncode>{_N}</returncode>)\s*$")
-_HEADER_WORDS = ("xit code", "<returncode>", "Process running")
+_HEADER_WORDS = ("xit code", "<returncode>", "Process running", "Process exited")
 _HEADER_RUNNING = re.compile(r"Process running with (?:session|command) ID \S+\s*$")
 # Last lines: OpenHands (`[Command finished with exit code N]`, `[The command completed with exit code N.]`, the
 # CodeAct form `[Command <id> finished with exit code N]`) and wrappers that append `Process exited with code N`.
@@ -125,7 +126,11 @@ def judge(text: str, is_error: bool | None = None) -> Verdict:
     if is_error is True:
         return REPORTED_ERROR
     head, tail = text[:HEAD_CHARS], text[-TAIL_CHARS:] if len(text) > HEAD_CHARS else ""
-    return _reported(text, head, tail or head) or _shaped(head, tail) or UNKNOWN
+    reported = _reported(text, head, tail or head)
+    if reported is not None:
+        return reported
+    # A flag said false (Claude Code sends it on every result) outranks words, not an exit code in the text
+    return REPORTED_OK if is_error is False else _shaped(head, tail) or UNKNOWN
 
 
 def exit_verdict(code: int) -> Verdict:

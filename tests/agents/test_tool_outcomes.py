@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evals.tool_outcomes import ALONE, HERE, SHOWN, TARGET, figures, load, new_check, old_check, views
+from evals.tool_outcomes import AGENTS, ALONE, HERE, SHOWN, TARGET, Case, figures, load, new_check, old_check, views
 from gateway.agents.tool_outcomes import HEAD_CHARS, Source, Verdict, judge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,9 @@ FORMS = [
     ("Exit code: 2\nWall time: 0.1 seconds\nTotal output lines: 900\nOutput:\nls: x", True, Source.EXIT_CODE, 2),
     ("Chunk ID: 8f2a\nWall time: 0.0123 seconds\nProcess exited with code 1\nOriginal token count: 0\nOutput:\n",
      True, Source.EXIT_CODE, 1),
+    # unified exec's header over an output longer than the footer's lines, with no error words (diff, exit 1)
+    ("Chunk ID: 19c2\nWall time: 0.0 seconds\nProcess exited with code 1\nOriginal token count: 29\nOutput:\n"
+     + "\n".join(f"< line {i}\n---\n> line {i + 1}" for i in range(8)), True, Source.EXIT_CODE, 1),
     ("Chunk ID: 8f2a\nWall time: 1.0 seconds\nProcess exited with code 0\nOutput:\nTraceback: in the docs", False,
      Source.EXIT_CODE, 0),
     ("Chunk ID: 8f2a\nWall time: 10.0 seconds\nProcess running with session ID 3\nOutput:\nbuilding", None,
@@ -85,7 +88,10 @@ def test_each_form_gives_its_verdict(text: str, failed: bool | None, source: Sou
 def test_the_apis_own_flag_wins_and_its_absence_leaves_the_text_to_judge() -> None:
     assert judge("done", is_error=True) == Verdict(True, Source.IS_ERROR)
     assert judge("Exit code: 0\nOutput:\n", is_error=None).failed is False
-    assert judge(ERROR_WORDS, is_error=False).ok
+    assert judge(ERROR_WORDS, is_error=False) == Verdict(False, Source.IS_ERROR)
+    assert judge(TRACEBACK, is_error=False) == Verdict(False, Source.IS_ERROR)  # words yield to the flag
+    assert judge(TRACEBACK, is_error=None).failed is True
+    assert judge("Exit code: 2\nOutput:\n", is_error=False) == Verdict(True, Source.EXIT_CODE, 2)  # a harness's code
 
 
 def test_a_long_output_is_judged_by_its_two_ends() -> None:
@@ -120,11 +126,25 @@ def test_from_the_output_alone_the_verdict_is_precise_and_beats_the_word_check()
     assert new.precision > old.precision and new.recall > old.recall
 
 
+def test_on_the_real_agents_results_the_verdict_meets_the_target() -> None:
+    """Codex's and Claude Code's own results from our runs (evals/tool_outcomes/agent_runs.py). The misses are
+    Claude Code's: a grep that matched nothing, `test -f` false, `diff` of different files exit 1, and Claude Code
+    itself sends them with is_error false (for it they are answers, not failures); the verdict takes its word."""
+    rows = [row for row in ROWS if row["source"] in ("codex", "claude-code")]
+    found = figures(views(rows)[AGENTS], new_check)
+    assert found.cases >= 100 and found.failed >= 20
+    assert found.precision >= TARGET and found.recall >= TARGET, found
+    missed = [row for row in rows
+              if row["exit_code"] != 0 and not new_check(Case(row["text"], True, row.get("is_error")))]
+    assert {row["source"] for row in missed} <= {"claude-code"}
+    assert all(row["is_error"] is False and row["command"].split()[0] in ("grep", "test", "diff") for row in missed)
+
+
 def test_the_modules_of_this_repository_cat_clean() -> None:
-    cats = [(row["text"], row["exit_code"] != 0) for row in ROWS
+    cats = [Case(row["text"], row["exit_code"] != 0) for row in ROWS
             if row["source"] == "local" and row["command"].startswith("cat gateway/")
             and "no_such" not in row["command"]]
-    assert len(cats) > 100 and not any(failed for _, failed in cats)
-    assert [text[:60] for text, _ in cats if new_check(text)] == []
-    assert sum(old_check(text) for text, _ in cats) > 30  # what the old check made of them
+    assert len(cats) > 100 and not any(c.failed for c in cats)
+    assert [c.text[:60] for c in cats if new_check(c)] == []
+    assert sum(old_check(c) for c in cats) > 30  # what the old check made of them
     assert len(views(ROWS)[HERE]) == sum(row["source"] == "local" for row in ROWS)
