@@ -87,7 +87,7 @@ async def test_codex_compacts_through_the_gateway_and_goes_on(make_stack: Any, t
     stack: Stack = await make_stack(settings={"compaction_key": "k" * 40})
     stack.fast.answer = lambda body: "## Goal\nPrint the clue.\n## Next step\nSay it is done."
     stack.fast.script = [ToolUse("exec_command", {"cmd": "echo clue-$((6 * 7))"}), "All done."]
-    run = await agent_clients.codex_exec(stack.base_url, "Print the clue.", tmp_path, model="auto",
+    run = await agent_clients.codex_exec(stack.base_url, "Print the clue.", tmp_path, model="fast",
                                          provider="openai", auto_compact_tokens=15)
     assert run.exit_code == 0, run.describe()
     messages = [e["item"]["text"] for e in run.events() if e.get("type") == "item.completed"
@@ -120,8 +120,8 @@ def _context_reported(body: dict[str, Any]) -> int:
 
 async def test_claude_code_compacts_through_the_gateway_and_goes_on(make_stack: Any, tmp_path: Path) -> None:
     """Claude Code with a small auto-compact window: the deployments report a context near it, so Claude Code
-    sends its own summary request; the gateway recognizes it (counted
-    and routed as one), and Claude Code goes on from the summary to the end of its turn."""
+    sends its own summary request; the gateway recognizes it (counted, charged and routed as one), and Claude
+    Code goes on from the summary to the end of its turn."""
     stack: Stack = await make_stack(rules=RULES)
     stack.hq.script = [ToolUse("Bash", {"command": "echo clue-$((6 * 7))", "description": "Print the clue"})]
     stack.fast.script = [ToolUse("Bash", {"command": "echo again-$((6 * 7))", "description": "Print it again"})]
