@@ -53,8 +53,8 @@ async def test_codex_completes_a_turn_and_the_next_turn_is_faster(
 
 
 async def test_claude_code_completes_a_turn(vllm_pair: VllmPair, tmp_path: Path) -> None:
-    """Its first request is ~25k tokens with max_tokens 32000, more than the window leaves: vLLM generates at
-    most what is left. The answer runs until the random model stops (140 to 3,800 tokens seen), which fast
+    """Its first request is ~14k of the pair's tokens with max_tokens 32000, more than the window leaves: vLLM
+    generates at most what is left. The answer runs until the random model stops (140 to 3,800 tokens seen), which fast
     decodes within the bound; on hq that took 2 to 5 minutes (see the README), so hq is not asserted here.
     No CLAUDE_CODE_MAX_OUTPUT_TOKENS: Claude Code takes an answer cut at max_tokens for a failed turn."""
     target = vllm_pair.fast
@@ -64,5 +64,5 @@ async def test_claude_code_completes_a_turn(vllm_pair: VllmPair, tmp_path: Path)
     result = next(e for e in run.events() if e.get("type") == "result")
     usage = result["usage"]  # Anthropic's input_tokens leaves out what the prefix cache read
     prompt = sum(usage.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
-    assert result["is_error"] is False and prompt > 20_000
+    assert result["is_error"] is False and prompt > 10_000  # its system prompt and tool set: 13,966 in a CI run
     print(f"claude code on fast: first turn {run.seconds:.1f} s")
