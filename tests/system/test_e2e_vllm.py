@@ -145,7 +145,9 @@ def gateway_policy(pair: VllmPair) -> dict[str, Any]:
         for name, d in (("hq", pair.hq), ("fast", pair.fast))
     }  # fmt: skip
     template.pop("switch", None)  # its worth_ms names the rules dropped here
-    policy = fill_policy({**template, "rules": [], "default": "fast", "fallback": ["fast", "hq"]}, commands)
+    # a random model's greedy summary runs to its cap: a short cap keeps the compaction test's summary quick
+    policy = fill_policy({**template, "rules": [], "default": "fast", "fallback": ["fast", "hq"],
+                          "compaction": {"max_summary_tokens": 64}}, commands)
     for name, dep in policy["deployments"].items():
         # Lenient health checks: a loaded CI machine must not eject a healthy server, and the failover test
         # wants its first requests after the kill to fail over, not to be routed around an ejection.
@@ -399,6 +401,35 @@ def test_responses_through_gateway_streamed_chained_and_stored(vllm_pair: VllmPa
         client.responses.retrieve(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="fast", input="again", previous_response_id=first.id, max_output_tokens=4)
+
+
+def test_a_conversation_compacts_through_the_gateway_and_goes_on_with_the_pair(
+    vllm_pair: VllmPair, gateway: Gateway
+) -> None:
+    """`POST /v1/responses/compact` on the real pair: fast writes the summary (through its chat completions), the
+    answer holds the user's messages and exactly one sealed compaction item, and a next step that sends that item
+    back is answered (the gateway opened it into the summary; vLLM would refuse a compaction item)."""
+    conversation = [
+        {"role": "user", "content": "Fix the failing parser test in src/parse.py."},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd": "pytest -q"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "FAILED tests/test_parse.py::test_index"},
+        {"role": "assistant", "content": "I fixed the index in src/parse.py."},
+    ]
+    before = _sum(_metrics(gateway.url), "gateway_compactions_total", "v1_compact", "fast")
+    body = json.dumps({"model": "fast", "input": conversation}).encode()
+    request = urllib.request.Request(gateway.base_url + "/responses/compact", data=body,
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120.0) as response:
+        items = json.loads(response.read())["output"]
+    sealed = [item for item in items if item["type"] == "compaction"]
+    assert len(sealed) == 1 and sealed[0]["encrypted_content"], items
+    assert [item["role"] for item in items if item["type"] == "message"] == ["user"]
+    assert _sum(_metrics(gateway.url), "gateway_compactions_total", "v1_compact", "fast") - before == 1
+    going_on = _client(gateway.base_url).responses.create(
+        model="fast", input=[*items, {"role": "user", "content": "Go on."}], max_output_tokens=8)  # type: ignore[list-item]
+    assert going_on.status in ("completed", "incomplete") and going_on.usage is not None
+    # the summary, not the sealed item, reached fast: more than the two user messages' tokens
+    assert going_on.usage.input_tokens > 60
 
 
 def test_messages_through_gateway_with_the_anthropic_sdk(vllm_pair: VllmPair, gateway: Gateway) -> None:
