@@ -126,3 +126,23 @@ def test_an_anthropic_tool_result_that_says_is_error_is_a_tool_error() -> None:
     step = read_step(view)
     assert step is not None and step.turn == "tool_result" and step.tool_error
     assert [r.ok for r in tool_results(view["messages"], keep=False)] == [False]
+
+
+def test_an_anthropic_tool_result_that_says_it_is_no_error_is_none_whatever_its_words() -> None:
+    """Claude Code sends `is_error: false` on every result: a command that printed an error-shaped line and
+    exited 0 is no tool error (the flag outranks word shapes, not a harness's exit code)."""
+    from gateway.agents.trajectory import tool_results
+    from gateway.apis.messages import wire as messages
+
+    said = "error: the word, printed by a command that succeeds"
+    body = {"model": "auto", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "print it"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"cmd": "x"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": said, "is_error": False}]},
+    ]}
+    view = messages.view(body)
+    step = read_step(view)
+    assert step is not None and step.turn == "tool_result" and not step.tool_error
+    assert [r.ok for r in tool_results(view["messages"], keep=False)] == [True]
+    del body["messages"][2]["content"][0]["is_error"]  # no flag: the words' shape decides
+    assert read_step(messages.view(body)).tool_error  # type: ignore[union-attr]

@@ -98,8 +98,8 @@ def _messages(message: Any) -> list[dict[str, Any]]:
 def _tool_message(block: dict[str, Any]) -> dict[str, Any]:
     out = {"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
            "content": events.content_view(block.get("content"))}
-    if block.get("is_error") is True:
-        out["is_error"] = True
+    if isinstance(block.get("is_error"), bool):  # false says so too (Claude Code sends it on every result)
+        out["is_error"] = block["is_error"]
     return out
 
 
