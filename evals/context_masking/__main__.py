@@ -1,11 +1,14 @@
-"""`python -m evals.context_masking`: public coding-agent runs replayed through a policy's masking of old tool outputs.
+"""`python -m evals.context_masking`: public coding-agent runs replayed through a policy's context rules (old tool
+outputs masked, old turns summarized).
 
     python -m evals.context_masking [--policy policies/long-runs.yaml] [--data FILE.jsonl.gz] [--limit N]
                                     [--rule keep_last=K,over_tokens=N,batch_tokens=N,head_chars=N,tail_chars=N]
+                                    [--summarize over_tokens=N,keep_tokens=N,summary_tokens=N]
                                     [--window TOKENS] [--sweep] [--json]
 
-Prints, for auto with the policy's masking (route `auto`; `--rule` overrides fields of it), auto unmasked (the
-same policy with masking off) and every step on fast with masking: the prompt tokens the agents sent and the
+Prints, for auto with the policy's context rules (route `auto`; `--rule` and `--summarize` override fields of
+them), auto unmanaged (the same policy with both off) and every step on fast with them: the prompt tokens the
+agents sent and the
 deployments received, the tokens the pair prefilled against one unmanaged deployment serving every step, the
 share of steps whose received prompt no longer starts with the step before's (the prefix moved), and the steps
 over a window. `--sweep` adds a grid of rules (keep_last, batch_tokens, head/tail characters).
@@ -14,6 +17,7 @@ over a window. `--sweep` adds a grid of rules (keep_last, batch_tokens, head/tai
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -21,6 +25,7 @@ from typing import Any
 from evals.context_masking.replay import (
     CHARS_PER_TOKEN,
     STUB_FRAME_TOKENS,
+    parse_evict,
     parse_rule,
     replay,
     rule_dict,
@@ -34,13 +39,13 @@ from gateway.policy import model as policy_module
 MODEL = "auto"  # the route whose masking rule is replayed
 
 
-def render(rule: dict[str, int], rows: list[dict[str, Any]], window: int | None) -> str:
-    first = rows[0]
+def render(rules: dict[str, dict[str, int] | None], rows: list[dict[str, Any]], window: int | None) -> str:
+    first, rule = rows[0], rules["mask_tool_outputs"]
     head = (f"{'routing':15} {'sent/sess':>10} {'recv/sess':>10} {'recv/sent':>9} {'prefilled/sess':>14} "
             f"{'vs one unmanaged':>16} {'prefix moved':>12} {'over window':>11} {'fast':>6} {'hq':>6}")
     sessions = first["sessions"] or 1
-    lines = [f"rule: {_rule_text(rule)}; {first['sessions']} sessions, {first['steps']:,} steps", head,
-             "-" * len(head)]
+    said = "; ".join(f"{name}: {_rule_text(r)}" for name, r in rules.items() if r is not None)
+    lines = [f"{said}; {first['sessions']} sessions, {first['steps']:,} steps", head, "-" * len(head)]
     for r in rows:
         over = "-" if window is None else f"{r['over_window_steps']:,}"
         lines.append(f"{r['routing']:15} {r['sent_tokens'] / sessions:>10,.0f} "
@@ -55,8 +60,14 @@ def render(rule: dict[str, int], rows: list[dict[str, Any]], window: int | None)
     lines.append(f"largest prompt: {first['largest_sent']:,} tokens sent, {first['largest_received']:,} received; "
                  + ("window: none checked (the policy's deployments set no max_model_len; --window N checks one)"
                     if window is None else f"over the {window:,}-token window: the column above"))
-    lines.append(f"tool outputs older than the newest {rule['keep_last']}: {first['older_outputs_share']:.1%} of the "
-                 "tokens sent (what masking could save if stubs were free)")
+    if rule is not None:
+        lines.append(f"tool outputs older than the newest {rule['keep_last']}: {first['older_outputs_share']:.1%} of "
+                     "the tokens sent (what masking could save if stubs were free)")
+    evict = rules["summarize_old_turns"]
+    if evict is not None:
+        lines.append(f"summaries of old turns: {first['summaries_per_session']:.2f} a session, written on fast "
+                     f"between steps, their prompts {first['summary_prompt_share']:.1%} of what auto's pair received "
+                     f"(in the figures above); a summary taken as {evict['summary_tokens']} tokens, its bound")
     return "\n".join(lines)
 
 
@@ -83,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(DATA), help="derived sessions (evals/session_cache/README.md)")
     parser.add_argument("--limit", type=int, help="replay the first N sessions only")
     parser.add_argument("--rule", default="", help="keep_last=K,over_tokens=N,...: fields over the policy's rule")
+    parser.add_argument("--summarize", default="", help="over_tokens=N,keep_tokens=N,summary_tokens=N: "
+                                                        "summarize_old_turns' fields over the policy's")
     parser.add_argument("--window", type=int, help="count steps over this window (default: the largest "
                                                    "max_model_len the policy's deployments set)")
     parser.add_argument("--sweep", action="store_true", help="also a grid of keep_last, batch_tokens, head/tail")
@@ -93,22 +106,25 @@ def main(argv: list[str] | None = None) -> int:
     except policy_module.PolicyError as exc:
         print("\n".join(exc.problems), file=sys.stderr)
         return 2
-    base = policy.mask_rule(MODEL, None)
-    if base is None and not args.rule:
-        print(f"{args.policy} masks no tool outputs on route {MODEL}: give --rule", file=sys.stderr)
+    base, evict = policy.mask_rule(MODEL, None), policy.evict_rule(MODEL, None)
+    if base is None and evict is None and not args.rule:
+        print(f"{args.policy} has no context rules on route {MODEL}: give --rule", file=sys.stderr)
         return 2
     try:
-        rule = parse_rule(args.rule, base if base is not None else MaskRule())
+        rule = parse_rule(args.rule, base if base is not None else MaskRule()) if base or args.rule else None
+        evict = parse_evict(args.summarize, evict) if args.summarize else evict
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
     window = window_of(policy, args.window)
-    rows = replay(policy, rule, args.data, args.limit, window)
-    swept = sweep(policy, rule, args.data, args.limit) if args.sweep else None
+    rows = replay(policy, rule, args.data, args.limit, window, evict)
+    swept = sweep(policy, rule or MaskRule(), args.data, args.limit) if args.sweep else None
+    rules = {"mask_tool_outputs": None if rule is None else rule_dict(rule),
+             "summarize_old_turns": None if evict is None else dataclasses.asdict(evict)}
     if args.json:
-        print(json.dumps({"rule": rule_dict(rule), "window": window, "rows": rows, "sweep": swept}, indent=2))
+        print(json.dumps({"rules": rules, "window": window, "rows": rows, "sweep": swept}, indent=2))
     else:
-        print(render(rule_dict(rule), rows, window))
+        print(render(rules, rows, window))
         if swept is not None:
             print()
             print(render_sweep(swept))

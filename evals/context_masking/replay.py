@@ -19,9 +19,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from evals.session_cache.replay import Received, Tally, chain_of_record, read_sessions, replay_session, steps_of
+from evals.session_cache.replay import (
+    Received,
+    Side,
+    Tally,
+    chain_of_record,
+    read_sessions,
+    replay_session,
+    steps_of,
+)
+from gateway.context.eviction import EvictRule, Turns, boundary
 from gateway.context.masking import MaskRule, frontier
 from gateway.context.prefix import Chain, common_tokens
+from gateway.context.summaries import continuation_prompt
+from gateway.features import count_tokens
 from gateway.policy.model import Policy
 
 # A stub is its first line (`[tool output masked by the gateway ...: B bytes, T tokens, exit code C; the whole
@@ -36,6 +47,8 @@ STUB_FRAME_TOKENS = 124
 CHARS_PER_TOKEN = 4.0
 
 RULE_KEYS = tuple(f.name for f in fields(MaskRule))
+# The summarizer's ask (INSTRUCTIONS as the conversation's next turn), in cl100k, with the template's tokens.
+ASK_TOKENS = count_tokens(str(continuation_prompt([])[0]["content"])) + 4
 SWEEP_KEEP_LAST = (1, 3)
 SWEEP_BATCH_TOKENS = (0, 2000, 4000, 8000)
 SWEEP_HEAD_TAIL_CHARS = (200, 600)
@@ -76,9 +89,70 @@ def received(messages: list[list[Any]], rule: MaskRule) -> list[list[Any]]:
     return out
 
 
-def masker(rule: MaskRule | None) -> Received | None:
+def turns_of(messages: list[list[Any]]) -> Turns:
+    """The messages as eviction reads a chat body: the head is the system prompt and the task; a turn starts at
+    a user or assistant message (the digests and texts eviction keys summaries by are not needed here)."""
+    head = 0
+    while head < len(messages) and messages[head][0] == "s":
+        head += 1
+    head += head < len(messages) and messages[head][0] == "u"
+    return Turns(head, tuple(m[1] for m in messages), tuple(m[0] in ("u", "a") for m in messages), (), ())
+
+
+def before(messages: list[list[Any]]) -> list[list[Any]] | None:
+    """The step before's prompt: the messages before this prompt's last assistant turn (None: the first step)."""
+    for i in range(len(messages) - 1, 0, -1):
+        if messages[i][0] == "a":
+            return messages[:i]
+    return None
+
+
+def ready_cut(messages: list[list[Any]], rule: EvictRule) -> int:
+    """The span whose summary is ready at this step: the one due at the step before (written after it)."""
+    earlier = before(messages)
+    return turns_of(messages).head if earlier is None else boundary(turns_of(earlier), rule)
+
+
+def evicted(messages: list[list[Any]], rule: EvictRule) -> list[list[Any]]:
+    """The prompt with the ready summary in place of its old turns (a summary taken as summary_tokens)."""
+    head, cut = turns_of(messages).head, ready_cut(messages, rule)
+    if cut == head:
+        return messages
+    span = hashlib.blake2b("".join(m[2] for m in messages[:cut]).encode(), digest_size=6).hexdigest()
+    return [*messages[:head], ["u", rule.summary_tokens, span, None], *messages[cut:]]
+
+
+def managed(messages: list[list[Any]], rule: MaskRule | None, evict: EvictRule | None) -> list[list[Any]]:
+    """What the deployment reads: old turns summarized (as sent), then old tool outputs masked."""
+    if evict is not None:
+        messages = evicted(messages, evict)
+    return messages if rule is None else received(messages, rule)
+
+
+def summary_prompt(messages: list[list[Any]], rule: MaskRule | None,
+                   evict: EvictRule | None) -> list[list[Any]] | None:
+    """The summarizer's prompt written between the step before and this one, if the span moved at the step
+    before: that step's prompt as the deployment read it, through the span now due, then the ask."""
+    earlier = before(messages) if evict is not None else None
+    if evict is None or earlier is None:
+        return None
+    head, due, used = turns_of(earlier).head, boundary(turns_of(earlier), evict), ready_cut(earlier, evict)
+    if due == used:
+        return None
+    end = due if used == head else head + 1 + (due - used)
+    return [*managed(earlier, rule, evict)[:end], ["u", ASK_TOKENS, "ask", None]]
+
+
+def masker(rule: MaskRule | None, evict: EvictRule | None = None) -> Received | None:
     """The step's messages -> what the deployment reads, for session_cache's replay (None: as sent)."""
-    return None if rule is None else (lambda messages: received(messages, rule))
+    if rule is None and evict is None:
+        return None
+    return lambda messages: managed(messages, rule, evict)
+
+
+def summarizer(rule: MaskRule | None, evict: EvictRule | None) -> Side | None:
+    """The step's messages -> the summarizer's prompt written before it, if any (None: no summaries)."""
+    return None if evict is None else (lambda messages: summary_prompt(messages, rule, evict))
 
 
 @dataclass
@@ -96,6 +170,9 @@ class Sizes:
     largest_sent: int = 0
     largest_received: int = 0
     over_window: int = 0  # steps whose received prompt is over the window checked
+    summaries: int = 0  # summaries of old turns written between steps
+    summary_prompts: int = 0  # their prompts' tokens (in received too)
+    summary_prefilled: int = 0  # what one deployment prefills of them (in prefilled too)
 
     def add(self, sent: Chain, got: Chain, before_sent: Chain, before_got: Chain, window: int | None) -> None:
         total, kept = got[-1].tokens, common_tokens(before_got, got)
@@ -110,8 +187,9 @@ class Sizes:
         self.over_window += window is not None and total > window
 
 
-def measure_session(messages: list[list[Any]], rule: MaskRule | None, sizes: Sizes, window: int | None) -> None:
-    """One session's steps, as sent and as received by `rule` (None: unmasked), into `sizes`."""
+def measure_session(messages: list[list[Any]], rule: MaskRule | None, sizes: Sizes, window: int | None,
+                    evict: EvictRule | None = None) -> None:
+    """One session's steps, as sent and as received by `rule` and `evict` (None: neither), into `sizes`."""
     before_sent: Chain = ()
     before_got: Chain = ()
     keep_last = rule.keep_last if rule is not None else 0
@@ -119,7 +197,15 @@ def measure_session(messages: list[list[Any]], rule: MaskRule | None, sizes: Siz
     for index, _ in steps_of(messages):
         sent_messages = messages[:index]
         sent = chain_of_record(sent_messages)
-        got = sent if rule is None else chain_of_record(received(sent_messages, rule))
+        side = summary_prompt(sent_messages, rule, evict)
+        if side is not None:  # on the deployment that holds the step before's prompt: it prefills the ask
+            asked = chain_of_record(side)
+            sizes.summaries += 1
+            sizes.summary_prompts += asked[-1].tokens
+            sizes.summary_prefilled += asked[-1].tokens - common_tokens(before_got, asked)
+            sizes.received += asked[-1].tokens
+            sizes.prefilled += asked[-1].tokens - common_tokens(before_got, asked)
+        got = sent if rule is None and evict is None else chain_of_record(managed(sent_messages, rule, evict))
         sizes.add(sent, got, before_sent, before_got, window)
         outputs = [tokens for role, tokens, _, _ in sent_messages if role == "t"]
         sizes.older_outputs += sum(outputs[:max(len(outputs) - keep_last, 0)])
@@ -135,25 +221,27 @@ def window_of(policy: Policy, window: int | None) -> int | None:
     return max(lengths) if lengths else None
 
 
-def routings(rule: MaskRule) -> Iterator[tuple[str, str, MaskRule | None]]:
-    """(name, requested model, rule): auto with the rule, auto unmasked, every step on fast with the rule."""
-    yield "auto, masked", "auto", rule
-    yield "auto, unmasked", "auto", None
-    yield "fast, masked", "fast", rule
+def routings(rule: MaskRule | None, evict: EvictRule | None) -> Iterator[tuple[str, str, bool]]:
+    """(name, requested model, managed): auto with the rules, auto unmanaged, every step on fast with the rules."""
+    yield "auto, managed", "auto", True
+    yield "auto, unmanaged", "auto", False
+    yield "fast, managed", "fast", True
 
 
-def replay(policy: Policy, rule: MaskRule, path: str, limit: int | None = None,
-           window: int | None = None) -> list[dict[str, Any]]:
+def replay(policy: Policy, rule: MaskRule | None, path: str, limit: int | None = None,
+           window: int | None = None, evict: EvictRule | None = None) -> list[dict[str, Any]]:
     """Each routing's figures over the sessions; `vs one unmanaged` is against one deployment serving every step
     unmasked (the issue's bound is 1.3x)."""
-    names = list(routings(rule))
+    names = list(routings(rule, evict))
     tallies = {name: Tally() for name, _, _ in names}
     sizes = {name: Sizes() for name, _, _ in names}
     for session in read_sessions(path, limit):
-        for name, model, chosen in names:
-            replay_session(policy, session, model, tallies[name], received=masker(chosen))
-            measure_session(session["messages"], chosen, sizes[name], window)
-    return [row(name, tallies[name], sizes[name], sizes["auto, unmasked"].unmanaged) for name, _, _ in names]
+        for name, model, on in names:
+            mask, summarize = (rule, evict) if on else (None, None)
+            replay_session(policy, session, model, tallies[name], received=masker(mask, summarize),
+                           side=summarizer(mask, summarize))
+            measure_session(session["messages"], mask, sizes[name], window, summarize)
+    return [row(name, tallies[name], sizes[name], sizes["auto, unmanaged"].unmanaged) for name, _, _ in names]
 
 
 def row(name: str, tally: Tally, sizes: Sizes, unmanaged: int) -> dict[str, Any]:
@@ -169,7 +257,9 @@ def row(name: str, tally: Tally, sizes: Sizes, unmanaged: int) -> dict[str, Any]
             "switches_per_session": tally.switches / sessions,
             "largest_sent": sizes.largest_sent, "largest_received": sizes.largest_received,
             "over_window_steps": sizes.over_window,
-            "older_outputs_share": sizes.older_outputs / (sizes.sent or 1)}
+            "older_outputs_share": sizes.older_outputs / (sizes.sent or 1),
+            "summaries_per_session": sizes.summaries / sessions,
+            "summary_prompt_share": tally.side_prompt_tokens / (tally.prompt_tokens or 1)}
 
 
 def sweep_rules(base: MaskRule) -> Iterator[MaskRule]:
@@ -190,8 +280,23 @@ def sweep(policy: Policy, base: MaskRule, path: str, limit: int | None = None) -
         for rule, tally, size in zip(rules, tallies, sizes, strict=True):
             replay_session(policy, session, "auto", tally, received=masker(rule))
             measure_session(session["messages"], rule, size, None)
-    return [{"rule": rule_dict(rule)} | row("auto, masked", tally, size, size.unmanaged)
+    return [{"rule": rule_dict(rule)} | row("auto, managed", tally, size, size.unmanaged)
             for rule, tally, size in zip(rules, tallies, sizes, strict=True)]
+
+
+def parse_evict(text: str, base: EvictRule | None) -> EvictRule:
+    """`over_tokens=N,keep_tokens=N,summary_tokens=N` over `base` (the policy's, else the defaults)."""
+    keys = tuple(f.name for f in fields(EvictRule))
+    given: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in keys:
+            raise ValueError(f"--summarize: {part!r} is not one of {', '.join(k + '=N' for k in keys)}")
+        given[key.strip()] = int(value)
+    rule = replace(base or EvictRule(), **given)
+    if rule.over_tokens <= rule.keep_tokens + rule.summary_tokens:
+        raise ValueError("--summarize: over_tokens must be more than keep_tokens + summary_tokens")
+    return rule
 
 
 def rule_dict(rule: MaskRule) -> dict[str, int]:

@@ -19,7 +19,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.context.prefix import NO_PREFIXES, Chain, Link, SessionPrefixes, after_serving, common_tokens
+from gateway.context.prefix import (
+    NO_PREFIXES,
+    Chain,
+    Link,
+    SessionPrefixes,
+    after_serving,
+    after_warming,
+    common_tokens,
+)
 from gateway.decision.call import read_call
 from gateway.decision.gathering import Logged, Surroundings, gather
 from gateway.decision.routing import decide
@@ -33,6 +41,8 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run o
 TOOLS_TOKENS = 60  # the one tool's definition as a chat template renders it
 CACHED_INPUT_SHARE = 0.1  # a cache read's price against fresh input, as hosted APIs charge it
 Received = Callable[[list[list[Any]]], list[list[Any]]]  # a step's messages -> what the deployment reads
+Side = Callable[[list[list[Any]]], list[list[Any]] | None]  # a step's messages -> a side call's prompt before it
+SIDE_DEPLOYMENT = "fast"  # who writes the summaries (the policy's compaction deployment by default)
 
 
 def read_sessions(path: str, limit: int | None = None) -> Iterator[dict[str, Any]]:
@@ -95,6 +105,8 @@ class Tally:
     prefill_ms: float = 0.0
     cost_usd: float = 0.0
     reasons: Counter[str] = field(default_factory=Counter)  # switch verdicts, first words
+    side_calls: int = 0  # summaries written between steps
+    side_prompt_tokens: int = 0  # their prompts (in prompt_tokens too)
 
     def row(self, name: str) -> dict[str, Any]:
         steps = sum(self.steps.values()) or 1
@@ -110,11 +122,12 @@ class Tally:
 
 
 def replay_session(policy: Policy, session: dict[str, Any], model: str, tally: Tally, *,
-                   free_switch: bool = False, received: Received | None = None) -> None:
+                   free_switch: bool = False, received: Received | None = None, side: Side | None = None) -> None:
     """One session's steps through `policy` for `model`; `free_switch`: as if both deployments had cached every
     step (the rules' routing with no switch ever paying: the bound no cache-keeping routing can beat);
     `received`: the step's messages as the deployment receives them (the gateway's context edits, decided on
-    before routing, as the gateway does), else as the agent sent them."""
+    before routing, as the gateway does), else as the agent sent them; `side`: a call made between the step
+    before and this one (a summary of old turns), prefilled on fast, which holds its prompt after it."""
     messages = session["messages"]
     record: SessionPrefixes = NO_PREFIXES
     previous: Chain = ()
@@ -122,6 +135,9 @@ def replay_session(policy: Policy, session: dict[str, Any], model: str, tally: T
     prefill_rate = dict(policy.switch.prefill_ms_per_1k_tokens) if policy.switch else {}
     for index, output_tokens in steps_of(messages):
         sent = messages[:index]
+        side_messages = side(sent) if side is not None else None
+        if side_messages is not None:
+            record = _side_call(policy, tally, record, chain_of_record(side_messages))
         prompt_messages = sent if received is None else received(sent)
         body = chat_body(prompt_messages, model)
         features = extract(body, "chat")
@@ -148,6 +164,20 @@ def replay_session(policy: Policy, session: dict[str, Any], model: str, tally: T
         tally.cost_usd += (uncached + CACHED_INPUT_SHARE * (total - uncached)) * price.input_per_mtok_usd / 1e6
         tally.cost_usd += output_tokens * price.output_per_mtok_usd / 1e6
         record, previous = after_serving(record, served, prompt), prompt
+
+
+def _side_call(policy: Policy, tally: Tally, record: SessionPrefixes, prompt: Chain) -> SessionPrefixes:
+    """A summary written on fast between two steps: what fast lacks of its prompt prefilled, its tokens priced."""
+    name = SIDE_DEPLOYMENT if SIDE_DEPLOYMENT in policy.deployments else policy.default
+    total = prompt[-1].tokens
+    uncached = total - common_tokens(record.served.get(name, ()), prompt)
+    tally.side_calls += 1
+    tally.side_prompt_tokens += total
+    tally.prompt_tokens += total
+    tally.prefilled[name] += uncached
+    price = policy.deployments[name].price
+    tally.cost_usd += (uncached + CACHED_INPUT_SHARE * (total - uncached)) * price.input_per_mtok_usd / 1e6
+    return after_warming(record, name, prompt)
 
 
 def replay(policy: Policy, before: Policy, path: str, limit: int | None = None) -> list[dict[str, Any]]:

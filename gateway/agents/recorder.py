@@ -273,7 +273,8 @@ class Trajectories:
                     sent.tool_results, sent.echo, prompt=sent.prompt, cache=p.cache,
                     tokens_cached=usage.cached_tokens,
                     compaction=ex.compaction[0] if ex.compaction is not None else None,
-                    compaction_cost_usd=compaction_usd, masked=ex.masked)
+                    compaction_cost_usd=compaction_usd, masked=ex.masked,
+                    summarized=ex.summarized)
 
     def _judge(self, batch: _Batch, p: PendingStep, step: Step) -> None:
         """Flag the step against its session's recent steps and spend; queue its append; count and trace it."""

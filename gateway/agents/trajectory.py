@@ -165,6 +165,7 @@ class Step:
     compaction: str | None = None  # who asked for the compaction the step is or made (exchange.compaction)
     compaction_cost_usd: float = 0.0  # of cost_usd, what went to that compaction's summary
     masked: tuple[int, int] | None = None  # the policy's context rules: (tool outputs masked, tokens saved)
+    summarized: tuple[int, int] | None = None  # (old entries in the summary sent, tokens saved)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, internal digests included (what the store keeps)."""
@@ -183,8 +184,13 @@ class Step:
             out["cache"] = self.cache.to_dict()
         if self.compaction is not None:
             out["compaction"] = {"by": self.compaction, "cost_usd": self.compaction_cost_usd}
+        context: dict[str, int] = {}
         if self.masked is not None:
-            out["context"] = {"masked_outputs": self.masked[0], "tokens_saved": self.masked[1]}
+            context |= {"masked_outputs": self.masked[0], "tokens_saved": self.masked[1]}
+        if self.summarized is not None:
+            context |= {"summarized_entries": self.summarized[0], "summary_tokens_saved": self.summarized[1]}
+        if context:
+            out["context"] = context
         return out
 
     @classmethod
@@ -202,7 +208,8 @@ class Step:
             tokens_cached=int(raw.get("tokens_cached", 0)),
             compaction=compaction.get("by") if isinstance(compaction, dict) else None,
             compaction_cost_usd=float(compaction.get("cost_usd", 0.0)) if isinstance(compaction, dict) else 0.0,
-            masked=_masked(raw.get("context")),
+            masked=_pair(raw.get("context"), "masked_outputs", "tokens_saved"),
+            summarized=_pair(raw.get("context"), "summarized_entries", "summary_tokens_saved"),
         )  # fmt: skip
 
     def shown(self) -> dict[str, Any]:
@@ -220,10 +227,10 @@ class Step:
         return [(c.name, c.args_digest) for c in self.tool_calls]
 
 
-def _masked(context: Any) -> tuple[int, int] | None:
-    if not isinstance(context, dict):
+def _pair(context: Any, count: str, saved: str) -> tuple[int, int] | None:
+    if not isinstance(context, dict) or count not in context:
         return None
-    return int(context.get("masked_outputs", 0)), int(context.get("tokens_saved", 0))
+    return int(context[count]), int(context.get(saved, 0))
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from gateway.apis.chat.wire import StreamTally
 from gateway.apis.json_body import Source
 from gateway.apis.usage import Usage
 from gateway.context.anthropic_edits import Managed
+from gateway.context.eviction import TurnShape
 from gateway.context.tool_outputs import ToolOutputs
 from gateway.errors import GatewayError
 from gateway.features import Features, extract
@@ -49,6 +50,7 @@ class Adapter(Protocol):
     generates: bool  # it generates tokens (count_tokens does not: no agent step, nothing to charge)
     resumable: bool  # a broken stream of it can be finished by another deployment (gateway/server/resuming.py)
     step_from_chunks: bool  # the agent step reads the tool calls from the relayed chat chunks themselves
+    turns: TurnShape | None  # its conversation's entries, for the policy's summaries of old turns (None: none)
     tool_outputs: ToolOutputs | None  # where its bodies hold tool outputs, for the policy's masking (None: none)
 
     def parse(self, raw: bytes) -> dict[str, Any]:

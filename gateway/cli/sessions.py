@@ -93,12 +93,22 @@ def timeline(session: dict[str, Any]) -> str:
         if step.get("cache"):
             lines.append(f"{'':>5} {'':>8}  cache: {cache_line(step['cache'])}")
         if step.get("context"):
-            lines.append(f"{'':>5} {'':>8}  context: {step['context']['masked_outputs']} tool outputs masked, "
-                         f"{step['context']['tokens_saved']:,} tokens saved")
+            lines.append(f"{'':>5} {'':>8}  context: {context_line(step['context'])}")
         if step.get("compaction"):
             lines.append(f"{'':>5} {'':>8}  compaction by {step['compaction']['by']}: "
                          f"{step['compaction']['cost_usd']:.6f} USD of the step's cost")
     return "\n".join(lines)
+
+
+def context_line(context: dict[str, Any]) -> str:
+    """What the policy's context rules did to a step's prompt: masked outputs, summarized entries, tokens saved."""
+    parts = []
+    if "masked_outputs" in context:
+        parts.append(f"{context['masked_outputs']} tool outputs masked, {context['tokens_saved']:,} tokens saved")
+    if "summarized_entries" in context:
+        parts.append(f"{context['summarized_entries']} old entries summarized, "
+                     f"{context['summary_tokens_saved']:,} tokens saved")
+    return "; ".join(parts)
 
 
 def cache_line(cache: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ gateway/apis/responses/compaction.py; Messages: gateway/context/anthropic_compac
 gateway does, whichever API asked, is summarized by this one prompt and read back by this one parser.
 
     prompt = summary_prompt(messages, max_chars)      # the chat messages the summarizing deployment gets
+    prompt = continuation_prompt(messages)            # or the ask as the next turn (old turns: cache-friendly)
     … that deployment's answer text …
     text = written_summary(answer, instructions)      # the six sections, in order (or the client's own form)
     summary_message_text(text)                        # what stands in for the conversation from then on
@@ -67,6 +68,14 @@ def summary_prompt(messages: Sequence[Mapping[str, Any]], max_chars: int,
     transcript = _bounded(_entries(messages), max_chars)
     ask = f"<conversation>\n{transcript}\n</conversation>\n\nWrite the summary of the conversation above now."
     return [{"role": "system", "content": instructions or INSTRUCTIONS}, {"role": "user", "content": ask}]
+
+
+def continuation_prompt(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ask for a summary as the conversation's next turn: `messages` as the deployment last read them, then
+    INSTRUCTIONS. Summarizing old turns uses this form: the deployment that served the session holds those
+    messages in its prefix cache, so it prefills only the ask (the transcript form prefills the whole span)."""
+    ask = f"{INSTRUCTIONS}\n\nWrite the summary of the conversation above now: text only, no tool call."
+    return [*messages, {"role": "user", "content": ask}]
 
 
 def written_summary(answer: str, instructions: str | None = None) -> str:

@@ -5,16 +5,20 @@
         keep_last: 3
         over_tokens: 200
         batch_tokens: 8000
+      summarize_old_turns:        # the oldest turns given way to one summary, in large steps
+        over_tokens: 16000
+        keep_tokens: 4000
     store:
       objects: {path: ..., max_bytes: ..., ttl_s: ..., s3: {bucket: ...}}
 
-Off unless given. `context: {}` on a route or a tenant turns masking off there.
+Off unless given. `context: {}` on a route or a tenant turns both off there.
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from gateway.context.eviction import EvictRule
 from gateway.context.masking import MaskRule
 from gateway.frozen import Frozen
 
@@ -34,10 +38,33 @@ class MaskToolOutputs(Frozen):
         return MaskRule(self.keep_last, self.over_tokens, self.batch_tokens, self.head_chars, self.tail_chars)
 
 
+class SummarizeOldTurns(Frozen):
+    """Once what follows a conversation's head (its system prompt and task) is over `over_tokens`, all but its
+    newest `keep_tokens` (whole turns) give way to one anchored summary, written off the hot path by the
+    policy's compaction deployment after a step and put in at the next; the summarized entries go to the object
+    store. The summary changes only when the span moves again, so the prompt's prefix stays cached between."""
+
+    over_tokens: int = Field(16_000, ge=1_000, description="what follows the head may grow to this many tokens")
+    keep_tokens: int = Field(4_000, ge=0, description="the newest entries kept whole, at most this many tokens "
+                                                      "(at least the newest turn)")
+    summary_tokens: int = Field(1_024, ge=64, le=16_384, description="the summary's bound (its max_tokens)")
+
+    @model_validator(mode="after")
+    def _room(self) -> SummarizeOldTurns:
+        if self.over_tokens <= self.keep_tokens + self.summary_tokens:
+            raise ValueError(f"over_tokens ({self.over_tokens}) must be more than keep_tokens + summary_tokens "
+                             f"({self.keep_tokens} + {self.summary_tokens}), or every step would summarize again")
+        return self
+
+    def rule(self) -> EvictRule:
+        return EvictRule(self.over_tokens, self.keep_tokens, self.summary_tokens)
+
+
 class ContextPolicy(Frozen):
     """What the gateway does to a conversation's context before a deployment reads it."""
 
     mask_tool_outputs: MaskToolOutputs | None = None
+    summarize_old_turns: SummarizeOldTurns | None = None
 
 
 class S3Objects(Frozen):

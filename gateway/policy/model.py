@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from gateway.apis.usage import Usage
+from gateway.context.eviction import EvictRule
 from gateway.context.masking import MaskRule
 from gateway.frozen import Frozen
 from gateway.policy.agents import AgentsPolicy
@@ -504,26 +505,44 @@ class Policy(Frozen):
 
     def mask_rule(self, requested_model: str, tenant: str | None) -> MaskRule | None:
         """The masking rule of a call: its tenant's own, else its route's, else the policy's (None: off)."""
+        rules = self.context_of(requested_model, tenant)
+        return rules.mask_tool_outputs.rule() if rules.mask_tool_outputs is not None else None
+
+    def evict_rule(self, requested_model: str, tenant: str | None) -> EvictRule | None:
+        """The call's rule for summarizing old turns, chosen as `mask_rule` is (None: off)."""
+        rules = self.context_of(requested_model, tenant)
+        return rules.summarize_old_turns.rule() if rules.summarize_old_turns is not None else None
+
+    def context_of(self, requested_model: str, tenant: str | None) -> ContextPolicy:
+        """The call's context rules: its tenant's own section, else its route's, else the policy's."""
         key = (requested_model, tenant)
-        if key in self._mask_rules:
-            return self._mask_rules[key]
+        if key in self._context_sections:
+            return self._context_sections[key]
         found = find_tenant(self.tenants, tenant) if tenant is not None else None
         route = self.models.get(requested_model)
         chosen = next((c for c in (found.context if found else None, route.context if route else None)
                        if c is not None), self.context)
-        rule = chosen.mask_tool_outputs.rule() if chosen.mask_tool_outputs is not None else None
-        if len(self._mask_rules) < MEMO_KEYS:  # routes x tenants; a flood of unknown model names is not kept
-            self._mask_rules[key] = rule
-        return rule
+        if len(self._context_sections) < MEMO_KEYS:  # routes x tenants; a flood of unknown names is not kept
+            self._context_sections[key] = chosen
+        return chosen
 
     @functools.cached_property
     def masks_context(self) -> bool:
         """Whether any route or tenant masks tool outputs (else the request path skips it)."""
-        sections = [self.context, *(m.context for m in self.models.values()), *(t.context for t in self.tenants)]
-        return any(s is not None and s.mask_tool_outputs is not None for s in sections)
+        return any(s.mask_tool_outputs is not None for s in self._context_rules)
 
     @functools.cached_property
-    def _mask_rules(self) -> dict[tuple[str, str | None], MaskRule | None]:
+    def summarizes_context(self) -> bool:
+        """Whether any route or tenant summarizes old turns (else the request path skips it)."""
+        return any(s.summarize_old_turns is not None for s in self._context_rules)
+
+    @property
+    def _context_rules(self) -> list[ContextPolicy]:
+        sections = [self.context, *(m.context for m in self.models.values()), *(t.context for t in self.tenants)]
+        return [s for s in sections if s is not None]
+
+    @functools.cached_property
+    def _context_sections(self) -> dict[tuple[str, str | None], ContextPolicy]:
         return {}
 
     def failover_order(self, first: str) -> tuple[str, ...]:

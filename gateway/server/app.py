@@ -40,6 +40,7 @@ from gateway.server import (
     public,
     ui,
 )
+from gateway.server.evictions import Evictions
 from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import STATE, AppState, Recent
@@ -226,7 +227,9 @@ async def _session_caches(app: web.Application) -> AsyncIterator[None]:
     state.session_caches = caches = SessionCaches(state.stores.prefixes, state.metrics)
     state.warmups = warmups = Warmups(state.pool, state.deployments, state.stores.prefixes, state.metrics,
                                      state.accounting.budgets)
+    state.evictions = evictions = Evictions(state, state.accounting.budgets)
     yield
+    await evictions.close()
     await warmups.close()  # before the pool and the stores close
     await caches.close()
 

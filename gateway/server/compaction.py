@@ -17,7 +17,7 @@ gateway.compaction.* attributes and the decision trail of /admin/requests/{id}/e
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +42,7 @@ from gateway.errors import UpstreamError
 from gateway.policy.model import Policy
 from gateway.server.exchanges import add_gateway_headers
 from gateway.server.relay import STREAM_HEADERS
-from gateway.server.resources import EXCHANGE, STATE
+from gateway.server.resources import EXCHANGE, STATE, AppState
 from gateway.settings import Settings
 from gateway.telemetry import metrics as t
 from gateway.upstream import forward as upstream
@@ -133,16 +133,25 @@ async def summarize(request: web.Request, call: Call, messages: list[dict[str, A
 
 async def _ask(request: web.Request, policy: Policy, name: str, messages: list[dict[str, Any]],
                instructions: str | None) -> Written:
-    app, rules, dep = request.app, policy.compaction, policy.deployments[name]
-    state = app[STATE]
+    rules, dep = policy.compaction, policy.deployments[name]
     window = dep.max_model_len
     max_chars = rules.max_transcript_chars if window is None else \
         max(1_000, (window - rules.max_summary_tokens - PROMPT_OVERHEAD_TOKENS) * CHARS_PER_TOKEN)
-    body = {"model": dep.served_model, "messages": summary_prompt(messages, max_chars, instructions),
-            "max_tokens": rules.max_summary_tokens, "temperature": 0, "stream": False}
-    headers = {"x-request-id": request[EXCHANGE].request_id}
-    fetched = await upstream.fetch(state.pool, name, dep, CHAT_PATH, json_body.encode(body), headers,
-                                   timeout_s=rules.timeout_s, limit_bytes=state.settings.max_upstream_body_bytes)
+    prompt = summary_prompt(messages, max_chars, instructions)
+    return await write(request.app[STATE], policy, name, prompt, request[EXCHANGE].request_id,
+                       rules.max_summary_tokens, context_tokens(messages), instructions)
+
+
+async def write(state: AppState, policy: Policy, name: str, prompt: Sequence[Mapping[str, Any]], request_id: str,
+                max_tokens: int, tokens_before: int, instructions: str | None = None) -> Written:
+    """The one summarizing call: `prompt` (chat messages that end in the ask) to deployment `name`, its answer
+    read back in the anchored structure (or the client's own instructions' form)."""
+    dep = policy.deployments[name]
+    body = {"model": dep.served_model, "messages": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": False}
+    fetched = await upstream.fetch(state.pool, name, dep, CHAT_PATH, json_body.encode(body),
+                                   {"x-request-id": request_id}, timeout_s=policy.compaction.timeout_s,
+                                   limit_bytes=state.settings.max_upstream_body_bytes)
     found = json_body.response_object(fetched.body) if fetched.status == 200 else None
     choices = found.get("choices") if found is not None else None
     message = choices[0].get("message") if isinstance(choices, list) and choices and \
@@ -153,9 +162,9 @@ async def _ask(request: web.Request, policy: Policy, name: str, messages: list[d
                             code="compaction_failed")
     assert found is not None
     model = found.get("model")
-    used = chat_wire.usage_of(found) or Usage(context_tokens(messages), 0, estimated=True)
+    used = chat_wire.usage_of(found) or Usage(tokens_before, 0, estimated=True)
     return Written(written_summary(text, instructions), name, model if isinstance(model, str) else None, used,
-                   context_tokens(messages))
+                   tokens_before)
 
 
 def chat_messages(body: dict[str, Any], items: list[Any]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -30,6 +31,7 @@ from gateway.errors import BadRequest, ContextTooLong, GatewayError, PayloadTooL
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
 from gateway.policy.model import Policy
 from gateway.server import compaction, relay
+from gateway.server.evictions import EVICTED
 from gateway.server.live_scores import LiveScoring
 from gateway.server.resources import EXCHANGE, STATE, TENANT
 from gateway.server.session_caches import Sighting
@@ -81,6 +83,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         status = response.status
         if asked is None and compacted is None:  # else the gateway rewrote or answered the prompt sighted
             served(app, adapter, call, decision, sighting, ex)
+            state.evictions.after(adapter, call, request.get(EVICTED), ex)
         return response
     except GatewayError as exc:
         status = exc.status
@@ -173,13 +176,29 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
         body, chain = await state.conversations.expand(body, tenant or ANONYMOUS)
         body = compaction.opened(request, body, tenant or ANONYMOUS)  # no deployment reads a compaction item
     body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
+    if policy.summarizes_context:  # the policy's context rules: old turns given way to a summary written after
+        body = summarize_old_turns(request, adapter, policy, body, tenant)  # an earlier step (as sent: sticky)
     masking = None
-    if policy.masks_context:  # the policy's context rules: old tool outputs masked, their originals stored first
+    if policy.masks_context:  # old tool outputs masked, their originals stored first
         body, masking = await state.offload.mask(adapter.tool_outputs, policy, body, tenant,
                                                         tenant or ANONYMOUS)
     view = adapter.view(body)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
                      tenant, chain, managed, masking, Source(raw, body) if body is parsed else None)
+
+
+def summarize_old_turns(request: web.Request, adapter: Adapter, policy: Policy, body: dict[str, Any],
+                        tenant: str | None) -> dict[str, Any]:
+    """The body with the newest ready summary of its old turns in place; what is due is kept for `after`."""
+    rule = policy.evict_rule(str(body.get("model")), tenant)
+    if rule is None or adapter.turns is None:
+        return body
+    body, evicted = request.app[STATE].evictions.apply(adapter.turns, rule, body, tenant or ANONYMOUS)
+    if evicted is not None:
+        request[EVICTED] = evicted
+        request[EXCHANGE].summarized_turns(evicted.entries, evicted.tokens_saved, evicted.due,
+                                           evicted.used == evicted.due)
+    return body
 
 
 async def verdict(app: web.Application, call: Call, ex: Exchange, recording: bool) -> AgentVerdict | None:

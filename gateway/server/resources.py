@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 
@@ -35,6 +35,9 @@ from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream.client import Pool
 from gateway.upstream.deployment_counts import DeploymentCounts
 from gateway.upstream.deployments import Deployments
+
+if TYPE_CHECKING:  # evictions reads the state it is part of
+    from gateway.server.evictions import Evictions
 
 
 @dataclass(slots=True)
@@ -116,6 +119,7 @@ class AppState:
         "conversations",
         "counts",
         "deployments",
+        "evictions",
         "experiments",
         "metrics",
         "offload",
@@ -151,6 +155,7 @@ class AppState:
     accounting: Accounting
     session_caches: SessionCaches  # each agent session's prefix caches
     warmups: Warmups  # the deployments' caches warmed for sessions' next steps
+    evictions: Evictions  # summaries of old turns, ready and being written
     experiments: Experiments
     trajectories: Trajectories
 

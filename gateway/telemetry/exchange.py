@@ -81,6 +81,7 @@ class Exchange:
         "started",
         "started_ns",
         "step",
+        "summarized",
         "tap",
         "tenant",
         "trace",
@@ -119,6 +120,7 @@ class Exchange:
         self.resumes: list[Resume] | None = None
         self.context_edits: list[tuple[str, int]] = []  # (edit, input tokens it cleared): metrics at the end
         self.masked: tuple[int, int] | None = None  # (tool outputs masked, tokens saved): metrics at the end
+        self.summarized: tuple[int, int] | None = None  # (old entries in the summary sent, tokens saved): the same
         # Calls made for this request beside its answer (a compaction's summary): (deployment, price, usage)
         self.side_parts: list[tuple[str, Price | None, Usage]] | None = None
         # Who asked for the compaction this request is or made (v1_compact, v2_trigger, context_management,
@@ -159,6 +161,16 @@ class Exchange:
         attrs[t.CONTEXT_MASKED] = masked
         attrs[t.CONTEXT_MASKED_TOKENS] = tokens_saved
         attrs[t.CONTEXT_MASK_FRONTIER] = frontier
+
+    def summarized_turns(self, entries: int, tokens_saved: int, due: int, ready: bool) -> None:
+        """The summary of old turns the policy's context rules sent in this prompt (entries: 0 when none yet)."""
+        if entries:
+            self.summarized = (entries, tokens_saved)
+        attrs = self.attributes
+        attrs[t.CONTEXT_SUMMARIZED] = entries
+        attrs[t.CONTEXT_SUMMARY_TOKENS] = tokens_saved
+        attrs[t.CONTEXT_SUMMARY_DUE] = due
+        attrs[t.CONTEXT_SUMMARY_READY] = ready
 
     def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics,
                   compaction: str | None = None) -> None:
@@ -250,6 +262,8 @@ class Exchange:
             metrics.count_context_edit(self.endpoint, edit, cleared_tokens)
         if self.masked is not None:
             metrics.count_masking(self.endpoint, *self.masked)
+        if self.summarized is not None:
+            metrics.count_summarized(self.endpoint, *self.summarized)
         if self.step is not None:
             self.step.finished(self, status, elapsed_s, ttft_s, spans, end_ns)
         elif spans is not None:

@@ -53,6 +53,10 @@ CONTEXT_TOKENS_BEFORE = "gateway.context.tokens_before"  # the prompt's tokens b
 CONTEXT_TOKENS_AFTER = "gateway.context.tokens_after"
 CONTEXT_MASKED = "gateway.context.masked_outputs"  # old tool outputs given way to stubs (the policy's context rules)
 CONTEXT_MASKED_TOKENS = "gateway.context.masked_tokens_saved"  # the prompt's tokens the stubs saved (gateway count)
+CONTEXT_SUMMARIZED = "gateway.context.summarized_entries"  # old entries the summary sent stands for (0: none)
+CONTEXT_SUMMARY_TOKENS = "gateway.context.summary_tokens_saved"  # their tokens less the summary's (gateway count)
+CONTEXT_SUMMARY_DUE = "gateway.context.summary_due"  # the entry the rule's span now ends before
+CONTEXT_SUMMARY_READY = "gateway.context.summary_ready"  # whether the summary sent is the span now due's
 CONTEXT_MASK_FRONTIER = "gateway.context.mask_frontier"  # tool outputs before this index are masked
 REQUEST_ID = "gateway.request_id"
 CLIENT_REQUEST_ID = "gateway.client_request_id"
@@ -280,6 +284,9 @@ class Metrics:
     context_masked_outputs: Counter
     context_masked_tokens: Counter
     context_offloads: Counter
+    context_summaries: Counter
+    context_summarized_entries: Counter
+    context_summary_tokens: Counter
     context_offloaded_bytes: Counter
     compactions: Counter
     agent_compaction_requests: Counter
@@ -323,6 +330,11 @@ class Metrics:
         """Old tool outputs one prompt sent as stubs, and the tokens that saved."""
         self.context_masked_outputs.labels(api).inc(masked)
         self.context_masked_tokens.labels(api).inc(max(tokens_saved, 0))
+
+    def count_summarized(self, api: str, entries: int, tokens_saved: int) -> None:
+        """Old entries one prompt sent as a summary, and the tokens that saved."""
+        self.context_summarized_entries.labels(api).inc(entries)
+        self.context_summary_tokens.labels(api).inc(max(tokens_saved, 0))
 
     def count_offload(self, outcome: str, objects: int, stored_bytes: int = 0) -> None:
         """Masked originals written to the object store (stored) or not (failed: the prompt went unmasked)."""
@@ -514,6 +526,14 @@ def make_metrics() -> Metrics:
                                       "tool outputs saved (the gateway's count), by API", ["api"], registry=r),
         context_offloads=Counter("gateway_context_offloads", "Masked tool outputs written to the object store, by "
                                  "outcome (stored; failed: the prompt was sent unmasked)", ["outcome"], registry=r),
+        context_summaries=Counter("gateway_context_summaries", "Summaries of old turns the gateway wrote after a "
+                                  "step, by outcome (written; failed; budget: no room in the tenant's budget; "
+                                  "busy: too many being written)", ["outcome"], registry=r),
+        context_summarized_entries=Counter("gateway_context_summarized_entries", "Old messages or items sent as "
+                                           "a summary by the policy's context rules, by API (each prompt's)",
+                                           ["api"], registry=r),
+        context_summary_tokens=Counter("gateway_context_summary_tokens_saved", "Prompt tokens the summaries of "
+                                       "old turns saved (the gateway's count), by API", ["api"], registry=r),
         context_offloaded_bytes=Counter("gateway_context_offloaded_bytes", "Bytes of masked tool outputs written to "
                                         "the object store", registry=r),
         policy_valid=Gauge("gateway_policy_last_reload_ok", "1 when the last policy reload succeeded", registry=r,

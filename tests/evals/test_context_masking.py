@@ -90,7 +90,7 @@ def test_without_batching_the_frontier_moves_at_each_output_worth_it() -> None:
 def test_the_cli_prints_the_hand_worked_figures(data: str, capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(capsys, "--data", data, "--rule", RULE)
     rows = {r["routing"]: r for r in out["rows"]}
-    masked, unmasked, fast = rows["auto, masked"], rows["auto, unmasked"], rows["fast, masked"]
+    masked, unmasked, fast = rows["auto, managed"], rows["auto, unmanaged"], rows["fast, managed"]
     sent = sum(SENT) + 226 + 282 + 348  # the second session's steps: s u, + a t30, + a t40
     assert masked["steps"] == unmasked["steps"] == fast["steps"] == 9
     assert masked["sent_tokens"] == unmasked["sent_tokens"] == sent
@@ -104,14 +104,14 @@ def test_the_cli_prints_the_hand_worked_figures(data: str, capsys: pytest.Captur
     assert fast["prefilled_tokens"] == one + 348
     assert fast["prefilled_vs_unmanaged_one"] == pytest.approx((one + 348) / (4306 + 348))
     assert fast["fast_share"] == 1.0
-    assert out["rule"] == {"keep_last": 1, "over_tokens": 200, "batch_tokens": 1500, "head_chars": 400,
-                           "tail_chars": 400}
+    assert out["rules"]["mask_tool_outputs"] == {"keep_last": 1, "over_tokens": 200, "batch_tokens": 1500,
+                                                  "head_chars": 400, "tail_chars": 400}
 
 
 def test_the_window_counts_received_prompts_over_it(data: str, capsys: pytest.CaptureFixture[str]) -> None:
     rows = {r["routing"]: r for r in _run(capsys, "--data", data, "--rule", RULE, "--window", "3000")["rows"]}
-    assert rows["auto, unmasked"]["over_window_steps"] == 3  # 3354, 3980, 4306
-    assert rows["auto, masked"]["over_window_steps"] == 1  # 3354 (step 4, before the frontier moved)
+    assert rows["auto, unmanaged"]["over_window_steps"] == 3  # 3354, 3980, 4306
+    assert rows["auto, managed"]["over_window_steps"] == 1  # 3354 (step 4, before the frontier moved)
     assert _run(capsys, "--data", data, "--rule", RULE)["window"] is None  # long-runs.yaml sets no max_model_len
 
 
@@ -146,9 +146,9 @@ def test_a_masked_output_reads_the_same_stub_at_every_later_step() -> None:
 def test_masking_off_receives_what_was_sent(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(capsys, "--limit", "20")
     rows = {r["routing"]: r for r in out["rows"]}
-    masked, unmasked = rows["auto, masked"], rows["auto, unmasked"]
-    assert out["rule"] == {"keep_last": 3, "over_tokens": 200, "batch_tokens": 4000, "head_chars": 600,
-                           "tail_chars": 600}  # policies/long-runs.yaml's
+    masked, unmasked = rows["auto, managed"], rows["auto, unmanaged"]
+    assert out["rules"]["mask_tool_outputs"] == {"keep_last": 3, "over_tokens": 200, "batch_tokens": 4000,
+                                                  "head_chars": 600, "tail_chars": 600}  # long-runs.yaml's
     assert unmasked["received_tokens"] == unmasked["sent_tokens"] == masked["sent_tokens"]
     assert masked["received_tokens"] < masked["sent_tokens"]
     assert masked["steps"] == unmasked["steps"] > 20
@@ -177,3 +177,47 @@ def test_a_bad_rule_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--policy", POLICY, "--rule", "keep=3"]) == 2
     assert "keep_last=N" in capsys.readouterr().err
     assert main(["--policy", str(ROOT / "policies" / "default.yaml"), "--limit", "1"]) == 2  # it masks nothing
+
+
+# Old turns summarized (over 2000, keep 700, a summary of 100), the same session, entries after s and u:
+#   step 4 (… a t2000): 3080 > 2000: the span ends before the a of t2000 (index 6; that turn alone is over 700)
+#   step 5 (… a): 2010 + 10 + the summary's 100 > 2000: the span ends before that a (index 8)
+# A summary is written after the step whose span moved and sent from the next: step 5 reads the one through
+# index 6, step 6 the one through index 8; each is asked as the next turn of the prompt the step before read.
+EVICT = "over_tokens=2000,keep_tokens=700,summary_tokens=100"
+ASK = masking_replay.ASK_TOKENS
+SUMMARIZED = [226, 1252, 1328, 3354,
+              60 + (100 + 50 + 100 + 10 + 2000 + 10 + 600) + 7 * 8,  # s u S a t2000 a t600
+              60 + (100 + 50 + 100 + 10 + 600 + 10 + 300) + 7 * 8]  # s u S a t600 a t300
+SUMMARY_PROMPTS = [60 + (100 + 50 + 10 + 1000 + 10 + 50 + ASK) + 7 * 8,  # s u a t1000 a t50, the ask
+                   60 + (100 + 50 + 100 + 10 + 2000 + ASK) + 6 * 8]  # s u S a t2000, the ask
+
+
+def test_old_turns_give_way_to_a_summary_one_step_after_their_span_moved() -> None:
+    messages = _session(OUTPUTS)["messages"]
+    evict = masking_replay.parse_evict(EVICT, None)
+    got = [chain_of_record(masking_replay.managed(messages[:i], None, evict))[-1].tokens
+           for i, _ in steps_of(messages)]
+    assert got == SUMMARIZED
+    asked = [masking_replay.summary_prompt(messages[:i], None, evict) for i, _ in steps_of(messages)]
+    assert [chain_of_record(a)[-1].tokens for a in asked if a is not None] == SUMMARY_PROMPTS
+    assert [a is not None for a in asked] == [False] * 4 + [True] * 2
+
+
+def test_the_cli_counts_the_summaries_and_their_prompts(data: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _run(capsys, "--data", data, "--summarize", EVICT)
+    rows = {r["routing"]: r for r in out["rows"]}
+    managed, fast = rows["auto, managed"], rows["fast, managed"]
+    assert out["rules"]["summarize_old_turns"] == {"over_tokens": 2000, "keep_tokens": 700, "summary_tokens": 100}
+    assert managed["summaries_per_session"] == 1.0  # two in the first session, none in the second
+    # long-runs.yaml masks too (keep_last 3, batch 4000: nothing here is worth a batch): what fast received is
+    # the steps as summarized and the summaries' prompts
+    sent = sum(SENT) + 226 + 282 + 348
+    assert fast["received_tokens"] == sum(SUMMARIZED) + sum(SUMMARY_PROMPTS) + 226 + 282 + 348
+    assert fast["summary_prompt_share"] == pytest.approx(sum(SUMMARY_PROMPTS) / fast["received_tokens"])
+    assert rows["auto, unmanaged"]["received_tokens"] == sent
+
+
+def test_a_bad_summarize_rule_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--policy", POLICY, "--summarize", "over_tokens=1000,keep_tokens=900"]) == 2
+    assert "over_tokens must be more" in capsys.readouterr().err

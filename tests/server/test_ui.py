@@ -346,3 +346,25 @@ async def test_the_timeline_shows_each_steps_masked_tool_outputs(
     await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="masked-run"]').click)
     shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-masked="4"]'))
     assert shown.startswith("4 masked · ") and shown.endswith(" saved")
+
+
+async def test_the_timeline_shows_each_steps_summarized_old_turns(
+        make_stack: Callable[..., Any], browser: WebDriver, tmp_path: Path) -> None:
+    from tests.server.test_context_masking import tenants
+    from tests.server.test_old_turns import SUMMARY, conversation, is_summary_request, later, policy, step
+
+    stack: Stack = await make_stack(policy(tmp_path / "objects"))
+    stack.fast.answer = lambda body: SUMMARY if is_summary_request(body) else "tok tok"
+    acme, _ = await tenants(stack)
+    await step(stack, "chat", acme, conversation("chat"), "summarized-run")
+    evictions = stack.gateway.app[STATE].evictions
+    await until(lambda: evictions.ready_for("acme"), what="the summary kept")
+    await step(stack, "chat", acme, later("chat", conversation("chat"), 1), "summarized-run")
+    base = str(stack.gateway.make_url("")).rstrip("/")
+    await recorded(base, "summarized-run", 2)
+    await sign_in(browser, f"{base}/ui")
+    await wait_for(browser, text_of('#sessions tr[data-session="summarized-run"]'))
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR,
+                                                 '#sessions tr[data-session="summarized-run"]').click)
+    shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-summarized="8"]'))
+    assert shown.startswith("8 summarized · ") and shown.endswith(" saved")

@@ -14,7 +14,7 @@ from gateway.apis import json_body
 from gateway.apis.adapter import features_as_chat
 from gateway.apis.messages import wire as messages
 from gateway.apis.usage import Usage
-from gateway.context import anthropic_answers, tool_outputs
+from gateway.context import anthropic_answers, eviction, tool_outputs
 from gateway.context.anthropic_config import FIELD, read_edits
 from gateway.context.anthropic_edits import Managed, manage
 from gateway.errors import GatewayError
@@ -27,6 +27,7 @@ class MessagesAdapter:
     # resumable: vLLM's /v1/messages cannot continue a partial message
     operation, chains, resumable, step_from_chunks = "chat", False, False, False
     tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.MESSAGES
+    turns: eviction.TurnShape | None = eviction.MESSAGES
 
     def __init__(self, counting: bool = False) -> None:
         self.counting = counting

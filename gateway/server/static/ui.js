@@ -144,14 +144,16 @@ function priceCell(price) {
 }
 
 // A step's tokens: in / out, and under them how many of the input came from the deployment's prefix cache and
-// how many the policy's context rules saved by masking old tool outputs.
+// how many the policy's context rules saved by masking old tool outputs and summarizing old turns.
 function tokensCell(step) {
   const text = `${step.tokens_in} / ${step.tokens_out}`;
   const under = [];
   if (step.tokens_cached) under.push(el("span", { class: "sub-line" }, `${step.tokens_cached} cached`));
   const c = step.context;
-  if (c) under.push(el("span", { class: "sub-line", data: { masked: c.masked_outputs } },
+  if (c && c.masked_outputs !== undefined) under.push(el("span", { class: "sub-line", data: { masked: c.masked_outputs } },
     `${c.masked_outputs} masked · ${c.tokens_saved} saved`));
+  if (c && c.summarized_entries !== undefined) under.push(el("span", { class: "sub-line",
+    data: { summarized: c.summarized_entries } }, `${c.summarized_entries} summarized · ${c.summary_tokens_saved} saved`));
   return under.length ? [el("span", {}, text), ...under] : text;
 }
 
