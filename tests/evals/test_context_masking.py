@@ -116,8 +116,8 @@ def test_the_window_counts_received_prompts_over_it(data: str, capsys: pytest.Ca
 
 
 def test_the_sweep_holds_the_grid_and_agrees_with_the_replay(data: str, capsys: pytest.CaptureFixture[str]) -> None:
-    out = _run(capsys, "--data", data, "--rule", "keep_last=1,batch_tokens=0,head_chars=200,tail_chars=200",
-               "--sweep")
+    out = _run(capsys, "--data", data, "--rule",
+               "keep_last=1,over_tokens=200,batch_tokens=0,head_chars=200,tail_chars=200", "--sweep")
     grid = {(r["rule"]["keep_last"], r["rule"]["batch_tokens"], r["rule"]["head_chars"]): r for r in out["sweep"]}
     assert set(grid) == {(k, b, c) for k in (1, 3) for b in (0, 2000, 4000, 8000) for c in (200, 600)}
     same = grid[(1, 0, 200)]
@@ -147,8 +147,10 @@ def test_masking_off_receives_what_was_sent(capsys: pytest.CaptureFixture[str]) 
     out = _run(capsys, "--limit", "20")
     rows = {r["routing"]: r for r in out["rows"]}
     masked, unmasked = rows["auto, managed"], rows["auto, unmanaged"]
-    assert out["rules"]["mask_tool_outputs"] == {"keep_last": 3, "over_tokens": 200, "batch_tokens": 4000,
-                                                  "head_chars": 600, "tail_chars": 600}  # long-runs.yaml's
+    assert out["rules"] == {  # policies/long-runs.yaml's
+        "mask_tool_outputs": {"keep_last": 1, "over_tokens": 4000, "batch_tokens": 0, "head_chars": 600,
+                              "tail_chars": 600},
+        "summarize_old_turns": {"over_tokens": 12000, "keep_tokens": 1000, "summary_tokens": 512}}
     assert unmasked["received_tokens"] == unmasked["sent_tokens"] == masked["sent_tokens"]
     assert masked["received_tokens"] < masked["sent_tokens"]
     assert masked["steps"] == unmasked["steps"] > 20

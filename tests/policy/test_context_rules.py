@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.context.eviction import EvictRule
 from gateway.context.masking import MaskRule
 from gateway.policy import model
 from gateway.policy.model import Policy, PolicyError
@@ -50,7 +51,23 @@ def test_the_tenants_rule_over_the_routes_over_the_policys(route: str, tenant: s
         assert found == MaskRule(keep_last, 200, 8_000, 600, 600)  # the documented defaults otherwise
 
 
+def test_summaries_follow_the_same_precedence_and_a_section_turns_both_off() -> None:
+    policy = Policy.model_validate(_policy(
+        context={"summarize_old_turns": {}, "mask_tool_outputs": {}},
+        models={"auto": {"route": "rules"}, "fast": {"pin": "fast", "context": {
+            "summarize_old_turns": {"over_tokens": 30_000}}}},
+        tenants=[{"name": "quiet", "context": {}}]))
+    assert policy.summarizes_context
+    assert policy.evict_rule("auto", None) == EvictRule(16_000, 4_000, 1_024)  # the documented defaults
+    assert policy.evict_rule("fast", None) == EvictRule(30_000, 4_000, 1_024)
+    assert policy.mask_rule("fast", None) is None  # the route's own section: masking not in it
+    assert policy.evict_rule("auto", "quiet") is None and policy.mask_rule("auto", "quiet") is None
+    assert not Policy.model_validate(_policy()).summarizes_context
+
+
 @pytest.mark.parametrize(("section", "field", "value"), [
+    ({"summarize_old_turns": {"over_tokens": 10}}, "context.summarize_old_turns.over_tokens", "10"),
+    ({"summarize_old_turns": {"keep_tokens": "a few"}}, "context.summarize_old_turns.keep_tokens", "'a few'"),
     ({"mask_tool_outputs": {"keep_last": -1}}, "context.mask_tool_outputs.keep_last", "-1"),
     ({"mask_tool_outputs": {"batch_tokens": "lots"}}, "context.mask_tool_outputs.batch_tokens", "'lots'"),
     ({"mask_tool_outputs": {"keep_newest": 3}}, "context.mask_tool_outputs.keep_newest", "3"),
@@ -65,6 +82,14 @@ def test_a_bad_context_rule_names_file_line_field_and_value(section: dict[str, A
     assert f"(value: {value})" in problem
 
 
+def test_a_summary_rule_with_no_room_to_grow_is_refused() -> None:
+    text = yaml.safe_dump(_policy(context={"summarize_old_turns": {"over_tokens": 5_000, "keep_tokens": 4_500}}))
+    with pytest.raises(PolicyError) as caught:
+        model.parse(text, "policy.yaml")
+    [problem] = caught.value.problems
+    assert "context.summarize_old_turns" in problem and "must be more than keep_tokens + summary_tokens" in problem
+
+
 def test_the_object_store_section() -> None:
     store = Policy.model_validate(_policy(store={"objects": {"s3": {"bucket": "ctx-shared", "endpoint": "http://s3"},
                                                              "ttl_s": 86400}})).store.objects
@@ -73,9 +98,10 @@ def test_the_object_store_section() -> None:
         model.parse(yaml.safe_dump(_policy(store={"objects": {"max_bytes": 10}})), "p.yaml")
 
 
-def test_the_long_runs_policy_masks_on_every_route() -> None:
+def test_the_long_runs_policy_masks_and_summarizes_on_every_route() -> None:
     from pathlib import Path
 
     policy = model.load(Path(__file__).resolve().parents[2] / "policies" / "long-runs.yaml")
-    assert policy.masks_context
-    assert all(policy.mask_rule(route, None) == MaskRule(3, 200, 4000, 600, 600) for route in policy.models)
+    assert policy.masks_context and policy.summarizes_context
+    assert all(policy.mask_rule(route, None) == MaskRule(1, 4000, 0, 600, 600) for route in policy.models)
+    assert all(policy.evict_rule(route, None) == EvictRule(12_000, 1_000, 512) for route in policy.models)
