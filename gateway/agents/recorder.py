@@ -274,7 +274,7 @@ class Trajectories:
                     tokens_cached=usage.cached_tokens,
                     compaction=ex.compaction[0] if ex.compaction is not None else None,
                     compaction_cost_usd=compaction_usd, masked=ex.masked,
-                    summarized=ex.summarized)
+                    summarized=ex.summarized, retrieved=ex.retrieved)
 
     def _judge(self, batch: _Batch, p: PendingStep, step: Step) -> None:
         """Flag the step against its session's recent steps and spend; queue its append; count and trace it."""

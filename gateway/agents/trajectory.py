@@ -166,6 +166,7 @@ class Step:
     compaction_cost_usd: float = 0.0  # of cost_usd, what went to that compaction's summary
     masked: tuple[int, int] | None = None  # the policy's context rules: (tool outputs masked, tokens saved)
     summarized: tuple[int, int] | None = None  # (old entries in the summary sent, tokens saved)
+    retrieved: tuple[int, int] | None = None  # (offloaded pieces put back, the block's tokens)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, internal digests included (what the store keeps)."""
@@ -189,6 +190,8 @@ class Step:
             context |= {"masked_outputs": self.masked[0], "tokens_saved": self.masked[1]}
         if self.summarized is not None:
             context |= {"summarized_entries": self.summarized[0], "summary_tokens_saved": self.summarized[1]}
+        if self.retrieved is not None:
+            context |= {"retrieved_pieces": self.retrieved[0], "retrieved_tokens": self.retrieved[1]}
         if context:
             out["context"] = context
         return out
@@ -210,6 +213,7 @@ class Step:
             compaction_cost_usd=float(compaction.get("cost_usd", 0.0)) if isinstance(compaction, dict) else 0.0,
             masked=_pair(raw.get("context"), "masked_outputs", "tokens_saved"),
             summarized=_pair(raw.get("context"), "summarized_entries", "summary_tokens_saved"),
+            retrieved=_pair(raw.get("context"), "retrieved_pieces", "retrieved_tokens"),
         )  # fmt: skip
 
     def shown(self) -> dict[str, Any]:

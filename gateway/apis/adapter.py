@@ -10,6 +10,7 @@ from gateway.apis.json_body import Source
 from gateway.apis.usage import Usage
 from gateway.context.anthropic_edits import Managed
 from gateway.context.eviction import TurnShape
+from gateway.context.retrieval import BlockShape
 from gateway.context.tool_outputs import ToolOutputs
 from gateway.errors import GatewayError
 from gateway.features import Features, extract
@@ -51,6 +52,7 @@ class Adapter(Protocol):
     resumable: bool  # a broken stream of it can be finished by another deployment (gateway/server/resuming.py)
     step_from_chunks: bool  # the agent step reads the tool calls from the relayed chat chunks themselves
     turns: TurnShape | None  # its conversation's entries, for the policy's summaries of old turns (None: none)
+    block: BlockShape | None  # where retrieval's block goes in its bodies (None: never)
     tool_outputs: ToolOutputs | None  # where its bodies hold tool outputs, for the policy's masking (None: none)
 
     def parse(self, raw: bytes) -> dict[str, Any]:

@@ -108,6 +108,8 @@ def context_line(context: dict[str, Any]) -> str:
     if "summarized_entries" in context:
         parts.append(f"{context['summarized_entries']} old entries summarized, "
                      f"{context['summary_tokens_saved']:,} tokens saved")
+    if "retrieved_pieces" in context:
+        parts.append(f"{context['retrieved_pieces']} pieces retrieved, {context['retrieved_tokens']:,} tokens")
     return "; ".join(parts)
 
 

@@ -8,6 +8,8 @@
       summarize_old_turns:        # the oldest turns given way to one summary, in large steps
         over_tokens: 16000
         keep_tokens: 4000
+      retrieve:                   # what those two took out, the relevant pieces put back at the end
+        budget_tokens: 2000
     store:
       objects: {path: ..., max_bytes: ..., ttl_s: ..., s3: {bucket: ...}}
 
@@ -20,6 +22,7 @@ from pydantic import Field, model_validator
 
 from gateway.context.eviction import EvictRule
 from gateway.context.masking import MaskRule
+from gateway.context.retrieval import RetrieveRule
 from gateway.frozen import Frozen
 
 
@@ -60,11 +63,27 @@ class SummarizeOldTurns(Frozen):
         return EvictRule(self.over_tokens, self.keep_tokens, self.summary_tokens)
 
 
+class Retrieve(Frozen):
+    """Of what masking and summaries took out of the conversation, the pieces most relevant to the step (its
+    newest messages: the user's words, the tool call, the output) go back whole in one block at the prompt's end."""
+
+    budget_tokens: int = Field(2_000, ge=100, le=100_000, description="the block's pieces, in all")
+    max_documents: int = Field(3, ge=1, le=20)
+    min_score: float = Field(0.5, ge=0.0, le=1.0, description="a piece's BM25 against the best one's, averaged "
+                                                            "with its embedding's cosine to the step's")
+    embeddings: bool = Field(True, description="score with wordllama's static embeddings beside BM25 (its weights "
+                                               "ship in its wheel: nothing is downloaded)")
+
+    def rule(self) -> RetrieveRule:
+        return RetrieveRule(self.budget_tokens, self.max_documents, self.min_score)
+
+
 class ContextPolicy(Frozen):
     """What the gateway does to a conversation's context before a deployment reads it."""
 
     mask_tool_outputs: MaskToolOutputs | None = None
     summarize_old_turns: SummarizeOldTurns | None = None
+    retrieve: Retrieve | None = None
 
 
 class S3Objects(Frozen):

@@ -27,7 +27,7 @@ from gateway.context.masking import MaskRule
 from gateway.frozen import Frozen
 from gateway.policy.agents import AgentsPolicy
 from gateway.policy.compaction import CompactionPolicy
-from gateway.policy.context import ContextPolicy
+from gateway.policy.context import ContextPolicy, Retrieve
 from gateway.policy.switch import DEFAULT_RULE, SwitchPolicy
 from gateway.policy.tenancy import AuthPolicy, SessionPolicy, StorePolicy, TenantPolicy, find_tenant
 from gateway.rollout import spec as rollout_spec
@@ -513,6 +513,10 @@ class Policy(Frozen):
         rules = self.context_of(requested_model, tenant)
         return rules.summarize_old_turns.rule() if rules.summarize_old_turns is not None else None
 
+    def retrieve_rule(self, requested_model: str, tenant: str | None) -> Retrieve | None:
+        """The call's retrieval section, chosen as `mask_rule` is (None: off)."""
+        return self.context_of(requested_model, tenant).retrieve
+
     def context_of(self, requested_model: str, tenant: str | None) -> ContextPolicy:
         """The call's context rules: its tenant's own section, else its route's, else the policy's."""
         key = (requested_model, tenant)
@@ -535,6 +539,11 @@ class Policy(Frozen):
     def summarizes_context(self) -> bool:
         """Whether any route or tenant summarizes old turns (else the request path skips it)."""
         return any(s.summarize_old_turns is not None for s in self._context_rules)
+
+    @functools.cached_property
+    def retrieves_context(self) -> bool:
+        """Whether any route or tenant puts retrieved pieces back (else the request path skips it)."""
+        return any(s.retrieve is not None for s in self._context_rules)
 
     @property
     def _context_rules(self) -> list[ContextPolicy]:

@@ -28,6 +28,8 @@ async def explain_recent(request: web.Request) -> web.Response:
                        f"{state.settings.explain_memory} are kept)")
     report = explanation(decide(remembered.policy, remembered.features, remembered.ctx, explain=True),
                          remembered.features, remembered.ctx, remembered.context, remembered.masking)
+    if remembered.context_notes:
+        report.setdefault("context", {}).update(remembered.context_notes)
     served = remembered.served
     report["served"] = {"deployment": served.deployment, "rule": served.rule, "attempts": list(served.attempts),
                         "reasons": list(served.reasons), "resumes": list(remembered.resumes),

@@ -44,6 +44,7 @@ from gateway.server.evictions import Evictions
 from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import STATE, AppState, Recent
+from gateway.server.retrieval import Library
 from gateway.server.session_caches import SessionCaches
 from gateway.server.warmups import Warmups
 from gateway.settings import Settings
@@ -212,7 +213,9 @@ async def _offload(app: web.Application) -> AsyncIterator[None]:
     if isinstance(store, DiskObjects):
         await store.open()
     state.offload = Offload(store, state.metrics, section.ttl_s)
+    state.library = library = Library(store, state.metrics)
     yield
+    await library.close()
     await store.close()
 
 

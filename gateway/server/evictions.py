@@ -43,6 +43,7 @@ from gateway.context.eviction import (
     summary_text,
 )
 from gateway.context.masking import reference
+from gateway.context.retrieval import pieces_of_span
 from gateway.context.summaries import continuation_prompt
 from gateway.decision.admission import Cost
 from gateway.decision.call import Call
@@ -64,6 +65,7 @@ RETRY_AFTER_S = 60.0  # a span whose summary failed is not asked again sooner
 class Ready:
     text: str  # the summary's entry text, its first line naming the originals
     tokens: int
+    ref: str  # the summarized entries' reference in the object store
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ class Evicted:
     entries: int  # entries the summary sent stands for
     tokens_saved: int  # their tokens less the summary's
     pending: Pending | None  # the summary of the span now due, to write after the step
+    ref: str | None  # the summarized entries of the summary sent (retrieval's candidates), if one was
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,7 @@ class Evictions:
         sent = body if ready is None else summarized(shape, body, turns.head, used, ready.text)
         saved = 0 if ready is None else turns.span_tokens(used) - ready.tokens
         pending = None if used == due else self._pending(owner, turns, used, due)
-        return sent, Evicted(used, due, used - turns.head, saved, pending)
+        return sent, Evicted(used, due, used - turns.head, saved, pending, None if ready is None else ready.ref)
 
     def _newest_ready(self, owner: str, turns: Turns, due: int) -> tuple[int, Ready | None]:
         for cut in range(due, turns.head, -1):
@@ -181,7 +184,10 @@ class Evictions:
             await asyncio.shield(self.budgets.settle(held, dep.price, written.usage, deployment=name))
         self.state.metrics.count_tokens(name, owner, written.usage, dep.price.cost_usd_of(written.usage))
         text = summary_text(written.text, pending.entries, pending.tokens, ref)
-        self._keep(key, Ready(text, text_tokens(text)))
+        self._keep(key, Ready(text, text_tokens(text), ref))
+        section = policy.retrieve_rule(str(call.body.get("model")), call.tenant)
+        if section is not None:  # the entries are retrieval's pieces from now on
+            self.state.library.index(owner, ref, pieces_of_span(pending.document), section.embeddings)
         self._count("written")
 
     def _keep(self, key: tuple[str, str], ready: Ready) -> None:

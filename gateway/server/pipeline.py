@@ -20,7 +20,7 @@ from gateway.accounting.ledger import Admitted
 from gateway.agents.loops import AgentVerdict
 from gateway.apis.adapter import Adapter
 from gateway.apis.json_body import Source
-from gateway.context.masking import MaskRule
+from gateway.context.masking import Masking, MaskRule
 from gateway.decision import windows
 from gateway.decision.admission import ANONYMOUS, needs_admission
 from gateway.decision.agent_compaction import FIT_RULES, compaction_asker
@@ -34,6 +34,7 @@ from gateway.server import compaction, relay
 from gateway.server.evictions import EVICTED
 from gateway.server.live_scores import LiveScoring
 from gateway.server.resources import EXCHANGE, STATE, TENANT
+from gateway.server.retrieval import WITHOUT_BLOCK
 from gateway.server.session_caches import Sighting
 from gateway.store.contract import Reservation
 from gateway.telemetry import metrics as t
@@ -160,7 +161,8 @@ async def answer(
         return await compaction.answer_paused(request, compacted)
     keep = None
     if adapter.chains:
-        keep = request.app[STATE].conversations.keeper(call, compacted.kept_body if compacted is not None else None)
+        kept = compacted.kept_body if compacted is not None else request.get(WITHOUT_BLOCK)
+        keep = request.app[STATE].conversations.keeper(call, kept)
     return await relay.forward(request, adapter, call, decision, caps, keep)
 
 
@@ -183,6 +185,8 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
         body, masking = await state.offload.mask(adapter.tool_outputs, policy, body, tenant,
                                                         tenant or ANONYMOUS)
     view = adapter.view(body)
+    if policy.retrieves_context:  # and what those took out, the pieces relevant to this step put back at the end
+        body, view = await put_back(request, adapter, policy, body, view, tenant, masking)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
                      tenant, chain, managed, masking, Source(raw, body) if body is parsed else None)
 
@@ -199,6 +203,35 @@ def summarize_old_turns(request: web.Request, adapter: Adapter, policy: Policy, 
         request[EXCHANGE].summarized_turns(evicted.entries, evicted.tokens_saved, evicted.due,
                                            evicted.used == evicted.due)
     return body
+
+
+async def put_back(request: web.Request, adapter: Adapter, policy: Policy, body: dict[str, Any],
+                   view: Mapping[str, Any], tenant: str | None,
+                   masking: Masking | None) -> tuple[dict[str, Any], Mapping[str, Any]]:
+    """The body and its view with the offloaded pieces most relevant to the step in one block at the end."""
+    section = policy.retrieve_rule(str(body.get("model")), tenant)
+    if section is None or adapter.block is None:
+        return body, view
+    library, owner = request.app[STATE].library, tenant or ANONYMOUS
+    refs: list[tuple[str, bool]] = []
+    if masking is not None:
+        for m in masking.masked:
+            if m.original is not None:
+                library.index(owner, m.ref, [m.original], section.embeddings)
+            refs.append((m.ref, False))
+    evicted = request.get(EVICTED)
+    if evicted is not None and evicted.ref is not None:
+        refs.append((evicted.ref, True))
+    if not refs:
+        return body, view
+    sent, found = await library.put_back(adapter.block, section.rule(), section.embeddings, body, view, owner, refs)
+    if found is None:
+        return body, view
+    request[EXCHANGE].retrieved_pieces(len(found.chosen), found.tokens, found.describe())
+    if not found.chosen:
+        return body, view
+    request[WITHOUT_BLOCK] = body  # what a stored conversation keeps: the block is this step's alone
+    return sent, adapter.view(sent)
 
 
 async def verdict(app: web.Application, call: Call, ex: Exchange, recording: bool) -> AgentVerdict | None:
@@ -268,7 +301,7 @@ def record(
     masking = call.masking
     if masking is not None and masking.masked:
         ex.masked_outputs(len(masking.masked), masking.tokens_saved, masking.frontier)
-    state.recent.remember(ex.request_id, call, ctx, decision)
+    state.recent.remember(ex.request_id, call, ctx, decision, ex.context_notes)
     asker = compaction_asker(call.features.last_user_text)
     if asker is not None:  # rare: counted at once
         ex.attributes[t.AGENT_COMPACTION] = asker

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -38,6 +38,7 @@ from gateway.upstream.deployments import Deployments
 
 if TYPE_CHECKING:  # evictions reads the state it is part of
     from gateway.server.evictions import Evictions
+    from gateway.server.retrieval import Library
 
 
 @dataclass(slots=True)
@@ -52,6 +53,7 @@ class Remembered:
     context: Managed | None = None  # the context edits that made the prompt (its body is not kept: see below)
     masking: Masking | None = None  # the old tool outputs masked in the prompt (their originals are not kept)
     compactions: tuple[str, ...] = ()  # each summary the gateway wrote for it
+    context_notes: dict[str, Any] | None = None  # what the policy's summaries and retrieval did to its prompt
 
 
 _T = TypeVar("_T")
@@ -70,7 +72,8 @@ class Recent:
         self._size = size
         self._items: OrderedDict[str, Remembered] = OrderedDict()
 
-    def remember(self, request_id: str, call: Call, ctx: Context, served: Decision) -> None:
+    def remember(self, request_id: str, call: Call, ctx: Context, served: Decision,
+                 context_notes: dict[str, Any] | None = None) -> None:
         # The context holds only the headers the policy reads (decision/gathering.gather), never the request's
         # own: the last 2,048 requests' could hold gigabytes.
         last = self._items[next(reversed(self._items))] if self._items else None
@@ -79,7 +82,8 @@ class Recent:
             served = _sharing(served, last.served, ("attempts", "reasons"))
         self._items[request_id] = Remembered(call.policy, call.features, ctx, served,
                                              context=None if call.context is None else call.context.without_body(),
-                                             masking=None if call.masking is None else call.masking.without_originals())
+                                             masking=None if call.masking is None else call.masking.without_originals(),
+                                             context_notes=context_notes)
         if len(self._items) > self._size:
             self._items.popitem(last=False)
 
@@ -121,6 +125,7 @@ class AppState:
         "deployments",
         "evictions",
         "experiments",
+        "library",
         "metrics",
         "offload",
         "policy_file",
@@ -156,6 +161,7 @@ class AppState:
     session_caches: SessionCaches  # each agent session's prefix caches
     warmups: Warmups  # the deployments' caches warmed for sessions' next steps
     evictions: Evictions  # summaries of old turns, ready and being written
+    library: Library  # the index of offloaded pieces retrieval puts back
     experiments: Experiments
     trajectories: Trajectories
 

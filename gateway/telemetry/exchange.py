@@ -64,6 +64,7 @@ class Exchange:
         "client_request_id",
         "compaction",
         "context_edits",
+        "context_notes",
         "deployment",
         "endpoint",
         "error",
@@ -75,6 +76,7 @@ class Exchange:
         "request_id",
         "response_model",
         "resumes",
+        "retrieved",
         "rule",
         "sent",
         "side_parts",
@@ -121,6 +123,8 @@ class Exchange:
         self.context_edits: list[tuple[str, int]] = []  # (edit, input tokens it cleared): metrics at the end
         self.masked: tuple[int, int] | None = None  # (tool outputs masked, tokens saved): metrics at the end
         self.summarized: tuple[int, int] | None = None  # (old entries in the summary sent, tokens saved): the same
+        self.retrieved: tuple[int, int] | None = None  # (pieces put back, the block's tokens): the same
+        self.context_notes: dict[str, Any] | None = None  # the context rules' part of the decision trail
         # Calls made for this request beside its answer (a compaction's summary): (deployment, price, usage)
         self.side_parts: list[tuple[str, Price | None, Usage]] | None = None
         # Who asked for the compaction this request is or made (v1_compact, v2_trigger, context_management,
@@ -166,11 +170,25 @@ class Exchange:
         """The summary of old turns the policy's context rules sent in this prompt (entries: 0 when none yet)."""
         if entries:
             self.summarized = (entries, tokens_saved)
+        self.noted("summarize_old_turns", {"summarized_entries": entries, "tokens_saved": tokens_saved,
+                                           "span_due_before_entry": due, "ready": ready})
         attrs = self.attributes
         attrs[t.CONTEXT_SUMMARIZED] = entries
         attrs[t.CONTEXT_SUMMARY_TOKENS] = tokens_saved
         attrs[t.CONTEXT_SUMMARY_DUE] = due
         attrs[t.CONTEXT_SUMMARY_READY] = ready
+
+    def retrieved_pieces(self, pieces: int, tokens: int, described: dict[str, Any]) -> None:
+        """The pieces retrieval put back at the prompt's end (pieces 0: it found candidates, none relevant)."""
+        if pieces:
+            self.retrieved = (pieces, tokens)
+        self.noted("retrieve", described)
+        self.attributes[t.CONTEXT_RETRIEVED] = pieces
+        self.attributes[t.CONTEXT_RETRIEVED_TOKENS] = tokens
+
+    def noted(self, rule: str, described: dict[str, Any]) -> None:
+        """What a context rule did, for the decision trail (/admin/requests/{id}/explain)."""
+        self.context_notes = {**(self.context_notes or {}), rule: described}
 
     def side_call(self, deployment: str, price: Price | None, usage: Usage, metrics: t.Metrics,
                   compaction: str | None = None) -> None:
@@ -264,6 +282,8 @@ class Exchange:
             metrics.count_masking(self.endpoint, *self.masked)
         if self.summarized is not None:
             metrics.count_summarized(self.endpoint, *self.summarized)
+        if self.retrieved is not None:
+            metrics.context_retrieved_tokens.labels(self.endpoint).inc(self.retrieved[1])
         if self.step is not None:
             self.step.finished(self, status, elapsed_s, ttft_s, spans, end_ns)
         elif spans is not None:

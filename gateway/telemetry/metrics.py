@@ -57,6 +57,8 @@ CONTEXT_SUMMARIZED = "gateway.context.summarized_entries"  # old entries the sum
 CONTEXT_SUMMARY_TOKENS = "gateway.context.summary_tokens_saved"  # their tokens less the summary's (gateway count)
 CONTEXT_SUMMARY_DUE = "gateway.context.summary_due"  # the entry the rule's span now ends before
 CONTEXT_SUMMARY_READY = "gateway.context.summary_ready"  # whether the summary sent is the span now due's
+CONTEXT_RETRIEVED = "gateway.context.retrieved_pieces"  # offloaded pieces put back at the prompt's end
+CONTEXT_RETRIEVED_TOKENS = "gateway.context.retrieved_tokens"  # the block's tokens (gateway count)
 CONTEXT_MASK_FRONTIER = "gateway.context.mask_frontier"  # tool outputs before this index are masked
 REQUEST_ID = "gateway.request_id"
 CLIENT_REQUEST_ID = "gateway.client_request_id"
@@ -285,6 +287,9 @@ class Metrics:
     context_masked_tokens: Counter
     context_offloads: Counter
     context_summaries: Counter
+    context_retrievals: Counter
+    context_retrieved_pieces: Counter
+    context_retrieved_tokens: Counter
     context_summarized_entries: Counter
     context_summary_tokens: Counter
     context_offloaded_bytes: Counter
@@ -529,6 +534,13 @@ def make_metrics() -> Metrics:
         context_summaries=Counter("gateway_context_summaries", "Summaries of old turns the gateway wrote after a "
                                   "step, by outcome (written; failed; budget: no room in the tenant's budget; "
                                   "busy: too many being written)", ["outcome"], registry=r),
+        context_retrievals=Counter("gateway_context_retrievals", "Prompts retrieval looked at, by outcome "
+                                   "(put_back: a block went in; none: no piece was relevant enough; index_dropped: "
+                                   "a piece was not indexed, too many waiting)", ["outcome"], registry=r),
+        context_retrieved_pieces=Counter("gateway_context_retrieved_pieces", "Offloaded pieces (masked outputs, "
+                                         "summarized entries) put back at a prompt's end", registry=r),
+        context_retrieved_tokens=Counter("gateway_context_retrieved_tokens", "Tokens of the retrieved blocks put "
+                                         "in prompts (the gateway's count), by API", ["api"], registry=r),
         context_summarized_entries=Counter("gateway_context_summarized_entries", "Old messages or items sent as "
                                            "a summary by the policy's context rules, by API (each prompt's)",
                                            ["api"], registry=r),

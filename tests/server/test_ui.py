@@ -368,3 +368,23 @@ async def test_the_timeline_shows_each_steps_summarized_old_turns(
                                                  '#sessions tr[data-session="summarized-run"]').click)
     shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-summarized="8"]'))
     assert shown.startswith("8 summarized · ") and shown.endswith(" saved")
+
+
+async def test_the_timeline_shows_each_steps_retrieved_pieces(
+        make_stack: Callable[..., Any], browser: WebDriver, tmp_path: Path) -> None:
+    from tests.server.test_context_masking import tenants
+    from tests.server.test_retrieval import ask, policy
+
+    stack: Stack = await make_stack(policy(tmp_path / "objects"))
+    acme, _ = await tenants(stack)
+    await ask(stack, "chat", acme)
+    library = stack.gateway.app[STATE].library
+    await until(lambda: library.size == 3, what="the masked originals indexed")
+    await ask(stack, "chat", acme)
+    base = str(stack.gateway.make_url("")).rstrip("/")
+    await recorded(base, "retrieval-chat", 2)
+    await sign_in(browser, f"{base}/ui")
+    await wait_for(browser, text_of('#sessions tr[data-session="retrieval-chat"]'))
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="retrieval-chat"]').click)
+    shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-retrieved="1"]'))
+    assert shown.startswith("1 retrieved · ") and shown.endswith(" tokens")

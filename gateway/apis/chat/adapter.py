@@ -8,7 +8,7 @@ from typing import Any
 from gateway.apis import json_body
 from gateway.apis.chat import wire as chat_wire
 from gateway.apis.usage import Usage
-from gateway.context import eviction, tool_outputs
+from gateway.context import eviction, retrieval, tool_outputs
 from gateway.context.anthropic_edits import Managed
 from gateway.errors import GatewayError
 from gateway.features import Features, extract
@@ -17,7 +17,7 @@ from gateway.features import Features, extract
 class OpenAIAdapter:
     """One of the three OpenAI APIs vLLM serves under their own names; the decision reads their bodies as sent."""
 
-    __slots__ = ("endpoint", "generates", "operation", "path", "resumable", "tool_outputs", "turns")
+    __slots__ = ("block", "endpoint", "generates", "operation", "path", "resumable", "tool_outputs", "turns")
     chains, step_from_chunks = False, True
 
     def __init__(self, endpoint: str) -> None:
@@ -27,6 +27,7 @@ class OpenAIAdapter:
         self.operation = chat_wire.OPERATION[endpoint]
         self.tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.CHAT if endpoint == "chat" else None
         self.turns: eviction.TurnShape | None = eviction.CHAT if endpoint == "chat" else None
+        self.block: retrieval.BlockShape | None = retrieval.CHAT if endpoint == "chat" else None
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = json_body.decode(raw)

@@ -14,7 +14,7 @@ from gateway.apis import json_body
 from gateway.apis.adapter import features_as_chat
 from gateway.apis.messages import wire as messages
 from gateway.apis.usage import Usage
-from gateway.context import anthropic_answers, eviction, tool_outputs
+from gateway.context import anthropic_answers, eviction, retrieval, tool_outputs
 from gateway.context.anthropic_config import FIELD, read_edits
 from gateway.context.anthropic_edits import Managed, manage
 from gateway.errors import GatewayError
@@ -28,6 +28,7 @@ class MessagesAdapter:
     operation, chains, resumable, step_from_chunks = "chat", False, False, False
     tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.MESSAGES
     turns: eviction.TurnShape | None = eviction.MESSAGES
+    block: retrieval.BlockShape | None = retrieval.MESSAGES
 
     def __init__(self, counting: bool = False) -> None:
         self.counting = counting

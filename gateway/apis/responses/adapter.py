@@ -15,7 +15,7 @@ from gateway.apis.adapter import features_as_chat
 from gateway.apis.responses import compaction
 from gateway.apis.responses import wire as responses
 from gateway.apis.usage import Usage
-from gateway.context import eviction, tool_outputs
+from gateway.context import eviction, retrieval, tool_outputs
 from gateway.context.anthropic_edits import Managed
 from gateway.errors import BadRequest, GatewayError
 from gateway.features import Features
@@ -28,6 +28,7 @@ class ResponsesAdapter:
     chains, generates, resumable, step_from_chunks = True, True, True, False
     tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.RESPONSES
     turns: eviction.TurnShape | None = eviction.RESPONSES
+    block: retrieval.BlockShape | None = retrieval.RESPONSES
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = json_body.decode(raw)

@@ -154,6 +154,8 @@ function tokensCell(step) {
     `${c.masked_outputs} masked · ${c.tokens_saved} saved`));
   if (c && c.summarized_entries !== undefined) under.push(el("span", { class: "sub-line",
     data: { summarized: c.summarized_entries } }, `${c.summarized_entries} summarized · ${c.summary_tokens_saved} saved`));
+  if (c && c.retrieved_pieces !== undefined) under.push(el("span", { class: "sub-line",
+    data: { retrieved: c.retrieved_pieces } }, `${c.retrieved_pieces} retrieved · ${c.retrieved_tokens} tokens`));
   return under.length ? [el("span", {}, text), ...under] : text;
 }
 
