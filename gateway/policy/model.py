@@ -312,6 +312,9 @@ class CandidatePolicy(Frozen):
     default: str | None = None
     fallback: list[str] | None = None
     classifier: ClassifierFile | None = None  # its own complexity scores (default: the live policy's model)
+    # its own context rules, in place of the policy's own section (routes and tenants with their own keep them);
+    # on a rollout's candidate arm the deployment reads the prompt as they make it
+    context: ContextPolicy | None = None
 
 
 class PolicyShadow(Frozen):
@@ -539,6 +542,12 @@ class Policy(Frozen):
     def summarizes_context(self) -> bool:
         """Whether any route or tenant summarizes old turns (else the request path skips it)."""
         return any(s.summarize_old_turns is not None for s in self._context_rules)
+
+    @functools.cached_property
+    def manages_context(self) -> bool:
+        """Whether any context rule is on, in this policy or a candidate it declares."""
+        candidates = any(p.context is not None for p in self.policies.values())
+        return candidates or self.masks_context or self.summarizes_context or self.retrieves_context
 
     @functools.cached_property
     def retrieves_context(self) -> bool:

@@ -84,6 +84,8 @@ class Evicted:
 class Pending:
     key: str
     end: int  # the span now due ends before this entry of the body as sent (with the summary sent, if any)
+    summary_tokens: int  # the rule's bound on the summary
+    embeddings: bool | None  # retrieval indexes the span's entries (with embeddings or not); None: no retrieval
     document: bytes  # the span's original entries (the object store's copy)
     entries: int
     tokens: int
@@ -101,8 +103,8 @@ class Evictions:
         self._writing: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._failed: dict[tuple[str, str], float] = {}
 
-    def apply(self, shape: TurnShape, rule: EvictRule, body: dict[str, Any],
-              owner: str) -> tuple[dict[str, Any], Evicted | None]:
+    def apply(self, shape: TurnShape, rule: EvictRule, body: dict[str, Any], owner: str,
+              embeddings: bool | None = None) -> tuple[dict[str, Any], Evicted | None]:
         """The body with the newest ready summary of its old turns in place (or as it was), and what was done."""
         turns = read_turns(shape, body)
         if turns is None:
@@ -113,7 +115,7 @@ class Evictions:
         used, ready = self._newest_ready(owner, turns, due)
         sent = body if ready is None else summarized(shape, body, turns.head, used, ready.text)
         saved = 0 if ready is None else turns.span_tokens(used) - ready.tokens
-        pending = None if used == due else self._pending(owner, turns, used, due)
+        pending = None if used == due else self._pending(owner, turns, used, due, rule, embeddings)
         return sent, Evicted(used, due, used - turns.head, saved, pending, None if ready is None else ready.ref)
 
     def _newest_ready(self, owner: str, turns: Turns, due: int) -> tuple[int, Ready | None]:
@@ -125,12 +127,14 @@ class Evictions:
                     return cut, found
         return turns.head, None
 
-    def _pending(self, owner: str, turns: Turns, used: int, due: int) -> Pending | None:
+    def _pending(self, owner: str, turns: Turns, used: int, due: int, rule: EvictRule,
+                 embeddings: bool | None) -> Pending | None:
         key = turns.span_key(due)
         if (owner, key) in self._writing or self._failed.get((owner, key), -1e18) + RETRY_AFTER_S > self._clock():
             return None
         end = due if used == turns.head else turns.head + 1 + (due - used)  # the same span in the body as sent
-        return Pending(key, end, span_document(turns, due), due - turns.head, turns.span_tokens(due))
+        return Pending(key, end, rule.summary_tokens, embeddings, span_document(turns, due), due - turns.head,
+                       turns.span_tokens(due))
 
     def after(self, adapter: Adapter, call: Call, evicted: Evicted | None, ex: Exchange) -> None:
         """Once the step is answered: the span now due is summarized in the background (or skipped, `busy`)."""
@@ -157,8 +161,7 @@ class Evictions:
         name = policy.compaction.summarizer(policy.deployments, policy.default)
         dep = policy.deployments[name]
         prompt = continuation_prompt(adapter.view(body)["messages"])
-        rule = policy.evict_rule(str(call.body.get("model")), call.tenant)
-        max_tokens = rule.summary_tokens if rule is not None else policy.compaction.max_summary_tokens
+        max_tokens = pending.summary_tokens
         before = text_tokens(pending.document.decode("utf-8", "surrogatepass"))
         cost = Cost(dep.price.cost_usd(before, max_tokens, cached_tokens=0), before + max_tokens)
         limits = find_tenant(policy.tenants, owner) if policy.accounted else None
@@ -185,9 +188,8 @@ class Evictions:
         self.state.metrics.count_tokens(name, owner, written.usage, dep.price.cost_usd_of(written.usage))
         text = summary_text(written.text, pending.entries, pending.tokens, ref)
         self._keep(key, Ready(text, text_tokens(text), ref))
-        section = policy.retrieve_rule(str(call.body.get("model")), call.tenant)
-        if section is not None:  # the entries are retrieval's pieces from now on
-            self.state.library.index(owner, ref, pieces_of_span(pending.document), section.embeddings)
+        if pending.embeddings is not None:  # the entries are retrieval's pieces from now on
+            self.state.library.index(owner, ref, pieces_of_span(pending.document), pending.embeddings)
         self._count("written")
 
     def _keep(self, key: tuple[str, str], ready: Ready) -> None:

@@ -29,12 +29,13 @@ from gateway.decision.gathering import Surroundings, gather
 from gateway.decision.routing import Context, Decision, decide
 from gateway.errors import BadRequest, ContextTooLong, GatewayError, PayloadTooLarge
 from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
-from gateway.policy.model import Policy
+from gateway.policy.model import LIVE_POLICY, Policy
+from gateway.rollout.samples import Cohort
 from gateway.server import compaction, relay
 from gateway.server.evictions import EVICTED
 from gateway.server.live_scores import LiveScoring
 from gateway.server.resources import EXCHANGE, STATE, TENANT
-from gateway.server.retrieval import WITHOUT_BLOCK
+from gateway.server.retrieval import AS_SENT, WITHOUT_BLOCK
 from gateway.server.session_caches import Sighting
 from gateway.store.contract import Reservation
 from gateway.telemetry import metrics as t
@@ -66,6 +67,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     enrollment = await experiments.begin(ex, call, ctx, decision) if engaged else None
     if enrollment is not None:
         decision = enrollment.decision  # a rollout's candidate arm
+        call = await candidate_context(request, adapter, call, enrollment)
     status, held = 500, None
     try:
         try:
@@ -178,17 +180,49 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
         body, chain = await state.conversations.expand(body, tenant or ANONYMOUS)
         body = compaction.opened(request, body, tenant or ANONYMOUS)  # no deployment reads a compaction item
     body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
-    if policy.summarizes_context:  # the policy's context rules: old turns given way to a summary written after
-        body = summarize_old_turns(request, adapter, policy, body, tenant)  # an earlier step (as sent: sticky)
-    masking = None
-    if policy.masks_context:  # old tool outputs masked, their originals stored first
-        body, masking = await state.offload.mask(adapter.tool_outputs, policy, body, tenant,
-                                                        tenant or ANONYMOUS)
-    view = adapter.view(body)
-    if policy.retrieves_context:  # and what those took out, the pieces relevant to this step put back at the end
-        body, view = await put_back(request, adapter, policy, body, view, tenant, masking)
+    if policy.manages_context:
+        request[AS_SENT] = body
+    body, view, masking = await manage_context(request, adapter, policy, body, tenant)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
                      tenant, chain, managed, masking, Source(raw, body) if body is parsed else None)
+
+
+async def manage_context(request: web.Request, adapter: Adapter, rules: Policy, body: dict[str, Any],
+                         tenant: str | None) -> tuple[dict[str, Any], Mapping[str, Any], Masking | None]:
+    """The body as `rules`' context rules make it (and its view, and what was masked): old turns given way to a
+    summary written after an earlier step (as sent: sticky), old tool outputs masked (their originals stored
+    first), and what those took out put back where the step is about it."""
+    if rules.summarizes_context:
+        body = summarize_old_turns(request, adapter, rules, body, tenant)
+    masking = None
+    if rules.masks_context:
+        body, masking = await request.app[STATE].offload.mask(adapter.tool_outputs, rules, body, tenant,
+                                                              tenant or ANONYMOUS)
+    view = adapter.view(body)
+    if rules.retrieves_context:
+        body, view = await put_back(request, adapter, rules, body, view, tenant, masking)
+    return body, view, masking
+
+
+async def candidate_context(request: web.Request, adapter: Adapter, call: Call, enrollment: Enrollment) -> Call:
+    """On a rollout's candidate arm whose candidate policy has context rules of its own, the call as they make
+    it (the arm's decision read the prompt as the live rules made it; its deployment reads the candidate's)."""
+    spec = enrollment.spec
+    if spec is None or enrollment.cohort is not Cohort.CANDIDATE or AS_SENT not in request:
+        return call
+    kind, _, name = spec.candidate.partition(":")
+    if kind != "policy" or name == LIVE_POLICY:
+        return call
+    candidate = call.policy.candidate_policy(name)
+    route = call.features.requested_model
+    if candidate.context_of(route, call.tenant) == call.policy.context_of(route, call.tenant):
+        return call
+    for key in (EVICTED, WITHOUT_BLOCK):
+        request.pop(key, None)
+    request[EXCHANGE].context_managed_again()
+    body, view, masking = await manage_context(request, adapter, candidate, request[AS_SENT], call.tenant)
+    return read_call(call.policy, call.endpoint, body, view, call.body_bytes, adapter.features(view),
+                     call.headers, call.tenant, call.chain, call.context, masking)
 
 
 def summarize_old_turns(request: web.Request, adapter: Adapter, policy: Policy, body: dict[str, Any],
@@ -197,7 +231,9 @@ def summarize_old_turns(request: web.Request, adapter: Adapter, policy: Policy, 
     rule = policy.evict_rule(str(body.get("model")), tenant)
     if rule is None or adapter.turns is None:
         return body
-    body, evicted = request.app[STATE].evictions.apply(adapter.turns, rule, body, tenant or ANONYMOUS)
+    section = policy.retrieve_rule(str(body.get("model")), tenant)
+    body, evicted = request.app[STATE].evictions.apply(adapter.turns, rule, body, tenant or ANONYMOUS,
+                                                       None if section is None else section.embeddings)
     if evicted is not None:
         request[EVICTED] = evicted
         request[EXCHANGE].summarized_turns(evicted.entries, evicted.tokens_saved, evicted.due,

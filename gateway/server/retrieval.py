@@ -52,6 +52,7 @@ EMBED_CHARS = 8_000  # a piece's head embedded (static embeddings average their 
 
 
 WITHOUT_BLOCK = web.RequestKey("without_block", dict)  # the request's body before its block, for what is stored
+AS_SENT = web.RequestKey("as_sent", dict)  # its body before the policy's context rules (a candidate's may differ)
 
 
 class Embedder(Protocol):

@@ -186,6 +186,10 @@ class Exchange:
         self.attributes[t.CONTEXT_RETRIEVED] = pieces
         self.attributes[t.CONTEXT_RETRIEVED_TOKENS] = tokens
 
+    def context_managed_again(self) -> None:
+        """A rollout's candidate policy manages the prompt anew: what the live rules did no longer stands."""
+        self.summarized = self.retrieved = self.context_notes = None
+
     def noted(self, rule: str, described: dict[str, Any]) -> None:
         """What a context rule did, for the decision trail (/admin/requests/{id}/explain)."""
         self.context_notes = {**(self.context_notes or {}), rule: described}

@@ -148,6 +148,9 @@ def gateway_policy(pair: VllmPair) -> dict[str, Any]:
     # a random model's greedy summary runs to its cap: a short cap keeps the compaction test's summary quick
     policy = fill_policy({**template, "rules": [], "default": "fast", "fallback": ["fast", "hq"],
                           "compaction": {"max_summary_tokens": 64}}, commands)
+    # a route whose old turns are summarized early (the summary test's conversation is ~3k tokens)
+    policy["models"]["long"] = {"route": "rules", "context": {
+        "summarize_old_turns": {"over_tokens": 1_500, "keep_tokens": 300, "summary_tokens": 64}}}
     for name, dep in policy["deployments"].items():
         # Lenient health checks: a loaded CI machine must not eject a healthy server, and the failover test
         # wants its first requests after the kill to fail over, not to be routed around an ejection.
@@ -430,6 +433,43 @@ def test_a_conversation_compacts_through_the_gateway_and_goes_on_with_the_pair(
     assert going_on.status in ("completed", "incomplete") and going_on.usage is not None
     # the summary, not the sealed item, reached fast: more than the two user messages' tokens
     assert going_on.usage.input_tokens > 60
+
+
+def test_old_turns_are_summarized_by_fast_and_the_next_step_is_answered_with_the_summary(
+    vllm_pair: VllmPair, gateway: Gateway
+) -> None:
+    """The policy's summaries of old turns on the real pair: a step over the rule is answered whole, fast writes
+    the summary after it (asked as the conversation's next turn), and the next step reaches fast with the summary
+    in the old turns' place, answered."""
+    root = Path(__file__).resolve().parents[2]
+    outputs = [(root / path).read_text()[:1_500] for path in (
+        "gateway/context/eviction.py", "gateway/context/masking.py", "gateway/context/summaries.py",
+        "gateway/server/evictions.py", "gateway/policy/context.py", "gateway/context/prefix.py")]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Read the context package and summarize it."}]
+    for i, output in enumerate(outputs):
+        messages += [{"role": "assistant", "content": None, "tool_calls": [{
+            "id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "cat"}'}}]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": output}]
+    client = _client(gateway.base_url)
+    written = lambda: _sum(_metrics(gateway.url), "gateway_context_summaries_total", "outcome=written")  # noqa: E731
+    before, entries = written(), _sum(_metrics(gateway.url), "gateway_context_summarized_entries_total")
+    first = client.chat.completions.create(model="long", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+    assert first.usage is not None
+    _wait_for(lambda: written() > before, 120.0)
+    messages += [{"role": "assistant", "content": "Read them all."}, {"role": "user", "content": "Go on."}]
+    raw = client.chat.completions.with_raw_response.create(model="long", messages=messages,  # type: ignore[arg-type]
+                                                            max_tokens=4)
+    going_on = raw.parse()
+    assert going_on.usage is not None and going_on.choices
+    # fast read the summary in place of the old turns: fewer prompt tokens than the whole conversation's
+    assert going_on.usage.prompt_tokens < first.usage.prompt_tokens
+    assert _sum(_metrics(gateway.url), "gateway_context_summarized_entries_total") > entries
+    request = urllib.request.Request(f"{gateway.url}/admin/requests/{raw.headers['x-request-id']}/explain",
+                                     headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10.0) as reply:
+        trail = json.loads(reply.read())["context"]["summarize_old_turns"]
+    assert trail["ready"] and trail["summarized_entries"] > 0 and trail["tokens_saved"] > 0
 
 
 def test_messages_through_gateway_with_the_anthropic_sdk(vllm_pair: VllmPair, gateway: Gateway) -> None:
