@@ -147,3 +147,58 @@ def test_the_shipped_examples_load_and_their_checks_judge() -> None:
     assert check(bug, Run("Line 4 is wrong.", []))[1] == 'no call of read_file with {"path": "cart.py"}'
     assert check(bug, Run(None, [("read_file", {"path": "cart.py"})]))[1] == "no final answer within 4 steps"
     assert not check(cases["capital-france"], Run("Paris", [("x", {})]))[0]
+
+
+LOG = "\n".join(f"tests/test_mod{j}.py::test_case PASSED ({j} of 300)" for j in range(300))
+LONG_CASES = "cases:\n" + "".join(f"""
+  - id: long-{i}
+    prompt: "Run the suite until it passes ({i})."
+    max_steps: 6
+    tools:
+      - name: shell
+        parameters: {{type: object, properties: {{cmd: {{type: string}}}}}}
+        result: {json.dumps(LOG)}
+    expect: {{tool_called: [shell], answer_contains: ["passes"]}}
+""" for i in range(4))
+
+
+def looping(fake: FakeVLLM) -> None:
+    """An agent's loop: the shell called four times (each output a long test log), then the answer."""
+
+    def message(body: dict[str, Any]) -> dict[str, Any]:
+        outputs = [m for m in body["messages"] if m["role"] == "tool"]
+        if len(outputs) < 4:
+            call = {"id": f"call_{len(outputs)}", "type": "function",
+                    "function": {"name": "shell", "arguments": json.dumps({"cmd": "pytest"})}}
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+        return {"role": "assistant", "content": "The suite passes."}
+
+    fake.message = message
+    fake.prompt_tokens = lambda body: len(json.dumps(body["messages"])) // 4  # the prompt's size, roughly
+
+
+async def test_a_policy_with_context_rules_against_one_without_on_the_same_cases(
+    fake_pair: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eval --policy A --policy B` compares context rules like any policy change: the same cases solved, at a
+    lower cost per solved case where old tool outputs are masked (each step re-sends fewer tokens)."""
+    hq, hq_server, fast, fast_server = fake_pair
+    looping(hq)
+    looping(fast)
+    text = policy_yaml(str(hq_server.make_url("")).rstrip("/"), str(fast_server.make_url("")).rstrip("/"),
+                       rules="rules: []\n").replace("eject_after_failures: 2", "eject_after_failures: 1000")
+    whole, masked = tmp_path / "whole.yaml", tmp_path / "masked.yaml"
+    whole.write_text(text)
+    masked.write_text(text + "context:\n  mask_tool_outputs: {keep_last: 1, over_tokens: 200, batch_tokens: 0}\n"
+                      f"store:\n  objects: {{path: {tmp_path / 'objects'}}}\n")
+    cases = tmp_path / "cases.yaml"
+    cases.write_text(LONG_CASES)
+    args = ["eval", "--cases", str(cases), "--policy", str(whole), "--policy", str(masked), "--json"]
+    assert await asyncio.to_thread(main, args) == 0
+    figures = json.loads(capsys.readouterr().out)
+    plain, managed = figures["summaries"]["whole"], figures["summaries"]["masked"]
+    assert plain["pass_rate"] == managed["pass_rate"] == 1.0
+    assert managed["cost_per_solved_usd"] < 0.8 * plain["cost_per_solved_usd"]
+    assert figures["differences"]["masked"]["cost_per_solved_ratio"] < 0.8
+    # each masked run's later steps reached the deployment with stubs in place of the older logs
+    assert any("masked by the gateway" in json.dumps(body) for body in fast.received)
