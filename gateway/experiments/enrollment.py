@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.agents.pending_steps import Cohorted
 from gateway.decision.call import Call
@@ -24,11 +25,13 @@ from gateway.telemetry.exchange import Exchange
 class Enrollment:
     """One request's part in the experiments: its arm, cohort and shadow rendezvous."""
 
-    __slots__ = ("call", "candidate_deployment", "cohort", "complexity", "decision", "ex", "forwarded", "future",
-                 "shadows", "spec", "state")
+    __slots__ = ("as_sent", "call", "candidate_deployment", "cohort", "complexity", "decision", "ex", "forwarded",
+                 "future", "shadows", "spec", "state")
 
-    def __init__(self, ex: Exchange, call: Call, decision: Decision, complexity: float | None = None) -> None:
+    def __init__(self, ex: Exchange, call: Call, decision: Decision, complexity: float | None = None,
+                 as_sent: dict[str, Any] | None = None) -> None:
         self.ex, self.call, self.decision = ex, call, decision
+        self.as_sent = as_sent  # the body before the policy's context rules, when they are on
         self.complexity = complexity  # the live decision's score, if it read one
         self.spec: RolloutSpec | None = None
         self.state: RolloutState | None = None

@@ -67,9 +67,12 @@ class Experiments:
     def engaged(self, policy: Policy) -> bool:
         return policy.experimental or self.log is not None
 
-    async def begin(self, ex: Exchange, call: Call, ctx: Context, decision: Decision) -> Enrollment:
+    async def begin(self, ex: Exchange, call: Call, ctx: Context, decision: Decision,
+                    as_sent: dict[str, Any] | None = None) -> Enrollment:
+        """The request's part in the experiments; `as_sent`: its body before the policy's context rules (a
+        shadow onto a policy without them reads it whole)."""
         policy = call.policy
-        enrollment = Enrollment(ex, call, decision, ctx.complexity)
+        enrollment = Enrollment(ex, call, decision, ctx.complexity, as_sent)
         if not policy.experimental:
             return enrollment
         index = self.rollouts.view.index(policy)

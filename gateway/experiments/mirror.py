@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 from gateway.apis.routes import BY_ENDPOINT
 from gateway.decision.routing import Context
@@ -13,6 +14,7 @@ from gateway.errors import GatewayError
 from gateway.experiments.candidates import Candidates
 from gateway.experiments.enrollment import Enrollment, Finish
 from gateway.experiments.shadows import ShadowCall, ShadowLimits, Shadows, parse_capture
+from gateway.policy.model import LIVE_POLICY
 from gateway.rollout.assignment import bucket
 from gateway.rollout.spec import ShadowSpec
 
@@ -42,16 +44,18 @@ class Mirror:
             self.shadows.drop(target, "stale_state")  # a replica that lost the store stops shadows
             return
         kind, _, name = target.partition(":")
+        body = enrollment.call.body
         if kind == "policy":
+            body = _body_for(enrollment, name)
             try:
                 name = self._candidates.policy(enrollment, name, ctx).deployment
             except GatewayError:
                 self.shadows.drop(target, "no_decision")
                 return
-        if name == enrollment.decision.deployment:
-            self.shadows.drop(target, "same_deployment")
+        if name == enrollment.decision.deployment and body is enrollment.call.body:
+            self.shadows.drop(target, "same_deployment")  # the same prompt to the same deployment: nothing to learn
             return
-        call = ShadowCall(target, name, enrollment.policy.deployments[name], adapter.path, enrollment.call.body,
+        call = ShadowCall(target, name, enrollment.policy.deployments[name], adapter.path, body,
                           enrollment.ex.request_id, limits, samples_key, enrollment.features)
         # Only a sent shadow asks for the primary's capture, which makes the relay copy the primary's bytes.
         enrollment.shadows.append(lambda: self.shadows.mirror(call, enrollment.primary))
@@ -67,6 +71,18 @@ class Mirror:
         ex, stream = enrollment.ex, enrollment.features.stream
         raw = b"".join(ex.tap or ())
         future.set_result(parse_capture(finish.status, finish.total_ms, finish.ttft_ms, raw, stream, ex.deployment))
+
+
+def _body_for(enrollment: Enrollment, candidate: str) -> dict[str, Any]:
+    """What a shadow onto a candidate policy reads: the prompt whole (as sent) when the candidate turns the
+    context rules off that made the primary's (managed against full context on the same step), else the
+    primary's prompt."""
+    as_sent, call = enrollment.as_sent, enrollment.call
+    if as_sent is None or candidate == LIVE_POLICY:
+        return call.body
+    rules = enrollment.policy.candidate_policy(candidate).context_of(call.features.requested_model, call.tenant)
+    off = rules.mask_tool_outputs is None and rules.summarize_old_turns is None and rules.retrieve is None
+    return as_sent if off and as_sent is not call.body else call.body
 
 
 def _sampled(shadow: ShadowSpec, key: str | None) -> bool:

@@ -64,7 +64,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
     asked, decision = compaction.asked(adapter, call, decision)  # the gateway answers with a compaction itself
     experiments = state.experiments
     engaged = asked is None and experiments.engaged(call.policy)
-    enrollment = await experiments.begin(ex, call, ctx, decision) if engaged else None
+    enrollment = await experiments.begin(ex, call, ctx, decision, request.get(AS_SENT)) if engaged else None
     if enrollment is not None:
         decision = enrollment.decision  # a rollout's candidate arm
         call = await candidate_context(request, adapter, call, enrollment)

@@ -80,3 +80,24 @@ async def test_the_stable_arm_keeps_the_live_policys_context(make_stack: Any, tm
     assert received(stack)[-1]["messages"] == later("chat", first, 1)  # whole
     assert not stack.gateway.app[STATE].evictions.ready_for("acme")
     assert not any(is_summary_request(b) for b in stack.fast.received)
+
+
+async def test_a_shadow_onto_a_policy_without_context_rules_reads_the_step_whole(
+    make_stack: Any, tmp_path: Path
+) -> None:
+    """Managed against full context on the same step: the client's answer comes from the masked prompt, and a
+    shadow onto the same deployment reads the prompt as the agent sent it."""
+    from tests.server.test_context_masking import chat_messages, context_policy
+
+    policy = context_policy(tmp_path / "objects") | {
+        "policies": {"full": {"context": {}}},
+        "shadows": [{"route": "fast", "target": "policy:full", "percent": 100, "sample_by": "random"}]}
+    stack: Stack = await make_stack(policy)
+    acme, _ = await tenants(stack)
+    async with client(stack, acme) as sdk:
+        await sdk.chat.completions.create(model="fast", max_tokens=16, messages=chat_messages())
+    await until(lambda: len(stack.fast.received) == 2, what="the shadow's call")
+    bodies = [b["messages"] for b in stack.fast.received]
+    whole = [m for m in bodies if m == chat_messages()]
+    masked = [m for m in bodies if any("masked by the gateway" in str(x.get("content")) for x in m)]
+    assert len(whole) == 1 and len(masked) == 1
