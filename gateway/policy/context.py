@@ -69,8 +69,8 @@ class Retrieve(Frozen):
 
     budget_tokens: int = Field(2_000, ge=100, le=100_000, description="the block's pieces, in all")
     max_documents: int = Field(3, ge=1, le=20)
-    min_score: float = Field(0.5, ge=0.0, le=1.0, description="a piece's BM25 against the best one's, averaged "
-                                                            "with its embedding's cosine to the step's")
+    min_score: float = Field(0.45, ge=0.0, le=1.0, description="a piece's share of the step's identifiers, "
+                                                             "averaged with its embedding's cosine to the step's")
     embeddings: bool = Field(True, description="score with wordllama's static embeddings beside BM25 (its weights "
                                                "ship in its wheel: nothing is downloaded)")
 

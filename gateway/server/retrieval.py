@@ -36,6 +36,7 @@ from gateway.context.retrieval import (
     block,
     choose,
     pieces_of_span,
+    query_terms,
     query_text,
     terms,
 )
@@ -144,7 +145,7 @@ class Library:
         vector = self._vector(query) if embeddings else None
         scored = [Candidate(ref, p.part, p.terms, p.length, p.tokens, _cosine(vector, p.vector))
                   for ref, p in candidates]
-        chosen = choose(scored, terms(query), rule, vector is not None)
+        chosen = choose(scored, query_terms(query), rule, vector is not None)
         texts = await self._texts(owner, chosen)
         if not texts:
             self.metrics.context_retrievals.labels("none").inc()

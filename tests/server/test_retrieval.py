@@ -38,7 +38,7 @@ THOUGHT = "The suite still fails: compute_ratio raises ZeroDivisionError when b 
 def policy(objects: Path) -> dict[str, Any]:
     return {"auth": {"enabled": True},
             "context": {"mask_tool_outputs": {"keep_last": 1, "over_tokens": 100, "batch_tokens": 0},
-                        "retrieve": {"budget_tokens": 3_000, "min_score": 0.3}},
+                        "retrieve": {"budget_tokens": 3_000, "min_score": 0.45}},
             "store": {"objects": {"path": str(objects)}}}
 
 

@@ -1,0 +1,1 @@
+"""Retrieval's scoring measured on this repository's code (python -m evals.retrieval)."""
