@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,13 @@ def context_policy(objects: Path, **masking: Any) -> dict[str, Any]:
             "store": {"objects": {"path": str(objects)}}}
 
 
-def chat_messages() -> list[Any]:
-    messages: list[Any] = [{"role": "user", "content": "Why do the tests fail?"}]
-    for i, log in enumerate(LOGS):
-        messages += [{"role": "assistant", "content": None, "tool_calls": [
+def chat_messages(outputs: Sequence[str] = LOGS, task: str = "Why do the tests fail?",
+                  thought: str | None = None) -> list[Any]:
+    """An agent's conversation: the task, then a shell call and its output each; `thought` said before the last."""
+    messages: list[Any] = [{"role": "user", "content": task}]
+    for i, log in enumerate(outputs):
+        said = thought if i == len(outputs) - 1 else None
+        messages += [{"role": "assistant", "content": said, "tool_calls": [
             {"id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "pytest"}'}}]},
             {"role": "tool", "tool_call_id": f"call_{i}", "content": log}]
     return messages
@@ -49,11 +53,14 @@ def responses_input() -> list[Any]:
     return items
 
 
-def messages_history() -> list[Any]:
-    history: list[Any] = [{"role": "user", "content": "Why do the tests fail?"}]
-    for i, log in enumerate(LOGS):
-        history += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{i}", "name": "shell",
-                                                        "input": {"cmd": "pytest"}}]},
+def messages_history(outputs: Sequence[str] = LOGS, task: str = "Why do the tests fail?",
+                     thought: str | None = None) -> list[Any]:
+    """chat_messages in Anthropic's Messages form."""
+    history: list[Any] = [{"role": "user", "content": task}]
+    for i, log in enumerate(outputs):
+        said = [{"type": "text", "text": thought}] if thought is not None and i == len(outputs) - 1 else []
+        history += [{"role": "assistant", "content": [*said, {"type": "tool_use", "id": f"toolu_{i}", "name": "shell",
+                                                               "input": {"cmd": "pytest"}}]},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
                                                   "content": log}]}]
     return history

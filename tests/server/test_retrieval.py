@@ -22,7 +22,7 @@ from gateway.telemetry.metrics import make_metrics
 from tests.fixtures.agent_runs import recorded
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
-from tests.server.test_context_masking import client, tenants
+from tests.server.test_context_masking import chat_messages, client, messages_history, outputs_received, tenants
 
 FAILURE = "\n".join(["============ FAILURES ============", "___ test_zero ___",
                      "    def test_zero():", ">       assert compute_ratio(1, 0) == 0",
@@ -42,23 +42,15 @@ def policy(objects: Path) -> dict[str, Any]:
             "store": {"objects": {"path": str(objects)}}}
 
 
+TASK = "Make the test suite pass."
+
+
 def chat_conversation() -> list[Any]:
-    messages: list[Any] = [{"role": "user", "content": "Make the test suite pass."}]
-    for i, output in enumerate(OUTPUTS):
-        messages += [{"role": "assistant", "content": THOUGHT if i == len(OUTPUTS) - 1 else None, "tool_calls": [
-            {"id": f"c{i}", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "run"}'}}]},
-            {"role": "tool", "tool_call_id": f"c{i}", "content": output}]
-    return messages
+    return chat_messages(OUTPUTS, TASK, THOUGHT)
 
 
 def messages_conversation() -> list[Any]:
-    history: list[Any] = [{"role": "user", "content": "Make the test suite pass."}]
-    for i, output in enumerate(OUTPUTS):
-        said = [{"type": "text", "text": THOUGHT}] if i == len(OUTPUTS) - 1 else []
-        history += [{"role": "assistant", "content": [*said, {"type": "tool_use", "id": f"t{i}", "name": "shell",
-                                                             "input": {"cmd": "run"}}]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": output}]}]
-    return history
+    return messages_history(OUTPUTS, TASK, THOUGHT)
 
 
 async def ask(stack: Stack, api: str, key: str) -> str:
@@ -83,21 +75,9 @@ def last_text(api: str, body: dict[str, Any]) -> str:
     return str(last["content"][-1].get("text", ""))
 
 
-def stub_refs(body: dict[str, Any]) -> list[str]:
-    found = [read_stub(text) for text in _texts(body)]
+def stub_refs(api: str, body: dict[str, Any]) -> list[str]:
+    found = [read_stub(text) for text in outputs_received(api, body)]
     return [stub[0] for stub in found if stub is not None]
-
-
-def _texts(body: dict[str, Any]) -> list[str]:
-    out = []
-    for message in body["messages"]:
-        content = message.get("content")
-        if isinstance(content, str):
-            out.append(content)
-        for block in content if isinstance(content, list) else ():
-            if block.get("type") == "tool_result":
-                out.append(block["content"])
-    return out
 
 
 @pytest.mark.parametrize("api", ["chat", "messages"])
@@ -108,7 +88,7 @@ async def test_a_masked_output_the_step_is_about_comes_back_at_the_prompts_end(
     acme, _ = await tenants(stack)
     await ask(stack, api, acme)
     first = stack.fast.received[-1]
-    refs = stub_refs(first)
+    refs = stub_refs(api, first)
     assert len(refs) == 3 and BLOCK_OPEN not in last_text(api, first)  # masked, not yet indexed: no block
     library = stack.gateway.app[STATE].library
     await until(lambda: all(library.indexed("acme", ref) for ref in refs), what="the originals indexed")

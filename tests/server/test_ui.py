@@ -93,6 +93,14 @@ async def sign_in(driver: WebDriver, url: str, token: str = ADMIN_TOKEN) -> None
     await asyncio.to_thread(field.send_keys, token + "\n")
 
 
+async def open_session(browser: WebDriver, base: str, session: str) -> None:
+    """Signed in, the session's row clicked: its timeline is shown."""
+    await sign_in(browser, f"{base}/ui")
+    row = f'#sessions tr[data-session="{session}"]'
+    await wait_for(browser, text_of(row))
+    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, row).click)
+
+
 async def test_without_the_token_the_page_shows_only_the_sign_in(ops_stack: OpsStack, browser: WebDriver) -> None:
     async with aiohttp.ClientSession() as http, http.get(ops_stack.url("/ui")) as resp:
         assert resp.status == 200 and "default-src 'none'" in resp.headers["content-security-policy"]
@@ -300,9 +308,7 @@ async def test_the_timeline_shows_each_steps_prefix_caches_moves_and_warm_ups(
     assert await session.step(OUTPUTS[5]) == "hq"  # the warmed hq is cheap to move to
     base = str(stack.gateway.make_url("")).rstrip("/")
     await recorded(base, "cached-run", 7)
-    await sign_in(browser, f"{base}/ui")
-    await wait_for(browser, text_of('#sessions tr[data-session="cached-run"]'))
-    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="cached-run"]').click)
+    await open_session(browser, base, "cached-run")
 
     def steps(d: WebDriver) -> list[str] | None:
         found = [row.text for row in d.find_elements(By.CSS_SELECTOR, "#timeline tr[data-step]")]
@@ -324,9 +330,7 @@ async def test_the_timeline_shows_what_a_compaction_cost_and_who_asked(
                                       extra_headers={"x-session-id": "compacted-run"})
     base = str(stack.gateway.make_url("")).rstrip("/")
     await recorded(base, "compacted-run", 1)
-    await sign_in(browser, f"{base}/ui")
-    await wait_for(browser, text_of('#sessions tr[data-session="compacted-run"]'))
-    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="compacted-run"]').click)
+    await open_session(browser, base, "compacted-run")
     shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-compaction="context_management"]'))
     assert shown.startswith("compaction (context_management) $")
 
@@ -341,9 +345,7 @@ async def test_the_timeline_shows_each_steps_masked_tool_outputs(
         await sdk.chat.completions.create(model="fast", max_tokens=16, messages=chat_messages(),
                                           extra_headers={"x-session-id": "masked-run"})
     base = str(stack.gateway.make_url("")).rstrip("/")
-    await sign_in(browser, f"{base}/ui")
-    await wait_for(browser, text_of('#sessions tr[data-session="masked-run"]'))
-    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="masked-run"]').click)
+    await open_session(browser, base, "masked-run")
     shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-masked="4"]'))
     assert shown.startswith("4 masked · ") and shown.endswith(" saved")
 
@@ -362,10 +364,7 @@ async def test_the_timeline_shows_each_steps_summarized_old_turns(
     await step(stack, "chat", acme, later("chat", conversation("chat"), 1), "summarized-run")
     base = str(stack.gateway.make_url("")).rstrip("/")
     await recorded(base, "summarized-run", 2)
-    await sign_in(browser, f"{base}/ui")
-    await wait_for(browser, text_of('#sessions tr[data-session="summarized-run"]'))
-    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR,
-                                                 '#sessions tr[data-session="summarized-run"]').click)
+    await open_session(browser, base, "summarized-run")
     shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-summarized="8"]'))
     assert shown.startswith("8 summarized · ") and shown.endswith(" saved")
 
@@ -383,8 +382,6 @@ async def test_the_timeline_shows_each_steps_retrieved_pieces(
     await ask(stack, "chat", acme)
     base = str(stack.gateway.make_url("")).rstrip("/")
     await recorded(base, "retrieval-chat", 2)
-    await sign_in(browser, f"{base}/ui")
-    await wait_for(browser, text_of('#sessions tr[data-session="retrieval-chat"]'))
-    await asyncio.to_thread(browser.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="retrieval-chat"]').click)
+    await open_session(browser, base, "retrieval-chat")
     shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-retrieved="1"]'))
     assert shown.startswith("1 retrieved · ") and shown.endswith(" tokens")
