@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.context.retrieval import Candidate, RetrieveRule, choose, query_terms, terms
+from gateway.context.retrieval import Candidate, RetrieveRule, choose, piece_terms, query_terms
 from gateway.server.retrieval import load_wordllama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +71,8 @@ def measure(seed: int, limit: int) -> dict[str, Any]:
 
 
 def _candidate(j: int, text: str, cosine: float) -> Candidate:
-    counted = terms(text)
-    return Candidate(str(j), None, counted, sum(counted.values()), len(text) // 4, max(cosine, 0.0))
+    kept, length = piece_terms(text)  # as the gateway's index keeps them
+    return Candidate(str(j), None, kept, length, len(text) // 4, max(cosine, 0.0))
 
 
 def _units(rows: Any) -> list[list[float]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ QUERY_MESSAGES = 3  # the newest messages the query reads
 QUERY_CHARS = 4_000  # of them, at most (their ends: an error is usually last)
 _TERM = re.compile(r"[a-z_][a-z0-9_]{2,}|[0-9]{3,}")
 _QUERY_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}|[0-9]{3,}")
+TERMS_MAX = 512  # a piece's most frequent terms the index keeps (a bound on its memory: ~30 KB a piece)
 IDENTIFIER_WEIGHT = 3  # python -m evals.retrieval: top-1 right 59 of 62 with it, 39 of 50 without
 K1, B = 1.2, 0.75  # BM25's usual constants
 
@@ -140,6 +142,14 @@ def bm25(query: Counter[str], candidates: Sequence[Candidate]) -> list[float]:
         scores.append(sum(query[t] * idf[t] * c.terms[t] * (K1 + 1) / (c.terms[t] + norm)
                           for t in query.keys() & c.terms.keys()))
     return scores
+
+
+def piece_terms(text: str) -> tuple[Counter[str], int]:
+    """A piece's terms as the index keeps them (its TERMS_MAX most frequent: a bound on the index's memory) and
+    how many terms it has in all (BM25's length)."""
+    counted = terms(text)
+    # interned: the same identifiers recur across a session's pieces, and each piece holds its own copies otherwise
+    return Counter({sys.intern(t): n for t, n in counted.most_common(TERMS_MAX)}), sum(counted.values())
 
 
 def query_terms(text: str) -> Counter[str]:

@@ -35,10 +35,10 @@ from gateway.context.retrieval import (
     RetrieveRule,
     block,
     choose,
+    piece_terms,
     pieces_of_span,
     query_terms,
     query_text,
-    terms,
 )
 from gateway.store.contract import StoreError, StoreFault
 from gateway.store.objects import ObjectStore
@@ -46,8 +46,7 @@ from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-PIECES_MAX = 2_048  # pieces indexed in this process; the least recently used go first
-TERMS_MAX = 256  # a piece's most frequent terms kept (BM25 reads those)
+PIECES_MAX = 1_024  # pieces indexed in this process (at most ~30 KB each); the least recently used go first
 INDEXING_MAX = 64  # pieces waiting to be indexed; more are dropped (indexed from the store at a later step)
 EMBED_CHARS = 8_000  # a piece's head embedded (static embeddings average their tokens: the rest adds little)
 
@@ -246,9 +245,7 @@ def _indexed(pieces: list[str], embedder: Embedder | None) -> tuple[Indexed, ...
     vectors = embedder.embed([p[:EMBED_CHARS] for p in pieces]) if embedder is not None and pieces else None
     out = []
     for i, piece in enumerate(pieces):
-        counted = terms(piece)
-        length = sum(counted.values())
-        kept = Counter(dict(counted.most_common(TERMS_MAX)))
+        kept, length = piece_terms(piece)
         vector = _unit(vectors[i]) if vectors is not None else None
         out.append(Indexed(i if len(pieces) > 1 else None, kept, length, text_tokens(piece), vector))
     return tuple(out)
