@@ -230,7 +230,8 @@ async def _session_caches(app: web.Application) -> AsyncIterator[None]:
     state.session_caches = caches = SessionCaches(state.stores.prefixes, state.metrics)
     state.warmups = warmups = Warmups(state.pool, state.deployments, state.stores.prefixes, state.metrics,
                                      state.accounting.budgets)
-    state.evictions = evictions = Evictions(state, state.accounting.budgets)
+    state.evictions = evictions = Evictions(state.pool, state.settings.max_upstream_body_bytes, state.offload.store,
+                                            state.library, state.metrics, state.accounting.budgets)
     yield
     await evictions.close()
     await warmups.close()  # before the pool and the stores close

@@ -17,15 +17,13 @@ gateway.compaction.* attributes and the decision trail of /admin/requests/{id}/e
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
 
-from gateway.apis import json_body
 from gateway.apis.adapter import Adapter
-from gateway.apis.chat import wire as chat_wire
 from gateway.apis.responses import compaction as responses_compaction
 from gateway.apis.responses import wire as responses
 from gateway.apis.responses.adapter import CompactedResponsesAdapter
@@ -35,35 +33,24 @@ from gateway.context.anthropic_config import COMPACT
 from gateway.context.anthropic_edits import Applied
 from gateway.context.counting import input_tokens
 from gateway.context.seal import Seal, seal_key
-from gateway.context.summaries import context_tokens, summary_prompt, written_summary
+from gateway.context.summaries import context_tokens, summary_prompt
 from gateway.decision.call import Call
 from gateway.decision.routing import Decision
 from gateway.errors import UpstreamError
 from gateway.policy.model import Policy
+from gateway.server import summarizer
 from gateway.server.exchanges import add_gateway_headers
 from gateway.server.relay import STREAM_HEADERS
-from gateway.server.resources import EXCHANGE, STATE, AppState
+from gateway.server.resources import EXCHANGE, STATE
+from gateway.server.summarizer import Written
 from gateway.settings import Settings
 from gateway.telemetry import metrics as t
-from gateway.upstream import forward as upstream
 
 log = logging.getLogger(__name__)
 
-CHAT_PATH = chat_wire.PATHS["chat"]
 CHARS_PER_TOKEN = 2  # a conservative bound for the transcript (`up`'s tokenizer counts ~2.2x cl100k on agent text)
 PROMPT_OVERHEAD_TOKENS = 1024  # the instructions and the chat template around the transcript
 ANTHROPIC_COMPACT = "anthropic_compact"  # the trigger label of Anthropic's compact_20260112
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """A summary as a deployment wrote it, and what it replaced."""
-
-    text: str  # in the anchored structure (gateway/context/summaries.py), or the client's own instructions' form
-    deployment: str
-    model: str | None
-    usage: Usage
-    tokens_before: int  # the conversation it summarized, in the gateway's count
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,33 +125,10 @@ async def _ask(request: web.Request, policy: Policy, name: str, messages: list[d
     max_chars = rules.max_transcript_chars if window is None else \
         max(1_000, (window - rules.max_summary_tokens - PROMPT_OVERHEAD_TOKENS) * CHARS_PER_TOKEN)
     prompt = summary_prompt(messages, max_chars, instructions)
-    return await write(request.app[STATE], policy, name, prompt, request[EXCHANGE].request_id,
-                       rules.max_summary_tokens, context_tokens(messages), instructions)
-
-
-async def write(state: AppState, policy: Policy, name: str, prompt: Sequence[Mapping[str, Any]], request_id: str,
-                max_tokens: int, tokens_before: int, instructions: str | None = None) -> Written:
-    """The one summarizing call: `prompt` (chat messages that end in the ask) to deployment `name`, its answer
-    read back in the anchored structure (or the client's own instructions' form)."""
-    dep = policy.deployments[name]
-    body = {"model": dep.served_model, "messages": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": False}
-    fetched = await upstream.fetch(state.pool, name, dep, CHAT_PATH, json_body.encode(body),
-                                   {"x-request-id": request_id}, timeout_s=policy.compaction.timeout_s,
-                                   limit_bytes=state.settings.max_upstream_body_bytes)
-    found = json_body.response_object(fetched.body) if fetched.status == 200 else None
-    choices = found.get("choices") if found is not None else None
-    message = choices[0].get("message") if isinstance(choices, list) and choices and \
-        isinstance(choices[0], dict) else None
-    text = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(text, str) or not text.strip():
-        raise UpstreamError(f"Deployment {name!r} wrote no summary (status {fetched.status})",
-                            code="compaction_failed")
-    assert found is not None
-    model = found.get("model")
-    used = chat_wire.usage_of(found) or Usage(tokens_before, 0, estimated=True)
-    return Written(written_summary(text, instructions), name, model if isinstance(model, str) else None, used,
-                   tokens_before)
+    state = request.app[STATE]
+    return await summarizer.write(state.pool, state.settings.max_upstream_body_bytes, policy, name, prompt,
+                                  request[EXCHANGE].request_id, rules.max_summary_tokens, context_tokens(messages),
+                                  instructions)
 
 
 def chat_messages(body: dict[str, Any], items: list[Any]) -> list[dict[str, Any]]:

@@ -49,10 +49,13 @@ from gateway.decision.admission import Cost
 from gateway.decision.call import Call
 from gateway.errors import GatewayError, RateLimited
 from gateway.policy.tenancy import find_tenant
-from gateway.server import compaction
-from gateway.server.resources import AppState
+from gateway.server import summarizer
+from gateway.server.retrieval import Library
 from gateway.store.contract import StoreError, StoreFault
+from gateway.store.objects import ObjectStore
 from gateway.telemetry.exchange import Exchange
+from gateway.telemetry.metrics import Metrics
+from gateway.upstream.client import Pool
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +100,10 @@ EVICTED = web.RequestKey("evicted", Evicted)  # the request's, from read to afte
 class Evictions:
     """The process's summaries of old turns: ready ones by span, and those being written."""
 
-    def __init__(self, state: AppState, budgets: Budgets, clock: Callable[[], float] = time.monotonic) -> None:
-        self.state, self.budgets, self._clock = state, budgets, clock
+    def __init__(self, pool: Pool, limit_bytes: int, objects: ObjectStore, library: Library, metrics: Metrics,
+                 budgets: Budgets, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pool, self.limit_bytes, self.objects, self.library = pool, limit_bytes, objects, library
+        self.metrics, self.budgets, self._clock = metrics, budgets, clock
         self._ready: OrderedDict[tuple[str, str], Ready] = OrderedDict()
         self._writing: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._failed: dict[tuple[str, str], float] = {}
@@ -168,12 +173,12 @@ class Evictions:
         held = None
         try:
             ref = reference(pending.document)
-            await self.state.offload.store.put(owner, ref, pending.document)
+            await self.objects.put(owner, ref, pending.document)
             if policy.accounted:
                 held = await self.budgets.reserve(owner, limits, name, cost, session_id=call.session_id,
                                                   ttl_s=policy.compaction.timeout_s + RESERVE_MARGIN_S)
-            written = await compaction.write(self.state, policy, name, prompt, f"{request_id}-summary", max_tokens,
-                                             pending.tokens)
+            written = await summarizer.write(self.pool, self.limit_bytes, policy, name, prompt,
+                                             f"{request_id}-summary", max_tokens, pending.tokens)
         except RateLimited:
             self._failed_now(key, "budget")
             return
@@ -185,11 +190,11 @@ class Evictions:
             return
         if held is not None:
             await asyncio.shield(self.budgets.settle(held, dep.price, written.usage, deployment=name))
-        self.state.metrics.count_tokens(name, owner, written.usage, dep.price.cost_usd_of(written.usage))
+        self.metrics.count_tokens(name, owner, written.usage, dep.price.cost_usd_of(written.usage))
         text = summary_text(written.text, pending.entries, pending.tokens, ref)
         self._keep(key, Ready(text, text_tokens(text), ref))
         if pending.embeddings is not None:  # the entries are retrieval's pieces from now on
-            self.state.library.index(owner, ref, pieces_of_span(pending.document), pending.embeddings)
+            self.library.index(owner, ref, pieces_of_span(pending.document), pending.embeddings)
         self._count("written")
 
     def _keep(self, key: tuple[str, str], ready: Ready) -> None:
@@ -204,7 +209,7 @@ class Evictions:
         self._count(outcome)
 
     def _count(self, outcome: str) -> None:
-        self.state.metrics.context_summaries.labels(outcome).inc()
+        self.metrics.context_summaries.labels(outcome).inc()
 
     def ready_for(self, owner: str) -> Mapping[tuple[str, str], Ready]:
         """The summaries kept for `owner` (tests and the admin read them)."""

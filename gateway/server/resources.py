@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -21,8 +21,10 @@ from gateway.decision.share import ShareTracker
 from gateway.experiments.hook import Experiments
 from gateway.features import Features
 from gateway.policy.model import Policy
+from gateway.server.evictions import Evictions
 from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
+from gateway.server.retrieval import Library
 from gateway.server.session_caches import SessionCaches
 from gateway.server.warmups import Warmups
 from gateway.settings import Settings
@@ -35,10 +37,6 @@ from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream.client import Pool
 from gateway.upstream.deployment_counts import DeploymentCounts
 from gateway.upstream.deployments import Deployments
-
-if TYPE_CHECKING:  # evictions reads the state it is part of
-    from gateway.server.evictions import Evictions
-    from gateway.server.retrieval import Library
 
 
 @dataclass(slots=True)

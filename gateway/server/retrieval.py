@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 from aiohttp import web
 
 from gateway.context.counting import text_tokens
@@ -251,11 +250,12 @@ def _indexed(pieces: list[str], embedder: Embedder | None) -> tuple[Indexed, ...
     return tuple(out)
 
 
+# The embedder's vectors are numpy arrays; their own operators serve, so a gateway without retrieval never imports
+# numpy (a test keeps the embedded-store gateway's imports lean).
 def _unit(vector: Any) -> Any:
-    array = np.asarray(vector, dtype=np.float32)
-    norm = float(np.linalg.norm(array))
-    return array / norm if norm > 0 else array
+    norm = float(vector @ vector) ** 0.5
+    return vector / norm if norm > 0 else vector
 
 
 def _cosine(a: Any, b: Any) -> float:
-    return 0.0 if a is None or b is None else max(float(np.dot(a, b)), 0.0)
+    return 0.0 if a is None or b is None else max(float(a @ b), 0.0)
