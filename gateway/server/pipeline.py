@@ -32,7 +32,7 @@ from gateway.experiments.hook import CLIENT_CLOSED, Enrollment
 from gateway.policy.model import LIVE_POLICY, Policy
 from gateway.rollout.samples import Cohort
 from gateway.server import compaction, relay
-from gateway.server.evictions import EVICTED
+from gateway.server.evictions import EVICTED, Evicted
 from gateway.server.live_scores import LiveScoring
 from gateway.server.resources import EXCHANGE, STATE, TENANT
 from gateway.server.retrieval import AS_SENT, WITHOUT_BLOCK
@@ -85,8 +85,7 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         response = await answer(request, adapter, call, decision, caps, asked, compacted)
         status = response.status
         if asked is None and compacted is None:  # else the gateway rewrote or answered the prompt sighted
-            served(app, adapter, call, decision, sighting, ex)
-            state.evictions.after(adapter, call, request.get(EVICTED), ex)
+            served(app, adapter, call, decision, sighting, ex, request.get(EVICTED))
         return response
     except GatewayError as exc:
         status = exc.status
@@ -144,12 +143,15 @@ async def _masked(app: web.Application, adapter: Adapter, call: Call, rule: Mask
 
 
 def served(app: web.Application, adapter: Adapter, call: Call, decision: Decision, sighting: Sighting | None,
-           ex: Exchange) -> None:
-    """The deployment's cache now holds the prompt sighted: recorded, and the session's next step warmed."""
+           ex: Exchange, evicted: Evicted | None = None) -> None:
+    """The deployment's cache now holds the prompt sighted: recorded, and the session's next step warmed; the
+    summary of old turns now due is written for the next step."""
     state = app[STATE]
     if sighting is not None:
         state.session_caches.served(call, sighting, ex)
         state.warmups.after(adapter, call, decision, sighting, ex)
+    if evicted is not None:
+        state.evictions.after(adapter, call, evicted, ex)
 
 
 async def answer(
@@ -180,9 +182,11 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
         body, chain = await state.conversations.expand(body, tenant or ANONYMOUS)
         body = compaction.opened(request, body, tenant or ANONYMOUS)  # no deployment reads a compaction item
     body, managed = adapter.manage_context(body)  # the decision reads what the deployment will
-    if policy.manages_context:
+    view, masking = None, None
+    if policy.manages_context:  # the policy's context rules (or a candidate's): the body as sent kept beside
         request[AS_SENT] = body
-    body, view, masking = await manage_context(request, adapter, policy, body, tenant)
+        body, view, masking = await manage_context(request, adapter, policy, body, tenant)
+    view = adapter.view(body) if view is None else view
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
                      tenant, chain, managed, masking, Source(raw, body) if body is parsed else None)
 
