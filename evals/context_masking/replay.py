@@ -32,6 +32,7 @@ from gateway.context.eviction import EvictRule, Turns, boundary
 from gateway.context.masking import MaskRule, frontier
 from gateway.context.prefix import Chain, common_tokens
 from gateway.context.summaries import continuation_prompt
+from gateway.decision.agent_compaction import FIT_RULES, FIT_TURNS
 from gateway.features import count_tokens
 from gateway.policy.model import Policy
 
@@ -122,11 +123,28 @@ def evicted(messages: list[list[Any]], rule: EvictRule) -> list[list[Any]]:
     return [*messages[:head], ["u", rule.summary_tokens, span, None], *messages[cut:]]
 
 
-def managed(messages: list[list[Any]], rule: MaskRule | None, evict: EvictRule | None) -> list[list[Any]]:
-    """What the deployment reads: old turns summarized (as sent), then old tool outputs masked."""
+def managed(messages: list[list[Any]], rule: MaskRule | None, evict: EvictRule | None,
+            window: int | None = None) -> list[list[Any]]:
+    """What the deployment reads: old turns summarized (as sent), then old tool outputs masked, then, over the
+    window, fitted as the gateway fits a step its context rules still leave over every window."""
     if evict is not None:
         messages = evicted(messages, evict)
-    return messages if rule is None else received(messages, rule)
+    messages = messages if rule is None else received(messages, rule)
+    return messages if window is None or (rule is None and evict is None) else fitted(messages, window)
+
+
+def fitted(messages: list[list[Any]], window: int) -> list[list[Any]]:
+    """The gateway's last resort for a step over every window (server/pipeline.decided): tool outputs masked by
+    each of FIT_RULES in turn until it fits, then assistant turns over FIT_TURNS' size given way to stubs."""
+    if chain_of_record(messages)[-1].tokens <= window:
+        return messages
+    for rule in FIT_RULES:
+        out = received(messages, rule)
+        if chain_of_record(out)[-1].tokens <= window:
+            return out
+    return [[role, stub_tokens(tokens, FIT_TURNS), stub_hash(digest), extra]
+            if role == "a" and tokens > FIT_TURNS.over_tokens else [role, tokens, digest, extra]
+            for role, tokens, digest, extra in out]
 
 
 def summary_prompt(messages: list[list[Any]], rule: MaskRule | None,
@@ -143,11 +161,11 @@ def summary_prompt(messages: list[list[Any]], rule: MaskRule | None,
     return [*managed(earlier, rule, evict)[:end], ["u", ASK_TOKENS, "ask", None]]
 
 
-def masker(rule: MaskRule | None, evict: EvictRule | None = None) -> Received | None:
+def masker(rule: MaskRule | None, evict: EvictRule | None = None, window: int | None = None) -> Received | None:
     """The step's messages -> what the deployment reads, for session_cache's replay (None: as sent)."""
     if rule is None and evict is None:
         return None
-    return lambda messages: managed(messages, rule, evict)
+    return lambda messages: managed(messages, rule, evict, window)
 
 
 def summarizer(rule: MaskRule | None, evict: EvictRule | None) -> Side | None:
@@ -205,7 +223,7 @@ def measure_session(messages: list[list[Any]], rule: MaskRule | None, sizes: Siz
             sizes.summary_prefilled += asked[-1].tokens - common_tokens(before_got, asked)
             sizes.received += asked[-1].tokens
             sizes.prefilled += asked[-1].tokens - common_tokens(before_got, asked)
-        got = sent if rule is None and evict is None else chain_of_record(managed(sent_messages, rule, evict))
+        got = sent if rule is None and evict is None else chain_of_record(managed(sent_messages, rule, evict, window))
         sizes.add(sent, got, before_sent, before_got, window)
         outputs = [tokens for role, tokens, _, _ in sent_messages if role == "t"]
         sizes.older_outputs += sum(outputs[:max(len(outputs) - keep_last, 0)])
@@ -238,7 +256,7 @@ def replay(policy: Policy, rule: MaskRule | None, path: str, limit: int | None =
     for session in read_sessions(path, limit):
         for name, model, on in names:
             mask, summarize = (rule, evict) if on else (None, None)
-            replay_session(policy, session, model, tallies[name], received=masker(mask, summarize),
+            replay_session(policy, session, model, tallies[name], received=masker(mask, summarize, window),
                            side=summarizer(mask, summarize))
             measure_session(session["messages"], mask, sizes[name], window, summarize)
     return [row(name, tallies[name], sizes[name], sizes["auto, unmanaged"].unmanaged) for name, _, _ in names]

@@ -53,6 +53,7 @@ class Adapter(Protocol):
     step_from_chunks: bool  # the agent step reads the tool calls from the relayed chat chunks themselves
     turns: TurnShape | None  # its conversation's entries, for the policy's summaries of old turns (None: none)
     block: BlockShape | None  # where retrieval's block goes in its bodies (None: never)
+    assistant_texts: ToolOutputs | None  # its assistant turns' texts, masked only to fit a window (None: never)
     tool_outputs: ToolOutputs | None  # where its bodies hold tool outputs, for the policy's masking (None: none)
 
     def parse(self, raw: bytes) -> dict[str, Any]:

@@ -30,9 +30,10 @@ REF_PREFIX = "ctx_"
 REF_PATTERN = re.compile(r"^ctx_[0-9a-f]{64}$")
 # The stub's first line: what the model reads, and what the gateway reads back when a client (or the Responses
 # API's stored conversation) sends a stub again: it is never masked twice, and counts as the original did.
-_LEAD = "[tool output masked by the gateway to save context: "
-_FIRST_LINE = re.compile(r"^\[tool output masked by the gateway to save context: (\d+) bytes, (\d+) tokens"
-                         r"(?:, exit code (-?\d+))?; the whole output is (ctx_[0-9a-f]{64})")
+TOOL_OUTPUT, ASSISTANT_TURN = "tool output", "assistant turn"  # what a stub stands for, its first words
+_LEADS = tuple(f"[{kind} masked by the gateway to save context: " for kind in (TOOL_OUTPUT, ASSISTANT_TURN))
+_FIRST_LINE = re.compile(r"^\[(?:tool output|assistant turn) masked by the gateway to save context: (\d+) bytes, "
+                         r"(\d+) tokens(?:, exit code (-?\d+))?; the whole output is (ctx_[0-9a-f]{64})")
 MEMO_MAX_CHARS = 16_384  # outputs up to this long have their stub memoized (a session re-sends them every step)
 TRAIL_REFS = 8  # the newest masked outputs' references the decision trail names
 
@@ -55,6 +56,7 @@ class ToolOutput:
 
     text: str | None  # what the model reads; None: not text alone (an image), never masked
     is_error: bool | None = None  # the API's own flag (Anthropic's `is_error`), for the exit code
+    kind: str = TOOL_OUTPUT  # or ASSISTANT_TURN: an agent's own text, masked only to fit a window
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,24 +145,27 @@ def _stub_or_sent(output: ToolOutput, rule: MaskRule, count: Count) -> Stub | No
         ref, tokens = sent
         return Stub(ref, text, tokens, tokens - count(text))
     if count is text_tokens and len(text) <= MEMO_MAX_CHARS:
-        stub = _memo_stub(text, output.is_error, rule.head_chars, rule.tail_chars)
+        stub = _memo_stub(text, output.is_error, rule.head_chars, rule.tail_chars, output.kind)
     else:
-        stub = stub_of(text, output.is_error, rule.head_chars, rule.tail_chars, count)
+        stub = stub_of(text, output.is_error, rule.head_chars, rule.tail_chars, count, output.kind)
     return stub if stub.tokens > rule.over_tokens else Stub(stub.ref, stub.text, stub.tokens, 0)
 
 
 @functools.lru_cache(maxsize=2048)
-def _memo_stub(text: str, is_error: bool | None, head_chars: int, tail_chars: int) -> Stub:
-    return stub_of(text, is_error, head_chars, tail_chars)
+def _memo_stub(text: str, is_error: bool | None, head_chars: int, tail_chars: int, kind: str) -> Stub:
+    return stub_of(text, is_error, head_chars, tail_chars, kind=kind)
 
 
-def stub_of(text: str, is_error: bool | None, head_chars: int, tail_chars: int, count: Count = text_tokens) -> Stub:
-    """The stub of an output: its reference, size, exit code (when its harness wrote one), first and last lines."""
+def stub_of(text: str, is_error: bool | None, head_chars: int, tail_chars: int, count: Count = text_tokens,
+            kind: str = TOOL_OUTPUT) -> Stub:
+    """The stub of an output (or an assistant turn): its reference, size, exit code (when its harness wrote
+    one), first and last lines."""
     data = text.encode("utf-8", "surrogatepass")
     ref = reference(data)
     tokens = count(text)
-    code = judge(text, is_error).exit_code
-    first = f"{_LEAD}{len(data)} bytes, {tokens} tokens" + ("" if code is None else f", exit code {code}") + \
+    code = judge(text, is_error).exit_code if kind == TOOL_OUTPUT else None
+    lead = f"[{kind} masked by the gateway to save context: "
+    first = f"{lead}{len(data)} bytes, {tokens} tokens" + ("" if code is None else f", exit code {code}") + \
         f"; the whole output is {ref} (GET /v1/context/{ref})]"
     head, tail = _ends(text, head_chars, tail_chars)
     hidden = len(data) - len(head.encode("utf-8", "surrogatepass")) - len(tail.encode("utf-8", "surrogatepass"))
@@ -176,7 +181,7 @@ def reference(data: bytes) -> str:
 
 def read_stub(text: str) -> tuple[str, int] | None:
     """A stub's reference and its original's tokens (None: the text is no stub)."""
-    if not text.startswith(_LEAD):
+    if not text.startswith(_LEADS):
         return None
     found = _FIRST_LINE.match(text)
     return None if found is None else (found.group(4), int(found.group(2)))

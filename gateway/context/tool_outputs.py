@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gateway.context.counting import Count, text_tokens
-from gateway.context.masking import Masking, MaskRule, ToolOutput, mask
+from gateway.context.masking import ASSISTANT_TURN, Masking, MaskRule, ToolOutput, mask
 
 Where = tuple[int, ...]  # the output's place: a message's or item's index (and a block's, in Messages)
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
@@ -116,3 +116,64 @@ class MessagesOutputs:
 CHAT = ChatOutputs()
 RESPONSES = ResponsesOutputs()
 MESSAGES = MessagesOutputs()
+
+
+class ChatAssistantTexts:
+    """Chat Completions: each assistant message's text (its tool calls stay), for fitting a window."""
+
+    def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]:
+        return [((i,), ToolOutput(_text(m.get("content")), kind=ASSISTANT_TURN))
+                for i, m in enumerate(_list(body, "messages"))
+                if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content")]
+
+    def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
+        return CHAT.replaced(body, stubs)
+
+
+class ResponsesAssistantTexts:
+    """Responses: each assistant message item's text."""
+
+    def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]:
+        return [((i,), ToolOutput(_text(item.get("content")), kind=ASSISTANT_TURN))
+                for i, item in enumerate(_list(body, "input"))
+                if isinstance(item, Mapping) and item.get("role") == "assistant" and item.get("content")]
+
+    def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
+        items = list(_list(body, "input"))
+        for (i, *_), stub in stubs.items():
+            items[i] = {**items[i], "content": [{"type": "output_text", "text": stub}]}
+        return {**body, "input": items}
+
+
+class MessagesAssistantTexts:
+    """Anthropic Messages: each text block of the assistant's turns (its tool_use blocks stay)."""
+
+    def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]:
+        found: list[tuple[Where, ToolOutput]] = []
+        for i, message in enumerate(_list(body, "messages")):
+            if not isinstance(message, Mapping) or message.get("role") != "assistant":
+                continue
+            content = message.get("content")
+            if isinstance(content, str):
+                found.append(((i, -1), ToolOutput(content, kind=ASSISTANT_TURN)))
+                continue
+            for j, block in enumerate(content if isinstance(content, list) else ()):
+                if isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str):
+                    found.append(((i, j), ToolOutput(block["text"], kind=ASSISTANT_TURN)))
+        return found
+
+    def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
+        messages = list(_list(body, "messages"))
+        for (i, j), stub in stubs.items():
+            if j == -1:
+                messages[i] = {**messages[i], "content": stub}
+                continue
+            content = list(messages[i]["content"])
+            content[j] = {**content[j], "text": stub}
+            messages[i] = {**messages[i], "content": content}
+        return {**body, "messages": messages}
+
+
+CHAT_ASSISTANT = ChatAssistantTexts()
+RESPONSES_ASSISTANT = ResponsesAssistantTexts()
+MESSAGES_ASSISTANT = MessagesAssistantTexts()

@@ -40,6 +40,10 @@ def compaction_asker(last_user_text: str) -> str | None:
 # When even the largest window cannot hold the summary request, its tool outputs are masked (each keeps its head
 # and tail, and its original is offloaded): first all but the newest three, then all but the newest, then all.
 # A summary needs what each tool did, rarely every byte it printed; the agent's next turn starts from the summary.
+# The last resort of a call its policy's context rules still leave over every window: an assistant turn over
+# 2,000 tokens (an agent's runaway answer: 40-52k tokens in two of 20,163 replayed mini-swe-agent steps) gives way
+# to a stub like a tool output's, its head and tail shown and the whole in the object store.
+FIT_TURNS = MaskRule(keep_last=0, over_tokens=2_000, batch_tokens=0, head_chars=1_000, tail_chars=1_000)
 FIT_RULES = (
     MaskRule(keep_last=3, over_tokens=200, batch_tokens=0),
     MaskRule(keep_last=1, over_tokens=200, batch_tokens=0),

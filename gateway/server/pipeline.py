@@ -21,9 +21,10 @@ from gateway.agents.loops import AgentVerdict
 from gateway.apis.adapter import Adapter
 from gateway.apis.json_body import Source
 from gateway.context.masking import Masking, MaskRule
+from gateway.context.tool_outputs import ToolOutputs
 from gateway.decision import windows
 from gateway.decision.admission import ANONYMOUS, needs_admission
-from gateway.decision.agent_compaction import FIT_RULES, compaction_asker
+from gateway.decision.agent_compaction import FIT_RULES, FIT_TURNS, compaction_asker
 from gateway.decision.call import Call, read_call
 from gateway.decision.gathering import Surroundings, gather
 from gateway.decision.routing import Context, Decision, decide
@@ -104,21 +105,31 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
 async def decided(
     request: web.Request, adapter: Adapter, call: Call, admitted: Admitted | None, agent: AgentVerdict | None,
 ) -> tuple[Call, Sighting | None, Context, Decision]:
-    """The decision, and the call it is for: an agent's own summary request that fits no deployment's window is
-    masked (its oldest tool outputs first, keeping fewer of the newest each time) until it fits one."""
+    """The decision, and the call it is for: a call that fits no deployment's window is masked until it fits one
+    when it is an agent's own summary request or its policy manages context (its oldest tool outputs first,
+    keeping fewer of the newest each time; then, where context is managed, assistant turns over FIT_TURNS'
+    size: an agent's own runaway answer)."""
     app = request.app
     try:
         return (call, *await _decision(app, call, admitted, agent, observed=True))
     except ContextTooLong as exc:
-        if compaction_asker(call.features.last_user_text) is None or adapter.tool_outputs is None:
+        managed = call.policy.masks_context or call.policy.summarizes_context
+        if adapter.tool_outputs is None or (compaction_asker(call.features.last_user_text) is None and not managed):
             raise
         too_long = exc
+    fitted: Call | None = call
     for rule in FIT_RULES:
-        fitted = await _masked(app, adapter, call, rule)
+        fitted = await _masked(app, adapter, adapter.tool_outputs, call, rule)
         if fitted is None:  # the object store failed: no stub may name an original it does not hold
             break
         with contextlib.suppress(ContextTooLong):
             return (fitted, *await _decision(app, fitted, admitted, agent, observed=False))
+    turns = adapter.assistant_texts
+    if fitted is not None and turns is not None and (call.policy.masks_context or call.policy.summarizes_context):
+        fitted = await _masked(app, adapter, turns, fitted, FIT_TURNS)
+        if fitted is not None:
+            with contextlib.suppress(ContextTooLong):
+                return (fitted, *await _decision(app, fitted, admitted, agent, observed=False))
     raise too_long
 
 
@@ -131,10 +142,11 @@ async def _decision(app: web.Application, call: Call, admitted: Admitted | None,
     return sighting, ctx, decide(call.policy, call.features, ctx)
 
 
-async def _masked(app: web.Application, adapter: Adapter, call: Call, rule: MaskRule) -> Call | None:
-    """The call with its tool outputs masked by `rule` (None when the originals could not be stored)."""
-    assert adapter.tool_outputs is not None
-    body, masking = await app[STATE].offload.mask_by(adapter.tool_outputs, rule, call.body, call.tenant_or_anonymous)
+async def _masked(app: web.Application, adapter: Adapter, shape: ToolOutputs, call: Call,
+                  rule: MaskRule) -> Call | None:
+    """The call with the texts `shape` finds (tool outputs, assistant turns) masked by `rule` (None when the
+    originals could not be stored)."""
+    body, masking = await app[STATE].offload.mask_by(shape, rule, call.body, call.tenant_or_anonymous)
     if masking is None:
         return None
     view = adapter.view(body)

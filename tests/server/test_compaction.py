@@ -239,12 +239,12 @@ async def test_a_summary_that_fails_leaves_the_input_whole(compacting: Stack) ->
     assert 'gateway_compactions_total{' not in await _metrics(compacting)
 
 
-async def _with_windows(fake_pair: Any, make_stack: Any, hq: int, fast: int) -> Stack:
+async def _with_windows(fake_pair: Any, make_stack: Any, hq: int, fast: int, extra: Any = "") -> Stack:
     """A stack whose fake hq and fast serve these windows, once the gateway has learned them."""
     from tests.fixtures.conditions import until
 
     fake_pair[0].max_model_len, fake_pair[2].max_model_len = hq, fast
-    stack: Stack = await make_stack()
+    stack: Stack = await make_stack(extra)
 
     async def learned() -> bool:
         async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/v1/models")) as resp:
@@ -308,3 +308,39 @@ async def test_an_agents_summary_request_no_window_holds_is_masked_until_it_fits
     hq_usd = (11 * 3 + stack.hq.chunks * 15) / 1e6  # the whole answer is the summary: at hq's price
     assert await metric(stack.gateway, "gateway_compaction_cost_usd_total", trigger="codex",
                         deployment="hq") == pytest.approx(hq_usd)
+
+
+async def test_with_context_rules_a_step_over_every_window_is_masked_down_to_its_runaway_answer(
+        fake_pair: Any, make_stack: Any, tmp_path: Any) -> None:
+    """Where the policy manages context, any step that fits no window is fitted, not only an agent's summary
+    request: its tool outputs first, then (here: all that is left) an assistant turn over 2,000 tokens, an
+    agent's own runaway answer, which gives way to a stub; the whole turn stays readable in the object store."""
+    from gateway.context.masking import read_stub
+
+    rules = {"context": {"summarize_old_turns": {"over_tokens": 60_000, "keep_tokens": 1_000}},
+             "store": {"objects": {"path": str(tmp_path / "objects")}}}
+    stack = await _with_windows(fake_pair, make_stack, 8192, 4096, rules)
+    runaway = "I will now list every step again. " * 1_500  # ~12,000 tokens of an agent's own answer
+    messages = [{"role": "user", "content": "Fix the failing test."}, {"role": "assistant", "content": runaway},
+                {"role": "user", "content": "That answer was malformed: one command, please."}]
+    async with stack.client() as client:
+        raw = await client.chat.completions.with_raw_response.create(model="auto", max_tokens=16, messages=messages)
+    assert raw.headers["x-gateway-deployment"] in ("hq", "fast")
+    sent = raw.headers["x-gateway-deployment"]
+    body = (stack.hq if sent == "hq" else stack.fast).received[-1]
+    turn = body["messages"][1]["content"]
+    assert turn.startswith("[assistant turn masked by the gateway") and body["messages"][2] == messages[2]
+    found = read_stub(turn)
+    assert found is not None
+    async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url(f"/v1/context/{found[0]}")) as resp:
+        assert resp.status == 200 and await resp.text() == runaway
+
+
+async def test_without_context_rules_a_step_over_every_window_is_still_refused(fake_pair: Any, make_stack: Any) -> None:
+    stack = await _with_windows(fake_pair, make_stack, 8192, 4096)
+    messages = [{"role": "user", "content": "Fix it."}, {"role": "assistant", "content": "again " * 12_000},
+                {"role": "user", "content": "Go on."}]
+    async with stack.client() as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model="auto", max_tokens=16, messages=messages)  # type: ignore[arg-type]
+    assert refused.value.code == "context_length_exceeded"

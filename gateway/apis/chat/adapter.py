@@ -17,7 +17,8 @@ from gateway.features import Features, extract
 class OpenAIAdapter:
     """One of the three OpenAI APIs vLLM serves under their own names; the decision reads their bodies as sent."""
 
-    __slots__ = ("block", "endpoint", "generates", "operation", "path", "resumable", "tool_outputs", "turns")
+    __slots__ = ("assistant_texts", "block", "endpoint", "generates", "operation", "path", "resumable",
+                 "tool_outputs", "turns")
     chains, step_from_chunks = False, True
 
     def __init__(self, endpoint: str) -> None:
@@ -28,6 +29,8 @@ class OpenAIAdapter:
         self.tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.CHAT if endpoint == "chat" else None
         self.turns: eviction.TurnShape | None = eviction.CHAT if endpoint == "chat" else None
         self.block: retrieval.BlockShape | None = retrieval.CHAT if endpoint == "chat" else None
+        chat = endpoint == "chat"
+        self.assistant_texts: tool_outputs.ToolOutputs | None = tool_outputs.CHAT_ASSISTANT if chat else None
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = json_body.decode(raw)

@@ -17,6 +17,7 @@ from gateway.apis.usage import Usage
 from gateway.context import anthropic_answers, eviction, retrieval, tool_outputs
 from gateway.context.anthropic_config import FIELD, read_edits
 from gateway.context.anthropic_edits import Managed, manage
+from gateway.context.tool_outputs import MESSAGES_ASSISTANT, ToolOutputs
 from gateway.errors import GatewayError
 from gateway.features import Features
 
@@ -29,6 +30,7 @@ class MessagesAdapter:
     tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.MESSAGES
     turns: eviction.TurnShape | None = eviction.MESSAGES
     block: retrieval.BlockShape | None = retrieval.MESSAGES
+    assistant_texts: ToolOutputs | None = MESSAGES_ASSISTANT
 
     def __init__(self, counting: bool = False) -> None:
         self.counting = counting

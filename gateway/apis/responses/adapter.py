@@ -17,6 +17,7 @@ from gateway.apis.responses import wire as responses
 from gateway.apis.usage import Usage
 from gateway.context import eviction, retrieval, tool_outputs
 from gateway.context.anthropic_edits import Managed
+from gateway.context.tool_outputs import RESPONSES_ASSISTANT, ToolOutputs
 from gateway.errors import BadRequest, GatewayError
 from gateway.features import Features
 
@@ -29,6 +30,7 @@ class ResponsesAdapter:
     tool_outputs: tool_outputs.ToolOutputs | None = tool_outputs.RESPONSES
     turns: eviction.TurnShape | None = eviction.RESPONSES
     block: retrieval.BlockShape | None = retrieval.RESPONSES
+    assistant_texts: ToolOutputs | None = RESPONSES_ASSISTANT
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = json_body.decode(raw)
