@@ -128,3 +128,10 @@ def test_messages_turns_start_at_assistant_messages_and_the_summary_is_a_user_te
 def test_a_body_without_a_list_of_entries_has_no_turns() -> None:
     assert read_turns(RESPONSES, {"input": "just a string"}) is None
     assert read_turns(CHAT, {"messages": []}) is None
+
+
+def test_an_entry_with_a_lone_surrogate_is_read_and_kept_as_sent() -> None:
+    body = {"messages": [{"role": "user", "content": "task"}, {"role": "assistant", "content": "half \ud800 of it"}]}
+    found = read_turns(CHAT, body)
+    assert found is not None and found.tokens[1] > 0
+    assert json.loads(span_document(found, 2).decode("utf-8", "surrogatepass")) == [body["messages"][1]]

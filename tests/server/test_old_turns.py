@@ -31,7 +31,7 @@ from tests.server.test_context_masking import (
 )
 
 SUMMARY = "## Goal\nFind why the tests fail.\n## Next step\nRead tests/test_mod3.py"
-RULE = {"over_tokens": 6_000, "keep_tokens": 3_000, "summary_tokens": 100}
+RULE = {"over_tokens": 6_500, "keep_tokens": 3_000, "summary_tokens": 100}
 SHAPES: dict[str, TurnShape] = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES}
 
 

@@ -365,8 +365,8 @@ async def test_the_timeline_shows_each_steps_summarized_old_turns(
     base = str(stack.gateway.make_url("")).rstrip("/")
     await recorded(base, "summarized-run", 2)
     await open_session(browser, base, "summarized-run")
-    shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-summarized="8"]'))
-    assert shown.startswith("8 summarized · ") and shown.endswith(" saved")
+    shown = await wait_for(browser, text_of('#timeline tr[data-step] [data-summarized="6"]'))
+    assert shown.startswith("6 summarized · ") and shown.endswith(" saved")
 
 
 async def test_the_timeline_shows_each_steps_retrieved_pieces(
