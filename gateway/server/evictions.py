@@ -48,6 +48,7 @@ from gateway.context.summaries import continuation_prompt
 from gateway.decision.admission import Cost
 from gateway.decision.call import Call
 from gateway.errors import GatewayError, RateLimited
+from gateway.features import estimate_tokens
 from gateway.policy.tenancy import find_tenant
 from gateway.server import summarizer
 from gateway.server.retrieval import Library
@@ -182,17 +183,19 @@ class Evictions:
         except RateLimited:
             self._failed_now(key, "budget")
             return
-        except (GatewayError, StoreError, StoreFault, ValueError) as exc:
+        except (GatewayError, StoreError, StoreFault, ValueError, asyncio.CancelledError) as exc:
+            if held is not None:  # nothing was charged: the hold goes back (also when the gateway stops)
+                await asyncio.shield(self.budgets.release(held))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             log.warning("summary of old turns (%d entries) failed: %s", pending.entries, exc)
             self._failed_now(key, "failed")
-            if held is not None:
-                await asyncio.shield(self.budgets.release(held))
             return
         if held is not None:
             await asyncio.shield(self.budgets.settle(held, dep.price, written.usage, deployment=name))
         self.metrics.count_tokens(name, owner, written.usage, dep.price.cost_usd_of(written.usage))
         text = summary_text(written.text, pending.entries, pending.tokens, ref)
-        self._keep(key, Ready(text, text_tokens(text), ref))
+        self._keep(key, Ready(text, estimate_tokens(text), ref))  # counted as the span's entries are
         if pending.embeddings is not None:  # the entries are retrieval's pieces from now on
             self.library.index(owner, ref, pieces_of_span(pending.document), pending.embeddings)
         self._count("written")
