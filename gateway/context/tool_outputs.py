@@ -10,7 +10,7 @@ stays, and only the messages it touches are copied.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gateway.context.counting import Count, text_tokens
@@ -52,6 +52,15 @@ def _text(content: Any) -> str | None:
     return "\n".join(texts)
 
 
+def _items_replaced(body: Mapping[str, Any], stubs: Mapping[Where, str],
+                    fields: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """A Responses body whose input items at the stubs' places take the fields each stub makes."""
+    items = list(_list(body, "input"))
+    for (i, *_), stub in stubs.items():
+        items[i] = {**items[i], **fields(stub)}
+    return {**body, "input": items}
+
+
 def _list(body: Mapping[str, Any], key: str) -> Sequence[Any]:
     found = body.get(key)
     return found if isinstance(found, list) else ()
@@ -81,10 +90,7 @@ class ResponsesOutputs:
                 if isinstance(item, Mapping) and item.get("type") in self.KINDS]
 
     def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
-        items = list(_list(body, "input"))
-        for (i, *_), stub in stubs.items():
-            items[i] = {**items[i], "output": stub}
-        return {**body, "input": items}
+        return _items_replaced(body, stubs, lambda stub: {"output": stub})
 
 
 class MessagesOutputs:
@@ -139,10 +145,7 @@ class ResponsesAssistantTexts:
                 if isinstance(item, Mapping) and item.get("role") == "assistant" and item.get("content")]
 
     def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
-        items = list(_list(body, "input"))
-        for (i, *_), stub in stubs.items():
-            items[i] = {**items[i], "content": [{"type": "output_text", "text": stub}]}
-        return {**body, "input": items}
+        return _items_replaced(body, stubs, lambda stub: {"content": [{"type": "output_text", "text": stub}]})
 
 
 class MessagesAssistantTexts:

@@ -117,19 +117,17 @@ async def decided(
         if adapter.tool_outputs is None or (compaction_asker(call.features.last_user_text) is None and not managed):
             raise
         too_long = exc
+    # each try from the call as sent, its tool outputs masked ever more; the last one on top of the strictest
+    tries: list[tuple[ToolOutputs, MaskRule, bool]] = [(adapter.tool_outputs, rule, False) for rule in FIT_RULES]
+    if managed and adapter.assistant_texts is not None:
+        tries.append((adapter.assistant_texts, FIT_TURNS, True))
     fitted: Call | None = call
-    for rule in FIT_RULES:
-        fitted = await _masked(app, adapter, adapter.tool_outputs, call, rule)
+    for shape, rule, on_top in tries:
+        fitted = await _masked(app, adapter, shape, fitted if on_top and fitted is not None else call, rule)
         if fitted is None:  # the object store failed: no stub may name an original it does not hold
             break
         with contextlib.suppress(ContextTooLong):
             return (fitted, *await _decision(app, fitted, admitted, agent, observed=False))
-    turns = adapter.assistant_texts
-    if fitted is not None and turns is not None and (call.policy.masks_context or call.policy.summarizes_context):
-        fitted = await _masked(app, adapter, turns, fitted, FIT_TURNS)
-        if fitted is not None:
-            with contextlib.suppress(ContextTooLong):
-                return (fitted, *await _decision(app, fitted, admitted, agent, observed=False))
     raise too_long
 
 
