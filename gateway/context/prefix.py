@@ -14,20 +14,22 @@ prompts up to there, whatever came later.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic_core
+import xxhash
 
 DIGEST_BYTES = 8  # 64 bits: two prompts of one session colliding is not a worry worth more bytes
 MAX_LINKS = 1024  # a chain longer than this keeps its first links: a prediction then says less, never wrong
 TOOLS_ROLE = "tools"  # the first link: the tool definitions the chat template renders before the messages
 
 
-@dataclass(frozen=True, slots=True)
-class Link:
+class Link(NamedTuple):
+    """One message of a prompt. A named tuple: a chain is built per request, one link per message (tens to
+    hundreds), and a frozen dataclass sets each field through object.__setattr__ at about ten times the cost."""
+
     digest: str  # hex; hashes this message and every link before it
     tokens: int  # the prompt's tokens through this message
 
@@ -62,39 +64,46 @@ def after_warming(record: SessionPrefixes, deployment: str, warmed: Chain) -> Se
                            record.warmed | {deployment})
 
 
-def chain_of(view: Mapping[str, Any], prompt_tokens: int) -> Chain:
+def chain_of(view: Mapping[str, Any], prompt_tokens: int, sent: Mapping[int, bytes] | None = None,
+             tools_sent: bytes | None = None) -> Chain:
     """The chat view's prompt as links (its tools, then each message); the tokens through each link are
     `prompt_tokens` shared out by the size of what each link hashed (a deployment's exact figure replaces
-    them once it has served the prompt: `rescaled`)."""
-    pieces = _pieces(view)
+    them once it has served the prompt: `rescaled`).
+
+    `sent`: messages' bytes as the client sent them, by the id of the message object each parsed to, and
+    `tools_sent` the tools' (json_body.Source): what the deployment is sent of a message the gateway left as it
+    was is those bytes, so they are hashed as they are rather than encoded again (an agent's 100-200 KB step).
+    A message's link reads the same at every step either way: the gateway edits by building new objects, and an
+    edited message is encoded at every step it is edited."""
+    pieces = _pieces(view, sent or {}, tools_sent)
     if not pieces:
         return ()
     total_bytes = sum(len(piece) for piece in pieces) or 1
     links: list[Link] = []
-    # One running hash over every piece, each after its length (so where one ends is part of what is hashed):
-    # a link's digest is the hash of the whole prompt through it. SHA-256 because the CPU computes it
-    # (SHA extensions), at about twice blake2b's speed; an agent's prompt is 100-200 KB a step.
-    running = hashlib.sha256()
+    # Each link's digest hashes its piece seeded with the link before, so it stands for the whole prompt through
+    # it. XXH3: the links predict a cache, so a collision costs a wrong prediction, never data, and a
+    # cryptographic hash took several times as long on an agent's 100-200 KB step.
+    digest = 0
     through = 0
     for piece in pieces[:MAX_LINKS]:
-        running.update(len(piece).to_bytes(8, "little"))
-        running.update(piece)
+        digest = xxhash.xxh3_64_intdigest(piece, digest)
         through += len(piece)
-        links.append(Link(running.copy().digest()[:DIGEST_BYTES].hex(), prompt_tokens * through // total_bytes))
+        links.append(Link(f"{digest:016x}", prompt_tokens * through // total_bytes))
     return tuple(links)
 
 
-def _pieces(view: Mapping[str, Any]) -> list[bytes]:
-    """What each link hashes: the tools' JSON (when the call offers tools), then each message's role and content
-    (and tool calls: an agent's assistant turn is often only a call)."""
+def _pieces(view: Mapping[str, Any], sent: Mapping[int, bytes], tools_sent: bytes | None) -> list[bytes]:
+    """What each link hashes: the tools' JSON (when the call offers tools), then each message: as sent, or its
+    role and content (and tool calls: an agent's assistant turn is often only a call)."""
     pieces: list[bytes] = []
     tools = view.get("tools")
     if tools:
-        pieces.append(TOOLS_ROLE.encode() + b"\x00" + _bytes(tools))
+        pieces.append(TOOLS_ROLE.encode() + b"\x00" + (tools_sent if tools_sent is not None else _bytes(tools)))
     messages = view.get("messages")
     for message in messages if isinstance(messages, list) else ():
         if isinstance(message, Mapping):
-            pieces.append(_message_bytes(message))
+            as_sent = sent.get(id(message))
+            pieces.append(as_sent if as_sent is not None else _message_bytes(message))
     return pieces
 
 

@@ -22,12 +22,12 @@ class Call:
     frozen: a frozen class sets each field through object.__setattr__, which costs microseconds a request)."""
 
     __slots__ = ("_prompt", "_session", "body", "body_bytes", "chain", "context", "endpoint", "features", "headers",
-                 "masking", "policy", "source", "step", "tenant", "view")
+                 "masking", "policy", "sent", "step", "tenant", "view")
 
     def __init__(self, policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any],
                  body_bytes: int, features: Features, headers: Mapping[str, str], tenant: str | None,
                  step: AgentStep | None, chain: str | None = None, context: Managed | None = None,
-                 masking: Masking | None = None, source: Source | None = None) -> None:
+                 masking: Masking | None = None, sent: Source | None = None) -> None:
         self.policy, self.endpoint, self.body, self.view = policy, endpoint, body, view
         self.body_bytes, self.features, self.headers = body_bytes, features, headers
         self.tenant = tenant  # None when auth is off: no tenant rule can match it
@@ -35,7 +35,7 @@ class Call:
         self.chain = chain  # the session of the stored response this call continues (the Responses API)
         self.context = context  # the API's context edits the gateway made to `body` (Anthropic's context_management)
         self.masking = masking  # the old tool outputs the gateway masked in `body` (the policy's context rules)
-        self.source = source  # the request's bytes and `body` as their parse (None when the gateway edited it)
+        self.sent = sent  # the request's bytes and what they parsed to (None for a call read from a log line)
         self._session: tuple[str | None] | None = None
         self._prompt: Chain | None = None
 
@@ -43,6 +43,11 @@ class Call:
     def tenant_or_anonymous(self) -> str:
         """The tenant budgets, trajectories and the request record are kept under."""
         return self.tenant or ANONYMOUS
+
+    @property
+    def source(self) -> Source | None:
+        """The request's bytes while `body` is still their parse (None once the gateway edited the body)."""
+        return self.sent if self.sent is not None and self.sent.body is self.body else None
 
     @property
     def session_id(self) -> str | None:
@@ -57,14 +62,17 @@ class Call:
         """The prompt's hash chain (context/prefix.py), hashed on first use only: the session caches read what each
         deployment holds of it, and the window counter keys its memo by it."""
         if self._prompt is None:
-            self._prompt = chain_of(self.view, prompt_tokens_with_template(self.features))
+            sent = self.sent
+            self._prompt = chain_of(self.view, prompt_tokens_with_template(self.features),
+                                    sent.items_as_sent("messages") if sent is not None else {},
+                                    sent.member_as_sent("tools", self.view.get("tools")) if sent is not None else None)
         return self._prompt
 
 
 def read_call(policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping[str, Any], body_bytes: int,
               features: Features, headers: Mapping[str, str], tenant: str | None, chain: str | None = None,
-              context: Managed | None = None, masking: Masking | None = None, source: Source | None = None) -> Call:
+              context: Managed | None = None, masking: Masking | None = None, sent: Source | None = None) -> Call:
     """The call of a request body: its agent step read from the view when a rule of the policy reads it."""
     step = read_step(view) if policy.reads_steps else None
     return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step, chain, context, masking,
-                source)
+                sent)

@@ -198,7 +198,7 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
         body, view, masking = await manage_context(request, adapter, policy, body, tenant)
     view = adapter.view(body) if view is None else view
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
-                     tenant, chain, managed, masking, Source(raw, body) if body is parsed else None)
+                     tenant, chain, managed, masking, Source(raw, parsed))
 
 
 async def manage_context(request: web.Request, adapter: Adapter, rules: Policy, body: dict[str, Any],

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from gateway.apis import json_body
+from gateway.apis.json_body import Source
 from gateway.context.prefix import (
     NO_PREFIXES,
     Link,
@@ -92,3 +95,27 @@ def test_the_record_follows_where_the_steps_went(steps: list[str], home: str, st
         record = after_serving(record, deployment, (Link(f"d{n}", n),))
     assert (record.home, record.stay) == (home, stay)
     assert record.served[steps[-1]] == (Link(f"d{len(steps) - 1}", len(steps) - 1),)
+
+
+def _as_sent(messages: list[dict[str, Any]]) -> tuple[Source, dict[str, Any]]:
+    raw = json.dumps(view(*messages), indent=1).encode()  # a client's own spacing
+    src = Source(raw, json_body.decode(raw))
+    return src, dict(src.body)
+
+
+def _chain(src: Source, body: dict[str, Any]) -> tuple[Link, ...]:
+    return chain_of(body, 1000, src.items_as_sent("messages"), src.member_as_sent("tools", body["tools"]))
+
+
+def test_messages_hash_as_sent_and_an_edited_one_parts_the_chain_where_it_is() -> None:
+    src1, step1 = _as_sent([SYSTEM, TASK, CALL, RESULT])
+    src2, step2 = _as_sent([SYSTEM, TASK, CALL, RESULT, OTHER_CALL, RESULT])
+    masked = list(step2["messages"])
+    masked[3] = {**masked[3], "content": "[tool output masked by the gateway]"}  # edits build new objects
+    held, wanted = _chain(src1, step1), _chain(src2, {**step2, "messages": masked})
+    assert [link.digest for link in held[:4]] == [link.digest for link in wanted[:4]]
+    assert held[4].digest != wanted[4].digest
+    unmasked = _chain(src2, step2)
+    assert [link.digest for link in held] == [link.digest for link in unmasked[:5]]
+    # the bytes as sent are what is hashed: the same messages sent with other spacing are another prompt
+    assert _chain(src1, step1)[1].digest != chain_of(view(SYSTEM, TASK, CALL, RESULT), 1000)[1].digest
