@@ -12,11 +12,13 @@ import json
 import logging
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pydantic_core
+import xxhash
 
 from gateway.apis.chat.wire import output_cap
 from gateway.native import features_walk as _features_walk  # None: the Python walk reads every request
@@ -342,8 +344,10 @@ class _Tally:
     last_user_text: str = ""
 
 
-def extract(body: Mapping[str, Any], endpoint: str) -> Features:
-    """Features of a JSON-decoded request body; never raises on odd-but-valid shapes."""
+def extract(body: Mapping[str, Any], endpoint: str, tools_sent: bytes | None = None) -> Features:
+    """Features of a JSON-decoded request body; never raises on odd-but-valid shapes. `tools_sent`: the body's
+    tools as the client sent them, when it sent them as `body` holds them (their text is then kept by those
+    bytes: an agent sends the same 10-50 KB of schemas at every step)."""
     if not isinstance(body, _MAPPING):
         body = {}
     counter = _Counter()
@@ -356,7 +360,7 @@ def extract(body: Mapping[str, Any], endpoint: str) -> Features:
     tools_count = (len(tools) if isinstance(tools, list) else 0) + (
         len(functions) if isinstance(functions, list) else 0
     )
-    tool_tokens = counter.count(_tool_definitions_text(tools, functions)) if tools_count else 0
+    tool_tokens = counter.count(_tool_text(tools, functions, tools_sent)) if tools_count else 0
     model = body.get("model")
     # Positional, in the fields' order: a class called with keywords gets them as a dict built per call (~3 µs
     # for these 19). tests/test_features.py reads each field of a request where they all differ.
@@ -462,6 +466,25 @@ def _prompt_tokens(item: Any, counter: _Counter) -> int:
     if isinstance(item, list):
         return len(item)  # already token ids
     return 0
+
+
+# The tools' text by the digest of their bytes as sent: a few tool sets serve a deployment's agents.
+_TOOL_TEXTS: OrderedDict[bytes, str] = OrderedDict()
+TOOL_TEXTS_KEPT = 32
+
+
+def _tool_text(tools: Any, functions: Any, tools_sent: bytes | None) -> str:
+    if tools_sent is None or functions is not None:
+        return _tool_definitions_text(tools, functions)
+    key = xxhash.xxh3_128_digest(tools_sent)
+    text = _TOOL_TEXTS.get(key)
+    if text is not None:
+        _TOOL_TEXTS.move_to_end(key)
+    else:
+        text = _TOOL_TEXTS[key] = _tool_definitions_text(tools, None)
+        if len(_TOOL_TEXTS) > TOOL_TEXTS_KEPT:
+            _TOOL_TEXTS.popitem(last=False)
+    return text
 
 
 def _tool_definitions_text(tools: Any, functions: Any) -> str:

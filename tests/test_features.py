@@ -321,3 +321,24 @@ def test_tool_schemas_json_cannot_encode_are_still_counted_and_never_raise() -> 
     circular: dict[str, Any] = {"type": "function"}
     circular["self"] = circular
     assert extract(chat({"role": "user", "content": "hi"}, tools=[circular]), "chat").prompt_tokens == 1
+
+
+def _with_tools(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], bytes | None]:
+    from gateway.apis.json_body import Source, decode
+    raw = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "run the tests"}], "tools": tools},
+                     indent=1).encode()  # a client's own spacing: the text counted is the schemas' compact JSON
+    body = decode(raw)
+    return body, Source(raw, body).member_as_sent("tools", body["tools"])
+
+
+def test_tools_kept_by_their_bytes_as_sent_count_as_encoding_them_does() -> None:
+    features._TOOL_TEXTS.clear()
+    for n in range(features.TOOL_TEXTS_KEPT + 8):
+        tools = [{"type": "function", "function": {"name": f"tool_{n}_{i}", "description": "x " * (n + i),
+                                                   "parameters": {"type": "object"}}} for i in range(3)]
+        body, sent = _with_tools(tools)
+        assert sent is not None
+        fresh, kept = extract(body, "chat", sent), extract(body, "chat", sent)  # the second from what was kept
+        assert fresh == kept == extract(body, "chat")
+        assert fresh.prompt_tokens > extract({**body, "tools": []}, "chat").prompt_tokens
+    assert len(features._TOOL_TEXTS) == features.TOOL_TEXTS_KEPT

@@ -68,7 +68,9 @@ class Adapter(Protocol):
         """The body as the decision reads it: chat-shaped (`messages`, `tools`, …) or completions-shaped."""
         ...
 
-    def features(self, view: Mapping[str, Any]) -> Features: ...
+    def features(self, view: Mapping[str, Any], sent: Source | None = None) -> Features:
+        """The view's features; `sent`: the request's bytes, for what the view holds of them as sent."""
+        ...
 
     def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
                       source: Source | None = None) -> tuple[bytes, bool]:

@@ -82,7 +82,6 @@ def encode(value: Any) -> bytes:
 
 # A body's top-level members as the bytes they were sent as: msgspec skips over each value without building it.
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _RAW_ENCODER = msgspec.json.Encoder()
 _ABSENT = object()
 
@@ -90,9 +89,9 @@ _ABSENT = object()
 class Source:
     """A request body's bytes and the object they parse to, and what of the object reads as its bytes as sent.
 
-    The parse is never edited in place (the gateway's edits build new objects), so a member or an item that is
-    still the parse's own object still reads as the bytes it came from: the deployment is sent those bytes, and
-    the prompt's chain hashes them, without encoding them again."""
+    The parse is never edited in place (the gateway's edits build new objects), so a member that is still the
+    parse's own object still reads as the bytes it came from: the deployment is sent those bytes, and the
+    tools' text is kept by them, without encoding them again."""
 
     __slots__ = ("_members", "body", "raw")
 
@@ -110,20 +109,6 @@ class Source:
                 members = None
             self._members = members if members is not None and members.keys() == self.body.keys() else None
         return self._members  # type: ignore[return-value]
-
-    def items_as_sent(self, name: str) -> dict[int, bytes]:
-        """The items of the list member `name` as sent, keyed by the id of the object each parsed to (alive as
-        long as this source): {} when the member is absent, no list, or reads otherwise than its parse."""
-        members, parsed = self.members(), self.body.get(name)
-        if members is None or name not in members or not isinstance(parsed, list):
-            return {}
-        try:
-            items = _ITEMS.decode(members[name])
-        except (msgspec.DecodeError, RecursionError):
-            return {}
-        if len(items) != len(parsed):
-            return {}
-        return {id(item): bytes(sent) for item, sent in zip(parsed, items, strict=True)}
 
     def member_as_sent(self, name: str, value: Any) -> bytes | None:
         """The member `name`'s bytes as sent when `value` is still its parse; else None."""

@@ -64,18 +64,12 @@ def after_warming(record: SessionPrefixes, deployment: str, warmed: Chain) -> Se
                            record.warmed | {deployment})
 
 
-def chain_of(view: Mapping[str, Any], prompt_tokens: int, sent: Mapping[int, bytes] | None = None,
-             tools_sent: bytes | None = None) -> Chain:
+def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: bytes | None = None) -> Chain:
     """The chat view's prompt as links (its tools, then each message); the tokens through each link are
     `prompt_tokens` shared out by the size of what each link hashed (a deployment's exact figure replaces
-    them once it has served the prompt: `rescaled`).
-
-    `sent`: messages' bytes as the client sent them, by the id of the message object each parsed to, and
-    `tools_sent` the tools' (json_body.Source): what the deployment is sent of a message the gateway left as it
-    was is those bytes, so they are hashed as they are rather than encoded again (an agent's 100-200 KB step).
-    A message's link reads the same at every step either way: the gateway edits by building new objects, and an
-    edited message is encoded at every step it is edited."""
-    pieces = _pieces(view, sent or {}, tools_sent)
+    them once it has served the prompt: `rescaled`). `tools_sent`: the tools' bytes as the client sent them
+    (json_body.Source), hashed as they are rather than encoded again."""
+    pieces = _pieces(view, tools_sent)
     if not pieces:
         return ()
     total_bytes = sum(len(piece) for piece in pieces) or 1
@@ -92,35 +86,47 @@ def chain_of(view: Mapping[str, Any], prompt_tokens: int, sent: Mapping[int, byt
     return tuple(links)
 
 
-def _pieces(view: Mapping[str, Any], sent: Mapping[int, bytes], tools_sent: bytes | None) -> list[bytes]:
-    """What each link hashes: the tools' JSON (when the call offers tools), then each message: as sent, or its
-    role and content (and tool calls: an agent's assistant turn is often only a call)."""
+def _pieces(view: Mapping[str, Any], tools_sent: bytes | None) -> list[bytes]:
+    """What each link hashes: the tools' JSON (when the call offers tools), then each message's text."""
     pieces: list[bytes] = []
     tools = view.get("tools")
     if tools:
-        pieces.append(TOOLS_ROLE.encode() + b"\x00" + (tools_sent if tools_sent is not None else _bytes(tools)))
+        pieces.append(TOOLS_ROLE.encode() + b"\x00" + (tools_sent if tools_sent is not None else _json(tools)))
     messages = view.get("messages")
     for message in messages if isinstance(messages, list) else ():
         if isinstance(message, Mapping):
-            as_sent = sent.get(id(message))
-            pieces.append(as_sent if as_sent is not None else _message_bytes(message))
+            pieces.append(_message_text(message).encode("utf-8", "surrogatepass"))
     return pieces
 
 
-def _message_bytes(message: Mapping[str, Any]) -> bytes:
+def _message_text(message: Mapping[str, Any]) -> str:
+    """Its role, content, the call it answers and the calls it makes (an agent's assistant turn is often only a
+    call), joined by NULs. Strings are joined as they are: only a content of parts, or a call of an odd shape,
+    is encoded as JSON (an agent's step holds tens of calls; encoding each cost more than hashing the step)."""
     content = message.get("content")
-    parts = [str(message.get("role")).encode(), _bytes(content)]
+    parts = [str(message.get("role")), content if isinstance(content, str) else _text(content)]
+    answers = message.get("tool_call_id")
+    if answers is not None:
+        parts.append(str(answers))
     calls = message.get("tool_calls")
-    if calls:
-        parts.append(_bytes(calls))
-    return b"\x00".join(parts)
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            parts += (str(call.get("id")), str(function.get("name")), _text(function.get("arguments")))
+        else:
+            parts.append(_text(call))
+    return "\x00".join(parts)
 
 
-def _bytes(value: Any) -> bytes:
+def _text(value: Any) -> str:
     if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass")
+        return value
     if value is None:
-        return b""
+        return ""
+    return _json(value).decode("utf-8", "surrogatepass")
+
+
+def _json(value: Any) -> bytes:
     return pydantic_core.to_json(value, fallback=str)
 
 

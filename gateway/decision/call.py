@@ -64,7 +64,6 @@ class Call:
         if self._prompt is None:
             sent = self.sent
             self._prompt = chain_of(self.view, prompt_tokens_with_template(self.features),
-                                    sent.items_as_sent("messages") if sent is not None else {},
                                     sent.member_as_sent("tools", self.view.get("tools")) if sent is not None else None)
         return self._prompt
 

@@ -148,8 +148,8 @@ async def _masked(app: web.Application, adapter: Adapter, shape: ToolOutputs, ca
     if masking is None:
         return None
     view = adapter.view(body)
-    return read_call(call.policy, adapter.endpoint, body, view, call.body_bytes, adapter.features(view),
-                     call.headers, call.tenant, call.chain, call.context, masking)
+    return read_call(call.policy, adapter.endpoint, body, view, call.body_bytes, adapter.features(view, call.sent),
+                     call.headers, call.tenant, call.chain, call.context, masking, call.sent)
 
 
 def served(app: web.Application, adapter: Adapter, call: Call, decision: Decision, sighting: Sighting | None,
@@ -197,8 +197,9 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
         request[AS_SENT] = body
         body, view, masking = await manage_context(request, adapter, policy, body, tenant)
     view = adapter.view(body) if view is None else view
-    return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view), request.headers,
-                     tenant, chain, managed, masking, Source(raw, parsed))
+    sent = Source(raw, parsed)
+    return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view, sent), request.headers,
+                     tenant, chain, managed, masking, sent)
 
 
 async def manage_context(request: web.Request, adapter: Adapter, rules: Policy, body: dict[str, Any],
@@ -235,8 +236,8 @@ async def candidate_context(request: web.Request, adapter: Adapter, call: Call, 
         request.pop(key, None)
     request[EXCHANGE].context_managed_again()
     body, view, masking = await manage_context(request, adapter, candidate, request[AS_SENT], call.tenant)
-    return read_call(call.policy, call.endpoint, body, view, call.body_bytes, adapter.features(view),
-                     call.headers, call.tenant, call.chain, call.context, masking)
+    return read_call(call.policy, call.endpoint, body, view, call.body_bytes, adapter.features(view, call.sent),
+                     call.headers, call.tenant, call.chain, call.context, masking, call.sent)
 
 
 def summarize_old_turns(request: web.Request, adapter: Adapter, policy: Policy, body: dict[str, Any],

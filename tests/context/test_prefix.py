@@ -97,25 +97,26 @@ def test_the_record_follows_where_the_steps_went(steps: list[str], home: str, st
     assert record.served[steps[-1]] == (Link(f"d{len(steps) - 1}", len(steps) - 1),)
 
 
-def _as_sent(messages: list[dict[str, Any]]) -> tuple[Source, dict[str, Any]]:
-    raw = json.dumps(view(*messages), indent=1).encode()  # a client's own spacing
+def test_the_tools_as_sent_are_hashed_as_they_are() -> None:
+    raw = json.dumps(view(SYSTEM, TASK), indent=1).encode()  # a client's own spacing
     src = Source(raw, json_body.decode(raw))
-    return src, dict(src.body)
+    body = dict(src.body)
+    as_sent = chain_of(body, 1000, src.member_as_sent("tools", body["tools"]))
+    encoded = chain_of(body, 1000)
+    assert as_sent[0].digest != encoded[0].digest  # the tools' own bytes, not their JSON encoded again
+    assert chain_of(body, 1000, src.member_as_sent("tools", body["tools"])) == as_sent
 
 
-def _chain(src: Source, body: dict[str, Any]) -> tuple[Link, ...]:
-    return chain_of(body, 1000, src.items_as_sent("messages"), src.member_as_sent("tools", body["tools"]))
-
-
-def test_messages_hash_as_sent_and_an_edited_one_parts_the_chain_where_it_is() -> None:
-    src1, step1 = _as_sent([SYSTEM, TASK, CALL, RESULT])
-    src2, step2 = _as_sent([SYSTEM, TASK, CALL, RESULT, OTHER_CALL, RESULT])
-    masked = list(step2["messages"])
-    masked[3] = {**masked[3], "content": "[tool output masked by the gateway]"}  # edits build new objects
-    held, wanted = _chain(src1, step1), _chain(src2, {**step2, "messages": masked})
-    assert [link.digest for link in held[:4]] == [link.digest for link in wanted[:4]]
-    assert held[4].digest != wanted[4].digest
-    unmasked = _chain(src2, step2)
-    assert [link.digest for link in held] == [link.digest for link in unmasked[:5]]
-    # the bytes as sent are what is hashed: the same messages sent with other spacing are another prompt
-    assert _chain(src1, step1)[1].digest != chain_of(view(SYSTEM, TASK, CALL, RESULT), 1000)[1].digest
+@pytest.mark.parametrize("changed", [
+    {**RESULT, "tool_call_id": "c2"},  # the call a result answers
+    {**CALL, "tool_calls": [{**CALL["tool_calls"][0], "id": "c9"}]},  # a call's id
+    {**CALL, "tool_calls": [{**CALL["tool_calls"][0], "function": {"name": "sh", "arguments": "{\"c\":\"ls\"}"}}]},
+    {**TASK, "content": [{"type": "text", "text": TASK["content"]}]},  # the same text as parts
+])
+def test_what_a_message_says_and_answers_is_in_its_link(changed: dict[str, Any]) -> None:
+    original = next(m for m in (RESULT, CALL, TASK) if m["role"] == changed["role"])
+    messages = [SYSTEM, TASK, CALL, RESULT]
+    edited = [changed if m is original else m for m in messages]
+    at = messages.index(original) + 1  # the tools' link first
+    same, other = chain_of(view(*messages), 1000), chain_of(view(*edited), 1000)
+    assert same[at - 1].digest == other[at - 1].digest and same[at].digest != other[at].digest

@@ -43,8 +43,8 @@ class OpenAIAdapter:
     def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         return body
 
-    def features(self, view: Mapping[str, Any]) -> Features:
-        return extract(view, self.endpoint)
+    def features(self, view: Mapping[str, Any], sent: json_body.Source | None = None) -> Features:
+        return extract(view, self.endpoint, sent.member_as_sent("tools", view.get("tools")) if sent else None)
 
     def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
                       source: json_body.Source | None = None) -> tuple[bytes, bool]:

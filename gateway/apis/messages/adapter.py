@@ -56,7 +56,7 @@ class MessagesAdapter:
     def view(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         return messages.view(body)
 
-    def features(self, view: Mapping[str, Any]) -> Features:
+    def features(self, view: Mapping[str, Any], sent: json_body.Source | None = None) -> Features:
         return features_as_chat(view, "messages")
 
     def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
