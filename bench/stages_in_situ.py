@@ -1,6 +1,6 @@
 """Benchmark: what each of the gateway's own stages costs per request inside the running gateway, under load.
 
-    .venv/bin/python -m bench.stages_in_situ [--duration-s 8] [--concurrency 16]
+    .venv/bin/python -m bench.stages_in_situ [--duration-s 8] [--concurrency 16] [--body agent-100k]
 
 bench.request_stages times the pure stages in a warm loop on one core, where every table and object stays in
 cache; inside a loaded gateway the same code costs two to four times as much (the event loop, aiohttp and the
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import agent_bodies
 from bench.proxy_bench import PY, ROOT, cpu_s, free_port, gateway_policy, start, wait_ready
 
 # (module, function or Class.method, depth in the table): sync stages of the request path, in its order
@@ -34,11 +35,15 @@ STAGES = [
     ("gateway.telemetry.exchange", "Exchange.__init__", 0),
     ("gateway.telemetry.spans", "Spans.begin", 0),
     ("gateway.apis.chat.adapter", "OpenAIAdapter.parse", 0),
+    ("gateway.apis.json_body", "decode", 1),
     ("gateway.apis.chat.adapter", "OpenAIAdapter.features", 0),
     ("gateway.features", "count_exact", 1),
     ("gateway.features", "has_code", 1),
     ("gateway.features", "has_math", 1),
     ("gateway.decision.call", "read_call", 0),
+    ("gateway.agents.steps", "read_step", 1),
+    ("gateway.server.session_caches", "SessionCaches.sighting", 0),
+    ("gateway.context.prefix", "chain_of", 1),
     ("gateway.server.pipeline", "surroundings", 0),
     ("gateway.decision.gathering", "gather", 0),
     ("gateway.classifier.scoring", "Classifier.logit", 1),
@@ -49,6 +54,7 @@ STAGES = [
     ("gateway.server.pipeline", "record", 0),
     ("gateway.upstream.forward", "forwardable", 0),
     ("gateway.apis.chat.adapter", "OpenAIAdapter.upstream_body", 0),
+    ("gateway.apis.json_body", "Source.members", 1),
     ("gateway.server.relay", "_relay_body", 0),
     ("gateway.telemetry.exchange", "Exchange.finish", 0),
     ("gateway.telemetry.spans", "Spans.record", 1),
@@ -104,7 +110,7 @@ def serve(out: str, gateway_args: list[str]) -> int:
     return gateway_main(["serve", *gateway_args])
 
 
-def run(duration_s: float, concurrency: int) -> None:
+def run(duration_s: float, concurrency: int, body: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         up_port, sink_port, port = free_port(), free_port(), free_port()
         upstream, out = f"http://127.0.0.1:{up_port}", str(Path(tmp) / "stages.json")
@@ -121,7 +127,8 @@ def run(duration_s: float, concurrency: int) -> None:
             time.sleep(1.0)  # first health probes
             before = cpu_s([gateway.pid])
             load = subprocess.run([PY, "-m", "bench.loadgen", "--url", f"http://127.0.0.1:{port}/v1/chat/completions",
-                                   "--duration-s", str(duration_s), "--concurrency", str(concurrency)],
+                                   "--duration-s", str(duration_s), "--concurrency", str(concurrency),
+                                   "--body", body],
                                   cwd=ROOT, capture_output=True, text=True, timeout=duration_s * 4 + 60, check=True)
             process_cpu_s = cpu_s([gateway.pid]) - before
         finally:
@@ -153,8 +160,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--body", default="chat", choices=("chat", *agent_bodies.KINDS),
+                        help="small chats, or coding agents' steps of about that size (bench/agent_bodies.py)")
     args = parser.parse_args()
-    run(args.duration_s, args.concurrency)
+    run(args.duration_s, args.concurrency, args.body)
 
 
 if __name__ == "__main__":
