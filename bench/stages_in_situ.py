@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -99,10 +100,29 @@ def _timer_overhead_ns() -> float:
     return (_CLOCK() - started) / rounds
 
 
+def _time_collections(tallies: dict[str, list[int]]) -> None:
+    """The cyclic collector's passes, per generation, timed like a stage (they run inside whichever stage
+    allocates past the threshold, whose figure includes them)."""
+    started = [0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = _CLOCK()
+            return
+        tally = tallies[f"gc generation {info['generation']}"]
+        tally[0] += _CLOCK() - started[0]
+        tally[1] += 1
+
+    for generation in range(3):
+        tallies[f"gc generation {generation}"] = [0, 0]
+    gc.callbacks.append(callback)
+
+
 def serve(out: str, gateway_args: list[str]) -> int:
     """The child: the gateway with its stages timed; the tallies written to `out` when it exits."""
     tallies: dict[str, list[int]] = {}
     _install(tallies)
+    _time_collections(tallies)
     overhead = _timer_overhead_ns()
     atexit.register(lambda: Path(out).write_text(json.dumps({"overhead_ns": overhead, "stages": tallies})))
     from gateway.cli.command import main as gateway_main
@@ -152,6 +172,10 @@ def report(load: dict[str, float], concurrency: int, process_cpu_s: float, found
         total_ns, calls = found["stages"][qualified]
         own_ns = max(total_ns - calls * overhead_ns, 0)
         print(f"{'  ' * depth + qualified:48} {own_ns / requests / 1000:7.1f} {calls / requests:6.2f}")
+    for generation in range(3):
+        total_ns, calls = found["stages"][f"gc generation {generation}"]
+        print(f"{f'gc generation {generation} (inside the stages)':48} {total_ns / requests / 1000:7.1f} "
+              f"{calls / requests:6.2f}")
 
 
 def main() -> None:

@@ -14,21 +14,21 @@ prompts up to there, whatever came later.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import pydantic_core
 import xxhash
 
-DIGEST_BYTES = 8  # 64 bits: two prompts of one session colliding is not a worry worth more bytes
 MAX_LINKS = 1024  # a chain longer than this keeps its first links: a prediction then says less, never wrong
 TOOLS_ROLE = "tools"  # the first link: the tool definitions the chat template renders before the messages
 
 
 class Link(NamedTuple):
     """One message of a prompt. A named tuple: a chain is built per request, one link per message (tens to
-    hundreds), and a frozen dataclass sets each field through object.__setattr__ at about ten times the cost."""
+    hundreds), and a frozen dataclass sets each field through object.__setattr__."""
 
     digest: str  # hex; hashes this message and every link before it
     tokens: int  # the prompt's tokens through this message
@@ -69,53 +69,79 @@ def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: bytes | No
     `prompt_tokens` shared out by the size of what each link hashed (a deployment's exact figure replaces
     them once it has served the prompt: `rescaled`). `tools_sent`: the tools' bytes as the client sent them
     (json_body.Source), hashed as they are rather than encoded again."""
-    pieces = _pieces(view, tools_sent)
-    if not pieces:
+    digests, sizes = _digests(view, tools_sent)
+    if not digests:
         return ()
-    total_bytes = sum(len(piece) for piece in pieces) or 1
-    links: list[Link] = []
-    # Each link's digest hashes its piece seeded with the link before, so it stands for the whole prompt through
-    # it. XXH3: the links predict a cache, so a collision costs a wrong prediction, never data, and a
-    # cryptographic hash took several times as long on an agent's 100-200 KB step.
-    digest = 0
-    through = 0
-    for piece in pieces[:MAX_LINKS]:
-        digest = xxhash.xxh3_64_intdigest(piece, digest)
-        through += len(piece)
-        links.append(Link(f"{digest:016x}", prompt_tokens * through // total_bytes))
-    return tuple(links)
+    total = sizes[-1] or 1
+    return _links(map(_HEX, digests), [prompt_tokens * size // total for size in sizes])
 
 
-def _pieces(view: Mapping[str, Any], tools_sent: bytes | None) -> list[bytes]:
-    """What each link hashes: the tools' JSON (when the call offers tools), then each message's text."""
-    pieces: list[bytes] = []
+def _links(digests: Iterable[str], tokens: Iterable[int]) -> Chain:
+    # tuple.__new__ builds each named tuple in C: a chain is built per request, one link per message.
+    return tuple(map(tuple.__new__, repeat(Link), zip(digests, tokens, strict=False)))
+
+
+_HEX = "{:016x}".format
+_MAPPING = (dict, Mapping)  # a parsed body's objects are dicts: checked first, without the ABC's own check
+
+
+def _digests(view: Mapping[str, Any], tools_sent: bytes | None) -> tuple[list[int], list[int]]:
+    """Each link's digest and the size of what the prompt hashed through it: the tools' JSON (when the call
+    offers tools), then each message. A digest hashes its link's fields one after the other, the first seeded
+    with the link before, so it stands for the whole prompt through it. XXH3: the links predict a cache, so a
+    collision costs a wrong prediction, never data; a cryptographic hash took several times as long on an
+    agent's 100-200 KB step, as did joining a message's fields into one text to hash."""
+    digests: list[int] = []
+    sizes: list[int] = []
+    digest = through = 0
     tools = view.get("tools")
     if tools:
-        pieces.append(TOOLS_ROLE.encode() + b"\x00" + (tools_sent if tools_sent is not None else _json(tools)))
+        piece = tools_sent if tools_sent is not None else _json(tools)
+        digest = _hash(piece, _hash(TOOLS_ROLE, 0))
+        through = len(piece)
+        digests.append(digest)
+        sizes.append(through)
     messages = view.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        if isinstance(message, Mapping):
-            pieces.append(_message_text(message).encode("utf-8", "surrogatepass"))
-    return pieces
+    for message in messages[:MAX_LINKS - len(digests)] if isinstance(messages, list) else ():
+        if isinstance(message, _MAPPING):
+            digest, size = _message_digest(message, digest)
+            through += size
+            digests.append(digest)
+            sizes.append(through)
+    return digests, sizes
 
 
-def _message_text(message: Mapping[str, Any]) -> str:
-    """Its role, content, the call it answers and the calls it makes (an agent's assistant turn is often only a
-    call), joined by NULs. Strings are joined as they are: only a content of parts, or a call of an odd shape,
-    is encoded as JSON (an agent's step holds tens of calls; encoding each cost more than hashing the step)."""
+def _message_digest(message: Mapping[str, Any], digest: int) -> tuple[int, int]:
+    """The message's role, content, the call it answers and the calls it makes (an agent's assistant turn is
+    often only a call), hashed after `digest`; and their size. Strings are hashed as they are: only a content of
+    parts, or a call of an odd shape, is encoded as JSON."""
     content = message.get("content")
-    parts = [str(message.get("role")), content if isinstance(content, str) else _text(content)]
+    text = content if isinstance(content, str) else _text(content)
+    digest = _hash(text, _hash(str(message.get("role")), digest))
+    size = len(text)
     answers = message.get("tool_call_id")
     if answers is not None:
-        parts.append(str(answers))
+        digest = _hash(str(answers), digest)
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            parts += (str(call.get("id")), str(function.get("name")), _text(function.get("arguments")))
+        function = call.get("function") if isinstance(call, _MAPPING) else None
+        if isinstance(function, _MAPPING):
+            arguments = _text(function.get("arguments"))
+            digest = _hash(arguments, _hash(str(function.get("name")), _hash(str(call.get("id")), digest)))
+            size += len(arguments)
         else:
-            parts.append(_text(call))
-    return "\x00".join(parts)
+            text = _text(call)
+            digest = _hash(text, digest)
+            size += len(text)
+    return digest, size
+
+
+def _hash(data: str | bytes, seed: int) -> int:
+    try:
+        return xxhash.xxh3_64_intdigest(data, seed)
+    except UnicodeEncodeError:  # a lone surrogate, which JSON text may carry
+        return xxhash.xxh3_64_intdigest(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data,
+                                        seed)
 
 
 def _text(value: Any) -> str:
@@ -146,7 +172,7 @@ def rescaled(prompt: Chain, prompt_tokens: int) -> Chain:
     if not prompt or prompt_tokens <= 0:
         return prompt
     estimated = prompt[-1].tokens or 1
-    return tuple(Link(link.digest, link.tokens * prompt_tokens // estimated) for link in prompt)
+    return _links((link.digest for link in prompt), [link.tokens * prompt_tokens // estimated for link in prompt])
 
 
 def encode(chain: Sequence[Link]) -> str:
