@@ -12,7 +12,7 @@ import math
 import operator
 from array import array
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.classifier.vocabulary import Alphabet, CharNgrams, open_addressing
 from gateway.native import ngram_score as native  # None: the dict walk scores every text
@@ -26,10 +26,23 @@ class NgramWeights:
     table for the C extension, which scores every text when it built; and for its Python twin, as a dict.
     """
 
-    def __init__(self, text: CharNgrams, weights: Mapping[str, float]) -> None:
+    def __init__(self, text: CharNgrams, weights: Mapping[str, float],
+                 read_back: Callable[[], Mapping[str, float]] | None = None) -> None:
         self.text = text
-        self.weights = dict(weights)  # insertion order is the training matrix's column order
-        self._table = native_table(text, self.weights) if native is not None else None
+        kept = dict(weights)  # insertion order is the training matrix's column order
+        self._table = native_table(text, kept) if native is not None else None
+        # With the C table scoring and the artifact to read them back from, the weights are not kept: ~20 MiB
+        # resident of Python objects a serving process reads only to explain a score or retrain.
+        self._read_back = read_back if self._table is not None else None
+        self._kept = kept if self._read_back is None else None
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Each vocabulary n-gram's weight: kept, or read back from the artifact at each use (explanations)."""
+        if self._kept is not None:
+            return self._kept
+        assert self._read_back is not None
+        return dict(self._read_back())
 
     def logit(self, text: str) -> float:
         """The text block's contribution to the logit."""
@@ -60,9 +73,10 @@ class NgramWeights:
 
     def contributions(self, text: str) -> dict[str, float]:
         """Each vocabulary n-gram of the text and its share of the text's logit (for explanations)."""
-        counts = Counter(g for g in self.text.ngrams(self.text.preprocess(text)) if g in self.weights)
+        weights = self.weights
+        counts = Counter(g for g in self.text.ngrams(self.text.preprocess(text)) if g in weights)
         norm = math.sqrt(sum(c * c for c in counts.values())) or 1.0
-        return {gram: count * self.weights[gram] / norm for gram, count in counts.items()}
+        return {gram: count * weights[gram] / norm for gram, count in counts.items()}
 
 
 def native_table(text: CharNgrams, weights: Mapping[str, float]) -> native.Table | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,9 +77,10 @@ class Classifier:
         intercept: float,
         meta: Mapping[str, Any] | None = None,
         text_mean: float = 0.0,
+        read_back: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.text = text
-        self.text_block = NgramWeights(text, text_weights)
+        self.text_block = NgramWeights(text, text_weights, read_back)
         self.numeric: tuple[NumericInput, ...] = tuple(numeric)
         self.intercept = intercept
         self.meta = dict(meta or {})
@@ -98,8 +99,16 @@ class Classifier:
 
     @classmethod
     def load(cls, path: str | Path) -> Classifier:
-        """Read a plain-JSON artifact; anything else (a pickle, a truncated file) is a ModelFileError."""
-        return cls.from_dict(read_json(path, FORMAT, MODEL_VERSION), str(path))
+        """Read a plain-JSON artifact; anything else (a pickle, a truncated file) is a ModelFileError. Its n-gram
+        weights are read back from the file when an explanation needs them (NgramWeights)."""
+        loaded = _stamp(path)
+
+        def read_back() -> dict[str, float]:
+            if _stamp(path) != loaded:
+                raise ModelFileError(f"{path}: changed since the gateway loaded it; restart it to explain with it")
+            return _text_weights(read_json(path, FORMAT, MODEL_VERSION))
+
+        return cls.from_dict(read_json(path, FORMAT, MODEL_VERSION), str(path), read_back)
 
     @classmethod
     def default(cls) -> Classifier:
@@ -107,7 +116,8 @@ class Classifier:
         return cls.load(DEFAULT_MODEL_PATH)
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any], source: str = "<dict>") -> Classifier:
+    def from_dict(cls, doc: Mapping[str, Any], source: str = "<dict>",
+                  read_back: Callable[[], Mapping[str, float]] | None = None) -> Classifier:
         try:
             spec = doc["text"]
             text = CharNgrams(
@@ -117,7 +127,7 @@ class Classifier:
                 max_chars=int(spec["max_chars"]),
                 tail_chars=int(spec["tail_chars"]),
             )
-            weights = {str(gram): float(weight) for gram, weight in doc["text_weights"].items()}
+            weights = _text_weights(doc)
             numeric = [
                 NumericInput(
                     str(n["name"]),
@@ -136,7 +146,7 @@ class Classifier:
         unknown = [n.name for n in numeric if n.name not in INPUTS]
         if unknown:
             raise ModelFileError(f"{source}: unknown numeric feature(s) {unknown}")
-        return cls(text, weights, numeric, intercept, doc.get("meta"), text_mean)
+        return cls(text, weights, numeric, intercept, doc.get("meta"), text_mean, read_back)
 
     def to_dict(self) -> dict[str, Any]:
         """The artifact: settings, the vocabulary with its weights and the structured inputs."""
@@ -190,6 +200,19 @@ class Classifier:
             contributions["text: no known n-gram, read as the average"] = self.text_mean
         ranked = sorted(contributions.items(), key=lambda item: -abs(item[1]))
         return [(name, round(value, 4)) for name, value in ranked[:top]]
+
+
+def _text_weights(doc: Mapping[str, Any]) -> dict[str, float]:
+    return {str(gram): float(weight) for gram, weight in doc["text_weights"].items()}
+
+
+def _stamp(path: str | Path) -> tuple[int, int] | None:
+    """The file's size and modification time: what says it is the artifact the weights were read from."""
+    try:
+        found = Path(path).stat()
+    except OSError:
+        return None
+    return found.st_size, found.st_mtime_ns
 
 
 def _numeric_entry(n: NumericInput) -> dict[str, Any]:

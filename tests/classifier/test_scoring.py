@@ -289,3 +289,20 @@ def test_a_text_without_known_ngrams_reads_as_the_average_text(fitted: Fitted) -
     assert model.text_logit("prove the theorem") != model.text_mean
     names = [name for name, _ in model.explain(request("hi"), top=100)]
     assert "text: no known n-gram, read as the average" in names
+
+
+def test_a_model_loaded_from_its_file_keeps_no_weights_and_reads_them_back_to_explain(tmp_path: Path) -> None:
+    from gateway.classifier import ngrams
+    from gateway.classifier.scoring import DEFAULT_MODEL_PATH
+    path = tmp_path / "model.json"
+    path.write_bytes(Path(DEFAULT_MODEL_PATH).read_bytes())
+    loaded, kept = Classifier.load(path), Classifier.from_dict(json.loads(path.read_text()))
+    assert (loaded.text_block._kept is None) == (ngrams.native is not None)  # the C table scores, nothing kept
+    asked = request("refactor the tokenizer and prove the invariant of its merge loop")
+    assert loaded.score(asked) == kept.score(asked)
+    assert loaded.explain(asked) == kept.explain(asked)
+    assert loaded.text_weights == kept.text_weights
+    if ngrams.native is not None:
+        path.write_text(path.read_text() + "\n")  # another artifact under the same name
+        with pytest.raises(ModelFileError, match="changed since the gateway loaded it"):
+            loaded.explain(asked)
