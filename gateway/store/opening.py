@@ -18,7 +18,6 @@ from gateway.store.response_memory import MemoryResponseStore
 from gateway.store.responses import RedisResponseStore, ResponseStore
 from gateway.store.rollout_memory import MemoryRolloutStore
 from gateway.store.rollouts import RedisRolloutStore, RolloutStore
-from gateway.store.s3_objects import S3Objects
 from gateway.store.shares import MemoryShareWindowStore, RedisShareWindowStore, ShareWindowStore
 from gateway.store.trajectories import RedisTrajectoryStore, TrajectoryStore
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
@@ -80,6 +79,8 @@ def open_objects(section: ObjectStorePolicy, default_dir: str) -> ObjectStore:
     """The object store of masked tool outputs: S3 when the policy names a bucket, else the local disk (the
     policy's `store.objects.path`, else `default_dir`); a DiskObjects must still be opened (`open()`)."""
     if section.s3 is not None:
+        from gateway.store.s3_objects import S3Objects  # obstore's ~4 MiB resident only where S3 is named
+
         s3 = section.s3
         return S3Objects(s3.bucket, s3.prefix, s3.region, s3.endpoint, s3.timeout_s, section.ttl_s)
     return DiskObjects(section.path or default_dir, section.max_bytes, section.ttl_s, section.tenant_max_bytes)
