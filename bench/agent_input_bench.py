@@ -32,7 +32,7 @@ from gateway.features import extract
 from gateway.policy.model import load
 from gateway.server.app import create_app
 from gateway.server.resources import STATE
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from gateway.store.trajectories import Append, encode
 from gateway.store.trajectory_memory import MemoryTrajectoryStore
 from gateway.telemetry.exchange import Exchange

@@ -30,7 +30,7 @@ import yaml
 from aiohttp import web
 
 from gateway.server.app import create_app
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())

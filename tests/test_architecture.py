@@ -10,7 +10,7 @@ import pytest
 
 GATEWAY = Path(__file__).resolve().parents[1] / "gateway"
 # Lowest first: a module may import its own package and the packages before it, never one after it.
-LAYERS = ["frozen", "errors", "settings", "api_formats", "token_pieces", "native", "features", "agents", "context",
+LAYERS = ["frozen", "errors", "api_formats", "native", "features", "agents", "context",
           "classifier", "rollout", "policy", "agent_judging", "decision", "apis", "store", "upstream", "telemetry",
           "agent_runtime", "accounting", "experiments", "server", "cli"]
 # Two folders span layers, each part where what it reads puts it. An API's folder under gateway/apis/ holds its
@@ -23,8 +23,7 @@ API_ADAPTERS = {"gateway.apis.adapter", "gateway.apis.routes", "gateway.apis.res
 AGENT_LAYERS = {"gateway.agents.loops": "agent_judging", "gateway.agents.spikes": "agent_judging",
                 "gateway.agents.recorder": "agent_runtime", "gateway.agents.pending_steps": "agent_runtime",
                 "gateway.agents.outcome_reports": "agent_runtime"}
-# settings is a leaf but not pure: reading the environment is its job
-PURE = {"frozen", "errors", "api_formats", "token_pieces", "native", "features", "agents", "context", "classifier",
+PURE = {"frozen", "errors", "api_formats", "native", "features", "agents", "context", "classifier",
         "rollout", "policy", "agent_judging", "decision", "apis"}
 # pure halves that live beside their runtime: reading back a broken stream and splicing its continuation
 PURE_MODULES = {"gateway.server.resume_splice"}

@@ -1,4 +1,4 @@
-"""The C chat walk (gateway/_features_walk.c) against features.py's Python walk, its fallbacks and its guards."""
+"""The C chat walk (gateway/native/_features_walk.c) against features.py's Python walk, its fallbacks and its guards."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.classifier.test_cues import CMMLU, FEW_SHOT, GSM8K, HUMANEVAL, LATEX,
 from tests.fixtures.classifier_data import synthetic_rows
 
 try:
-    from gateway import _features_walk
+    from gateway.native import _features_walk
 except ImportError:  # not built (see pytestmark)
     _features_walk = None  # type: ignore[assignment]
 
@@ -121,7 +121,7 @@ def test_every_labelled_prompt_in_every_shape_reads_the_same(path: Path | None) 
 
 
 def test_the_extension_is_built_and_walks_a_simple_chat() -> None:
-    assert features.native is not None, "gateway/_features_walk.c did not build: python setup.py build_ext --inplace"
+    assert features.native is not None, "gateway/native/_features_walk.c did not build: setup.py build_ext --inplace"
     native, python, walked = both(chat({"role": "user", "content": "def f(x): return x == 2"}))
     assert walked and native == python and native.has_code
 

@@ -52,7 +52,7 @@ def test_only_gateway_native_imports_an_extension() -> None:
                 names.append(node.module)
             if any(part in extensions for name in names for part in name.split(".")):
                 importers.add(path.relative_to(ROOT).as_posix())
-    assert importers == {"gateway/native.py"}
+    assert importers == {"gateway/native/__init__.py"}
 
 
 @pytest.mark.skipif(not IN_CI, reason="outside CI, a missing extension means its Python twin runs")
@@ -74,8 +74,8 @@ async def test_the_running_gateway_logs_and_exports_which_extensions_run(
 
 def test_a_missing_extension_is_named_with_its_twin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native, "ask_cues", None)
-    assert native.loaded()["gateway.classifier._ask_cues"] is False
-    assert "gateway.classifier._ask_cues (not built: gateway.classifier.cues (re and str methods) runs)" in (
+    assert native.loaded()["gateway.native._ask_cues"] is False
+    assert "gateway.native._ask_cues (not built: gateway.classifier.cues (re and str methods) runs)" in (
         native.describe())
 
 

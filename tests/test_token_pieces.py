@@ -1,4 +1,4 @@
-"""The piece counter (gateway/token_pieces.py) against tiktoken's own count, on random and real text."""
+"""The piece counter (gateway/features/token_pieces.py) against tiktoken's own count, on random and real text."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import features, token_pieces
-from gateway.features import load_encoding
-from gateway.token_pieces import MEMO_PIECES, PIECES_MAX_CHARS, Encoding, PieceCounter
+from gateway import features
+from gateway.features import load_encoding, token_pieces
+from gateway.features.token_pieces import MEMO_PIECES, PIECES_MAX_CHARS, Encoding, PieceCounter
 from tests.test_features_walk import ROUTING, repository_prompts, routing_prompts
 
 

@@ -1,6 +1,6 @@
 """What a request asks for, read from its features: the task cues the classifier weighs across kinds of task.
 
-The optional C extension gateway.classifier._ask_cues reads an ASCII ask when it built: inside the running gateway
+The optional C extension gateway.native._ask_cues reads an ASCII ask when it built: inside the running gateway
 the Python reading cost ~16 µs of CPU per request (cache misses across the small objects it makes and walks);
 read_ask_text here is the reference the extension is tested against, and reads every other ask.
 """

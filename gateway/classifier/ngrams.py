@@ -1,6 +1,6 @@
 """Character n-grams of a text and the classifier's weight for each: the text block of its logit.
 
-The C extension gateway.classifier._ngram_score scores every text where it built (the image builds it): inside the
+The C extension gateway.native._ngram_score scores every text where it built (the image builds it): inside the
 running gateway the dict walk cost 35-60 µs per short prompt (each lookup missing cache and TLB in ~10 MB of Python
 objects). The dict walk here is its one Python twin: the reference it is tested against, and the fallback.
 """

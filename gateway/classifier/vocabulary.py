@@ -99,7 +99,7 @@ class Alphabet:
 
 
 def home_slot(key: int, bits: int) -> int:
-    """Where a key's lookup starts in a table of 2**bits slots, exactly as gateway/classifier/_ngram_score.c."""
+    """Where a key's lookup starts in a table of 2**bits slots, exactly as gateway/native/_ngram_score.c."""
     return ((key * HASH_MULTIPLIER) & MASK_64) >> (64 - bits)
 
 

@@ -21,7 +21,7 @@ from gateway import __version__
 from gateway.apis.routes import BY_ENDPOINT
 from gateway.errors import GatewayError
 from gateway.policy import model as policy_module
-from gateway.settings import Settings, describe
+from gateway.server.settings import Settings, describe
 
 Register = Callable[[Any], None]
 

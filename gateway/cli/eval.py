@@ -112,7 +112,7 @@ async def gateways(policies: Sequence[str], model: str) -> AsyncIterator[list[Ta
     from gateway.policy.model import PolicyError
     from gateway.server.app import create_app
     from gateway.server.listener import GatewayRunner
-    from gateway.settings import Settings
+    from gateway.server.settings import Settings
 
     runners: list[web.AppRunner] = []
     targets = []

@@ -46,8 +46,8 @@ from gateway.server.policy_file import PolicyFile
 from gateway.server.resources import STATE, AppState, Recent
 from gateway.server.retrieval import Library
 from gateway.server.session_caches import SessionCaches
+from gateway.server.settings import Settings
 from gateway.server.warmups import Warmups
-from gateway.settings import Settings
 from gateway.store.conversations import Conversations
 from gateway.store.fallback import FallbackStore
 from gateway.store.objects import DiskObjects

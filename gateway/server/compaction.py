@@ -42,8 +42,8 @@ from gateway.server import summarizer
 from gateway.server.exchanges import add_gateway_headers
 from gateway.server.relay import STREAM_HEADERS
 from gateway.server.resources import EXCHANGE, STATE
+from gateway.server.settings import Settings
 from gateway.server.summarizer import Written
-from gateway.settings import Settings
 from gateway.telemetry import metrics as t
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from aiohttp.web_request import BaseRequest
 
 from gateway.apis import json_body
 from gateway.errors import BadRequest, GatewayError, HeaderTooLarge, RequestTimeout
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from gateway.upstream.deadline import Deadline
 
 log = logging.getLogger(__name__)

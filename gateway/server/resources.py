@@ -26,8 +26,8 @@ from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
 from gateway.server.retrieval import Library
 from gateway.server.session_caches import SessionCaches
+from gateway.server.settings import Settings
 from gateway.server.warmups import Warmups
-from gateway.settings import Settings
 from gateway.store.conversations import Conversations
 from gateway.store.opening import Stores
 from gateway.telemetry.exchange import Exchange

@@ -167,7 +167,7 @@ def test_the_stub_estimate_is_near_the_gateways_own_stub() -> None:
     estimated = actual = 0
     for chars in (200, 600):
         rule = MaskRule(head_chars=chars, tail_chars=chars)
-        for path in ("gateway/context/masking.py", "gateway/features.py", "gateway/policy/model.py",
+        for path in ("gateway/context/masking.py", "gateway/features/__init__.py", "gateway/policy/model.py",
                      "gateway/decision/routing.py", "evals/session_cache/replay.py"):
             text = "<returncode>1</returncode>\n<output>\n" + (ROOT / path).read_text() + "\n</output>"
             stub = len(encoding.encode_ordinary(stub_of(text, None, chars, chars).text))

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from gateway.server.admin_app import create_admin_app
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.stack import ADMIN_TOKEN, Stack
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml
 from tests.upstream.test_client import raw_server, read_request

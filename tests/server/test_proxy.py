@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from fakes.faulty_vllm import FakeVLLM, Fault
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, fake_server, policy_yaml, with_deployment
 

@@ -18,7 +18,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from fakes.greedy_vllm import ANSWER_WORDS, PROMPT_IDS, Break, GreedyFake, word
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml
 
 WHOLE = "".join(word(i) for i in range(ANSWER_WORDS))

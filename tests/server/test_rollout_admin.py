@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from gateway.store.rollouts import RedisRolloutStore
 from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.stack import ADMIN_TOKEN, OPS_EXTRA, OPS_RULES, three_deployments

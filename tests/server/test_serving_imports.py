@@ -19,7 +19,7 @@ def test_a_gateway_serving_on_its_embedded_store_loads_no_library_it_does_not_us
         import asyncio, json, sys
         from gateway.cli.command import build_parser
         from gateway.server.app import create_app
-        from gateway.settings import Settings
+        from gateway.server.settings import Settings
 
         build_parser()  # `serve` parses the whole CLI first: every command's module is imported
         async def main():

@@ -25,7 +25,7 @@ from gateway.classifier.scoring import Calibration
 from gateway.cli.command import main
 from gateway.rollout.labels import JUDGE_SYSTEM, JUDGE_USER
 from gateway.server.app import create_app
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.classifier_data import synthetic_rows, write_csv
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, policy_yaml, with_deployment

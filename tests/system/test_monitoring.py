@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 
 from fakes.faulty_vllm import Fault
 from gateway.server.app import create_app
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.agent_runs import Agent
 from tests.fixtures.stack import ADMIN_TOKEN, OpsStack
 

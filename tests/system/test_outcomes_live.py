@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from fakes.faulty_vllm import FakeVLLM
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.agent_runs import Agent
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, three_deployments

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from fakes.faulty_vllm import FakeVLLM, Fault
 from gateway.cli.command import main
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, metric, three_deployments
 

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from fakes.faulty_vllm import FakeVLLM
 from gateway.server.app import create_app
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from tests.fixtures.agent_runs import Agent, admin, recorded
 from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.stack import ADMIN_TOKEN, fake_server, policy_yaml

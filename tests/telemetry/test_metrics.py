@@ -26,7 +26,7 @@ from fakes import trace_sink
 from fakes.faulty_vllm import Fault
 from gateway.apis.usage import Usage
 from gateway.server.resources import STATE
-from gateway.settings import Settings
+from gateway.server.settings import Settings
 from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
 from gateway.telemetry.spans import BoundedBatches, Spans, make_spans
 from tests.fixtures.conditions import until

@@ -703,7 +703,7 @@ static PyMethodDef Walker_methods[] = {
 
 static PyTypeObject WalkerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gateway._features_walk.Walker",
+    .tp_name = "gateway.native._features_walk.Walker",
     .tp_doc = PyDoc_STR("Walker(*, code_markers, math_markers, math_symbols, exact_chars_per_message, scan_chars): "
                         "features.extract's chat walk with these markers and budgets (copied)."),
     .tp_basicsize = sizeof(Walker),
@@ -715,7 +715,7 @@ static PyTypeObject WalkerType = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "gateway._features_walk",
+    .m_name = "gateway.native._features_walk",
     .m_doc = PyDoc_STR("features.extract's walk over a chat request's messages, and its markers."),
     .m_size = -1,
 };

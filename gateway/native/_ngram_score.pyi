@@ -1,4 +1,4 @@
-"""The classifier's text logit in C (gateway/classifier/_ngram_score.c), over an open-addressing n-gram table."""
+"""The classifier's text logit in C (gateway/native/_ngram_score.c), over an open-addressing n-gram table."""
 
 from typing import Final
 

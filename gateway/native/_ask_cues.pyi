@@ -1,4 +1,4 @@
-"""The task cues of an ASCII ask in C (gateway/classifier/_ask_cues.c), from the word and phrase lists of cues.py."""
+"""The task cues of an ASCII ask in C (gateway/native/_ask_cues.c), from the word and phrase lists of cues.py."""
 
 from collections.abc import Iterable
 

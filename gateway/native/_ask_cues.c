@@ -592,7 +592,7 @@ static PyMethodDef AskReader_methods[] = {
 
 static PyTypeObject AskReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gateway.classifier._ask_cues.AskReader",
+    .tp_name = "gateway.native._ask_cues.AskReader",
     .tp_doc = PyDoc_STR("AskReader(code_words, ..., separators, opening_padding): cues.py's word and phrase "
                         "lists, copied, to read ASCII asks with."),
     .tp_basicsize = sizeof(AskReader),
@@ -604,7 +604,7 @@ static PyTypeObject AskReaderType = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "gateway.classifier._ask_cues",
+    .m_name = "gateway.native._ask_cues",
     .m_doc = PyDoc_STR("The task cues of an ASCII ask, from the word and phrase lists of cues.py."),
     .m_size = -1,
 };

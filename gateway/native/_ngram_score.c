@@ -369,7 +369,7 @@ static PyTypeObject TableType = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "gateway._ngram_score",
+    .m_name = "gateway.native._ngram_score",
     .m_doc = PyDoc_STR("The classifier's text logit over an open-addressing n-gram table."),
     .m_size = -1,
 };

@@ -1,4 +1,5 @@
-"""The C extensions, imported here and nowhere else: each one's module where it built, else None and its Python twin.
+"""The C extensions, kept in this folder and imported here and nowhere else: each one's module where it built, else
+None and its Python twin.
 
 Native code only where the workload pays for it: the n-gram text score (a dict walk misses cache and TLB in
 ~10 MB of Python objects: 35-60 µs a short prompt), the ask's cues and the chat walk of the features. Each
@@ -12,30 +13,30 @@ from __future__ import annotations
 __all__ = ["TWINS", "ask_cues", "describe", "features_walk", "loaded", "ngram_score"]
 
 try:
-    import gateway.classifier._ngram_score as ngram_score
+    import gateway.native._ngram_score as ngram_score
 except ImportError:
     ngram_score = None  # type: ignore[assignment]
 try:
-    import gateway.classifier._ask_cues as ask_cues
+    import gateway.native._ask_cues as ask_cues
 except ImportError:
     ask_cues = None  # type: ignore[assignment]
 try:
-    import gateway._features_walk as features_walk
+    import gateway.native._features_walk as features_walk
 except ImportError:
     features_walk = None  # type: ignore[assignment]
 
 # Each extension (setup.py's module name) and the Python twin that does its work where it did not build.
 TWINS = {
-    "gateway.classifier._ngram_score": "gateway.classifier.ngrams (the dict walk)",
-    "gateway.classifier._ask_cues": "gateway.classifier.cues (re and str methods)",
-    "gateway._features_walk": "gateway.features (the Python walk)",
+    "gateway.native._ngram_score": "gateway.classifier.ngrams (the dict walk)",
+    "gateway.native._ask_cues": "gateway.classifier.cues (re and str methods)",
+    "gateway.native._features_walk": "gateway.features (the Python walk)",
 }
 
 
 def loaded() -> dict[str, bool]:
     """Each extension by its module name: True when it is imported, False when its Python twin runs."""
-    modules = {"gateway.classifier._ngram_score": ngram_score, "gateway.classifier._ask_cues": ask_cues,
-               "gateway._features_walk": features_walk}
+    modules = {"gateway.native._ngram_score": ngram_score, "gateway.native._ask_cues": ask_cues,
+               "gateway.native._features_walk": features_walk}
     return {name: module is not None for name, module in modules.items()}
 
 

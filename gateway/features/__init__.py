@@ -1,6 +1,6 @@
 """Request features: a pure, bounded-cost summary of one OpenAI request for the rules and the classifier.
 
-The optional C extension gateway._features_walk walks the common chat shape (str contents) when it built: in the
+The optional C extension gateway.native._features_walk walks the common chat shape (str contents) when it built: in the
 running gateway the Python walk cost ~25 µs a small request in cache misses. The Python walk here is its reference
 and the path for every other shape.
 """
@@ -21,8 +21,8 @@ import pydantic_core
 import xxhash
 
 from gateway.apis.chat.wire import output_cap
+from gateway.features.token_pieces import Encoding, PieceCounter
 from gateway.native import features_walk as _features_walk  # None: the Python walk reads every request
-from gateway.token_pieces import Encoding, PieceCounter
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""features.extract's walk over a chat's messages and its markers in C (gateway/_features_walk.c)."""
+"""features.extract's walk over a chat's messages and its markers in C (gateway/native/_features_walk.c)."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
