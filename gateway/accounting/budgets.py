@@ -23,9 +23,11 @@ second settle/release of the same reservation is a no-op.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from gateway.apis.usage import Usage
@@ -38,6 +40,13 @@ from gateway.store.contract import Hold, Limits, Observation, Refusal, Reservati
 log = logging.getLogger(__name__)
 
 RATE_LIMITS = frozenset({"requests_per_minute", "concurrent"})
+
+
+@dataclasses.dataclass(slots=True)
+class Charge:
+    """What work done inside a hold (Budgets.holding) made: the deployment's usage, once it answered."""
+
+    usage: Usage | None = None
 
 
 class Budgets:
@@ -108,6 +117,22 @@ class Budgets:
             await self._store.settle(reservation, spend)
         except Exception as exc:
             log.error("settle of reservation %s failed: %s", reservation.id, exc)
+
+    @contextlib.asynccontextmanager
+    async def holding(self, tenant: str, policy: TenantPolicy | None, deployment: str, cost: Cost, price: Price, *,
+                      session_id: str | None = None, ttl_s: float | None = None) -> AsyncIterator[Charge]:
+        """A hold around work off the request path (a cache warm-up, a summary of old turns): settled at the usage
+        the work sets on the charge, released when it sets none (it failed or was cancelled, the gateway
+        stopping included), either one shielded from a cancel. Raises as `reserve` does, before the work."""
+        held = await self.reserve(tenant, policy, deployment, cost, session_id=session_id, ttl_s=ttl_s)
+        charge = Charge()
+        try:
+            yield charge
+        finally:
+            if charge.usage is not None:
+                await asyncio.shield(self.settle(held, price, charge.usage, deployment=deployment))
+            else:
+                await asyncio.shield(self.release(held))
 
     async def release(self, reservation: Reservation) -> None:
         """Drop the hold without spend (failure, cancel, disconnect); never raises."""

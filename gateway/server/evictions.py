@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.accounting.budgets import Budgets
+from gateway.accounting.budgets import Budgets, Charge
 from gateway.accounting.ledger import RESERVE_MARGIN_S
 from gateway.apis.adapter import Adapter
 from gateway.context.counting import text_tokens
@@ -170,29 +170,24 @@ class Evictions:
         max_tokens = pending.summary_tokens
         before = text_tokens(pending.document.decode("utf-8", "surrogatepass"))
         cost = Cost(dep.price.cost_usd(before, max_tokens, cached_tokens=0), before + max_tokens)
-        limits = find_tenant(policy.tenants, owner) if policy.accounted else None
-        held = None
+        hold: contextlib.AbstractAsyncContextManager[Charge] = (
+            self.budgets.holding(owner, find_tenant(policy.tenants, owner), name, cost, dep.price,
+                                 session_id=call.session_id, ttl_s=policy.compaction.timeout_s + RESERVE_MARGIN_S)
+            if policy.accounted else contextlib.nullcontext(Charge()))
         try:
             ref = reference(pending.document)
             await self.objects.put(owner, ref, pending.document)
-            if policy.accounted:
-                held = await self.budgets.reserve(owner, limits, name, cost, session_id=call.session_id,
-                                                  ttl_s=policy.compaction.timeout_s + RESERVE_MARGIN_S)
-            written = await summarizer.write(self.pool, self.limit_bytes, policy, name, prompt,
-                                             f"{request_id}-summary", max_tokens, pending.tokens)
+            async with hold as charge:  # a cancel releases the hold and goes on up (the gateway stopping)
+                written = await summarizer.write(self.pool, self.limit_bytes, policy, name, prompt,
+                                                 f"{request_id}-summary", max_tokens, pending.tokens)
+                charge.usage = written.usage
         except RateLimited:
             self._failed_now(key, "budget")
             return
-        except (GatewayError, StoreError, StoreFault, ValueError, asyncio.CancelledError) as exc:
-            if held is not None:  # nothing was charged: the hold goes back (also when the gateway stops)
-                await asyncio.shield(self.budgets.release(held))
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except (GatewayError, StoreError, StoreFault, ValueError) as exc:
             log.warning("summary of old turns (%d entries) failed: %s", pending.entries, exc)
             self._failed_now(key, "failed")
             return
-        if held is not None:
-            await asyncio.shield(self.budgets.settle(held, dep.price, written.usage, deployment=name))
         self.metrics.count_tokens(name, owner, written.usage, dep.price.cost_usd_of(written.usage))
         text = summary_text(written.text, pending.entries, pending.tokens, ref)
         self._keep(key, Ready(text, estimate_tokens(text), ref))  # counted as the span's entries are

@@ -150,23 +150,15 @@ class Warmups:
             return
         target, (limits, cost) = warmup.deployment, hold
         try:
-            held = await self.budgets.reserve(sighting.tenant, limits, target, cost, session_id=sighting.session_id,
-                                              ttl_s=dep.timeouts.total_s + RESERVE_MARGIN_S)
+            async with self.budgets.holding(sighting.tenant, limits, target, cost, dep.price,
+                                            session_id=sighting.session_id,
+                                            ttl_s=dep.timeouts.total_s + RESERVE_MARGIN_S) as charge:
+                charge.usage = await self._warm(warmup, adapter, dep, switch, sighting, payload, headers)
         except RateLimited:
             self._count(target, Outcome.BUDGET)
-            return
         except (StoreError, StoreFault) as exc:  # no hold, no warm-up: it is never worth an unaccounted prefill
             log.warning("warm-up of %s: no hold on the budget: %s", target, exc)
             self._count(target, Outcome.FAILED)
-            return
-        usage: Usage | None = None
-        try:
-            usage = await self._warm(warmup, adapter, dep, switch, sighting, payload, headers)
-        finally:
-            if usage is not None:
-                await asyncio.shield(self.budgets.settle(held, dep.price, usage, deployment=target))
-            else:
-                await asyncio.shield(self.budgets.release(held))
 
     async def _warm(self, warmup: _Warmup, adapter: Adapter, dep: Deployment, switch: SwitchPolicy,
                     sighting: Sighting, payload: bytes, headers: dict[str, str]) -> Usage | None:

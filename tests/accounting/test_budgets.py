@@ -283,3 +283,40 @@ async def test_settle_and_release_are_idempotent() -> None:
     assert {"tenant": "acme", "window": "day", "deployment": "hq", "spend_usd": 0.003}.items() <= next(
         r for r in report["data"] if r["window"] == "day" and r["deployment"] == "hq"
     ).items()
+
+
+async def test_a_hold_around_background_work_is_settled_at_its_usage_or_released() -> None:
+    import asyncio
+
+    store = MemoryStore()
+    budgets = Budgets(store)
+    price = Price(input_per_mtok_usd=1.0, output_per_mtok_usd=2.0)
+
+    async def day() -> tuple[float, float, int]:
+        window = (await store.snapshot("acme")).windows[Window.DAY]
+        return window.spend_usd, window.reserved_usd, window.tokens
+
+    async with budgets.holding("acme", None, "fast", Cost(0.5, 10), price) as charge:
+        assert (await day())[1] == 0.5  # held while the work runs
+        charge.usage = Usage(1000, 1)
+    assert await day() == (0.001002, 0.0, 1001)  # charged at what the deployment reported
+    with pytest.raises(ValueError, match="the work failed"):
+        async with budgets.holding("acme", None, "fast", Cost(0.5, 10), price):
+            raise ValueError("the work failed")
+    assert await day() == (0.001002, 0.0, 1001)  # given back whole
+
+    async def cancelled() -> None:
+        async with budgets.holding("acme", None, "fast", Cost(0.5, 10), price):
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(cancelled())
+    while (await day())[1] == 0.0:  # wait until the hold is taken
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await day() == (0.001002, 0.0, 1001)  # a cancel (the gateway stopping) gives it back too
+    policy = tenant(budgets=(Budget(window=Window.MINUTE, hard_usd=0.1),))
+    with pytest.raises(RateLimited):  # refused before any work starts
+        async with budgets.holding("acme", policy, "fast", Cost(0.5, 10), price):
+            raise AssertionError("the work ran without a hold")
