@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.apis import json_body
 from gateway.apis.json_body import Source
@@ -120,3 +122,23 @@ def test_what_a_message_says_and_answers_is_in_its_link(changed: dict[str, Any])
     at = messages.index(original) + 1  # the tools' link first
     same, other = chain_of(view(*messages), 1000), chain_of(view(*edited), 1000)
     assert same[at - 1].digest == other[at - 1].digest and same[at].digest != other[at].digest
+
+
+_TEXT = st.text(st.characters(blacklist_categories=()))  # lone surrogates too, as JSON text may carry them
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | _TEXT,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+                     max_leaves=12)
+
+
+@given(st.lists(_JSON | st.fixed_dictionaries(
+    {"role": _JSON, "content": _JSON},
+    optional={"tool_call_id": _JSON, "tool_calls": st.lists(_JSON | st.fixed_dictionaries(
+        {"id": _JSON, "function": _JSON | st.fixed_dictionaries({"name": _JSON, "arguments": _JSON})}), max_size=3)}),
+    max_size=6), _JSON)
+def test_any_json_shape_gives_a_chain_and_the_same_one_twice(messages: list[Any], tools: Any) -> None:
+    # what a client may send where the gateway reads a chat view: lone surrogates, NaN, calls of any shape
+    body = {"messages": messages, "tools": tools}
+    chain = chain_of(body, 500)
+    assert chain == chain_of(body, 500)
+    assert len(chain) == bool(tools) + sum(isinstance(m, dict) for m in messages)
+    assert all(len(link.digest) == 16 for link in chain)
