@@ -20,7 +20,7 @@ def decode(raw: bytes) -> dict[str, Any]:
 
     msgspec's parser is the fastest of the parsers at hand (about half of json.loads' time, four fifths of
     pydantic's, on an agent's 100-200 KB step); whatever it refuses gets a second parse by json, whose verdict
-    stands: its error messages, and its leniency (NaN, a lone surrogate escape, integers past 64 bits).
+    stands: its error messages, and its leniency (NaN, a number out of range, a lone surrogate escape).
     """
     try:
         body = _BODY.decode(raw)
