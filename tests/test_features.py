@@ -323,7 +323,7 @@ def test_tool_schemas_json_cannot_encode_are_still_counted_and_never_raise() -> 
     assert extract(chat({"role": "user", "content": "hi"}, tools=[circular]), "chat").prompt_tokens == 1
 
 
-def _with_tools(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], bytes | None]:
+def _with_tools(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], memoryview | None]:
     from gateway.apis.json_body import Source, decode
     raw = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "run the tests"}], "tools": tools},
                      indent=1).encode()  # a client's own spacing: the text counted is the schemas' compact JSON

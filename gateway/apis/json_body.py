@@ -110,12 +110,12 @@ class Source:
             self._members = members if members is not None and members.keys() == self.body.keys() else None
         return self._members  # type: ignore[return-value]
 
-    def member_as_sent(self, name: str, value: Any) -> bytes | None:
-        """The member `name`'s bytes as sent when `value` is still its parse; else None."""
+    def member_as_sent(self, name: str, value: Any) -> memoryview | None:
+        """The member `name`'s bytes as sent (a view, not a copy) when `value` is still its parse; else None."""
         members = self.members()
         if members is None or name not in members or self.body.get(name, _ABSENT) is not value:
             return None
-        return bytes(members[name])
+        return memoryview(members[name])
 
 
 def encode_edited(out: Mapping[str, Any], source: Source | None) -> bytes:
@@ -123,8 +123,7 @@ def encode_edited(out: Mapping[str, Any], source: Source | None) -> bytes:
     The members `out` holds as parsed are copied from the request's bytes as sent and only the others are
     encoded: an agent's 100-200 KB body costs one scan of its bytes, not an encode of every message. A body the
     scan refuses (NaN, a lone surrogate escape) or reads otherwise is encoded whole."""
-    members = source.members() if source is not None else None
-    if members is None or source is None:
+    if source is None or (members := source.members()) is None:
         return encode(out)
     parsed = source.body
     edited = {name: members[name] if parsed.get(name, _ABSENT) is value else msgspec.Raw(encode(value))

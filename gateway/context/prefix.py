@@ -64,7 +64,7 @@ def after_warming(record: SessionPrefixes, deployment: str, warmed: Chain) -> Se
                            record.warmed | {deployment})
 
 
-def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: bytes | None = None) -> Chain:
+def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: memoryview | None = None) -> Chain:
     """The chat view's prompt as links (its tools, then each message); the tokens through each link are
     `prompt_tokens` shared out by the size of what each link hashed (a deployment's exact figure replaces
     them once it has served the prompt: `rescaled`). `tools_sent`: the tools' bytes as the client sent them
@@ -83,9 +83,10 @@ def _links(digests: Iterable[str], tokens: Iterable[int]) -> Chain:
 
 _HEX = "{:016x}".format
 _MAPPING = (dict, Mapping)  # a parsed body's objects are dicts: checked first, without the ABC's own check
+_TOOLS_SEED = xxhash.xxh3_64_intdigest(TOOLS_ROLE)  # the tools' link: seeded apart from any message's
 
 
-def _digests(view: Mapping[str, Any], tools_sent: bytes | None) -> tuple[list[int], list[int]]:
+def _digests(view: Mapping[str, Any], tools_sent: memoryview | None) -> tuple[list[int], list[int]]:
     """Each link's digest and the size of what the prompt hashed through it: the tools' JSON (when the call
     offers tools), then each message. A digest hashes its link's fields one after the other, the first seeded
     with the link before, so it stands for the whole prompt through it. XXH3: the links predict a cache, so a
@@ -97,7 +98,7 @@ def _digests(view: Mapping[str, Any], tools_sent: bytes | None) -> tuple[list[in
     tools = view.get("tools")
     if tools:
         piece = tools_sent if tools_sent is not None else _json(tools)
-        digest = _hash(piece, _hash(TOOLS_ROLE, 0))
+        digest = _hash(piece, _TOOLS_SEED)
         through = len(piece)
         digests.append(digest)
         sizes.append(through)
@@ -136,7 +137,7 @@ def _message_digest(message: Mapping[str, Any], digest: int) -> tuple[int, int]:
     return digest, size
 
 
-def _hash(data: str | bytes, seed: int) -> int:
+def _hash(data: str | bytes | memoryview, seed: int) -> int:
     try:
         return xxhash.xxh3_64_intdigest(data, seed)
     except UnicodeEncodeError:  # a lone surrogate, which JSON text may carry

@@ -124,13 +124,18 @@ RESPONSES = ResponsesOutputs()
 MESSAGES = MessagesOutputs()
 
 
+def _assistant_turns(entries: Sequence[Any]) -> list[tuple[Where, ToolOutput]]:
+    """Each assistant message's (Chat) or message item's (Responses) text, by its index."""
+    return [((i,), ToolOutput(_text(entry.get("content")), kind=ASSISTANT_TURN))
+            for i, entry in enumerate(entries)
+            if isinstance(entry, Mapping) and entry.get("role") == "assistant" and entry.get("content")]
+
+
 class ChatAssistantTexts:
     """Chat Completions: each assistant message's text (its tool calls stay), for fitting a window."""
 
     def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]:
-        return [((i,), ToolOutput(_text(m.get("content")), kind=ASSISTANT_TURN))
-                for i, m in enumerate(_list(body, "messages"))
-                if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content")]
+        return _assistant_turns(_list(body, "messages"))
 
     def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
         return CHAT.replaced(body, stubs)
@@ -140,9 +145,7 @@ class ResponsesAssistantTexts:
     """Responses: each assistant message item's text."""
 
     def find(self, body: Mapping[str, Any]) -> list[tuple[Where, ToolOutput]]:
-        return [((i,), ToolOutput(_text(item.get("content")), kind=ASSISTANT_TURN))
-                for i, item in enumerate(_list(body, "input"))
-                if isinstance(item, Mapping) and item.get("role") == "assistant" and item.get("content")]
+        return _assistant_turns(_list(body, "input"))
 
     def replaced(self, body: Mapping[str, Any], stubs: Mapping[Where, str]) -> dict[str, Any]:
         return _items_replaced(body, stubs, lambda stub: {"content": [{"type": "output_text", "text": stub}]})

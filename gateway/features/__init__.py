@@ -344,7 +344,7 @@ class _Tally:
     last_user_text: str = ""
 
 
-def extract(body: Mapping[str, Any], endpoint: str, tools_sent: bytes | None = None) -> Features:
+def extract(body: Mapping[str, Any], endpoint: str, tools_sent: memoryview | None = None) -> Features:
     """Features of a JSON-decoded request body; never raises on odd-but-valid shapes. `tools_sent`: the body's
     tools as the client sent them, when it sent them as `body` holds them (their text is then kept by those
     bytes: an agent sends the same 10-50 KB of schemas at every step)."""
@@ -473,7 +473,7 @@ _TOOL_TEXTS: OrderedDict[bytes, str] = OrderedDict()
 TOOL_TEXTS_KEPT = 32
 
 
-def _tool_text(tools: Any, functions: Any, tools_sent: bytes | None) -> str:
+def _tool_text(tools: Any, functions: Any, tools_sent: memoryview | None) -> str:
     if tools_sent is None or functions is not None:
         return _tool_definitions_text(tools, functions)
     key = xxhash.xxh3_128_digest(tools_sent)
