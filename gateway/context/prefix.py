@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, NamedTuple
 
-import pydantic_core
 import xxhash
+
+from gateway.apis import json_body
 
 MAX_LINKS = 1024  # a chain longer than this keeps its first links: a prediction then says less, never wrong
 TOOLS_ROLE = "tools"  # the first link: the tool definitions the chat template renders before the messages
@@ -154,7 +155,7 @@ def _text(value: Any) -> str:
 
 
 def _json(value: Any) -> bytes:
-    return pydantic_core.to_json(value, fallback=str)
+    return json_body.encode(value)  # compact; a lone surrogate, which JSON text may carry, escaped
 
 
 def common_tokens(kept: Sequence[Link], prompt: Sequence[Link]) -> int:

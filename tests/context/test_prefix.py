@@ -142,3 +142,10 @@ def test_any_json_shape_gives_a_chain_and_the_same_one_twice(messages: list[Any]
     assert chain == chain_of(body, 500)
     assert len(chain) == bool(tools) + sum(isinstance(m, dict) for m in messages)
     assert all(len(link.digest) == 16 for link in chain)
+
+
+def test_a_lone_surrogate_in_a_content_of_parts_or_the_tools_gives_a_chain() -> None:
+    # json reads "\ud800" as a lone surrogate where msgspec refuses it: such a body reaches the chain
+    parts = {"role": "user", "content": [{"type": "text", "text": "\ud800"}]}
+    chain = chain_of(view(SYSTEM, parts, tools=[{"name": "\ud800"}]), 100)
+    assert len(chain) == 3 and chain != chain_of(view(SYSTEM, TASK), 100)

@@ -91,3 +91,14 @@ async def explain(stack: Stack, request_id: str) -> list[str]:
         return body.get("reasons") if resp.status == 200 else None
     reasons: list[str] = await until(found, what=f"the explanation of {request_id}")
     return reasons
+
+
+async def test_a_step_with_a_lone_surrogate_in_its_parts_is_hashed_and_served(make_stack: Any) -> None:
+    """json reads "\\ud83d" as a lone surrogate where msgspec refuses it: the prompt's chain hashes such a
+    content of parts too, rather than failing the step."""
+    stack: Stack = await make_stack(rules=RULES, extra=SWITCH)
+    raw = '{"model": "auto", "messages": [{"role": "user", "content": [{"type": "text", "text": "half \\ud83d"}]}]}'
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.base_url + "/chat/completions", data=raw.encode(),
+                             headers={"content-type": "application/json", "x-session-id": "surrogates-1"}) as resp:
+            assert resp.status == 200, await resp.text()
