@@ -68,7 +68,7 @@ def median_us(stage: Callable[[], object], rounds: int) -> float:
 
 def stages(raw: bytes, classifier: Classifier) -> dict[str, Callable[[], object]]:
     adapter = BY_ENDPOINT["chat"]
-    body = adapter.parse(raw)
+    body = adapter.parse(raw).body
     features = extract(body, "chat")
     return {
         "parse (decode + checks)": lambda: adapter.parse(raw),

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gateway.apis.chat.wire import StreamTally
-from gateway.apis.json_body import Source
+from gateway.apis.json_body import Recurring, Source
 from gateway.apis.usage import Usage
 from gateway.context.anthropic_edits import Managed
 from gateway.context.eviction import TurnShape
@@ -56,8 +56,9 @@ class Adapter(Protocol):
     assistant_texts: ToolOutputs | None  # its assistant turns' texts, masked only to fit a window (None: never)
     tool_outputs: ToolOutputs | None  # where its bodies hold tool outputs, for the policy's masking (None: none)
 
-    def parse(self, raw: bytes) -> dict[str, Any]:
-        """The request body, checked leniently: a 400 names a field the gateway reads that has a wrong type."""
+    def parse(self, raw: bytes, recurring: Recurring | None = None) -> Source:
+        """The request body, checked leniently (a 400 names a field the gateway reads that has a wrong type), with
+        its bytes; its conversation read through `recurring` when given (json_body.read)."""
         ...
 
     def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:

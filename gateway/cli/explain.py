@@ -50,7 +50,7 @@ def offline(
     adapter = BY_ENDPOINT.get(endpoint)
     if adapter is None:
         raise ExplainInputError(f"--endpoint {endpoint!r}: expected one of {', '.join(BY_ENDPOINT)}")
-    body, managed = adapter.manage_context(adapter.parse(raw))
+    body, managed = adapter.manage_context(adapter.parse(raw).body)
     shape, masking = adapter.tool_outputs, None
     rule = policy.mask_rule(str(body.get("model")), tenant) if shape is not None else None
     if shape is not None and rule is not None:  # what the gateway would mask (nothing is stored offline)

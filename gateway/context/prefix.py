@@ -65,16 +65,18 @@ def after_warming(record: SessionPrefixes, deployment: str, warmed: Chain) -> Se
                            record.warmed | {deployment})
 
 
-def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: memoryview | None = None) -> Chain:
+def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: memoryview | None = None,
+             recurring: json_body.Recurring | None = None) -> Chain:
     """The chat view's prompt as links (its tools, then each message); the tokens through each link are
     `prompt_tokens` shared out by the size of what each link hashed (a deployment's exact figure replaces
     them once it has served the prompt: `rescaled`). `tools_sent`: the tools' bytes as the client sent them
-    (json_body.Source), hashed as they are rather than encoded again."""
-    digests, sizes = _digests(view, tools_sent)
+    (json_body.Source), hashed as they are rather than encoded again. `recurring`: the memory the messages were
+    parsed through, where each message's own digest is noted once for every step that re-sends it."""
+    digests, sizes = _digests(view, tools_sent, recurring)
     if not digests:
         return ()
     total = sizes[-1] or 1
-    return _links(map(_HEX, digests), [prompt_tokens * size // total for size in sizes])
+    return _links(digests, [prompt_tokens * size // total for size in sizes])
 
 
 def _links(digests: Iterable[str], tokens: Iterable[int]) -> Chain:
@@ -85,15 +87,29 @@ def _links(digests: Iterable[str], tokens: Iterable[int]) -> Chain:
 _HEX = "{:016x}".format
 _MAPPING = (dict, Mapping)  # a parsed body's objects are dicts: checked first, without the ABC's own check
 _TOOLS_SEED = xxhash.xxh3_64_intdigest(TOOLS_ROLE)  # the tools' link: seeded apart from any message's
+_NOTE = "prefix.link"  # what the chain noted of a message in the parse memory: a _Noted
 
 
-def _digests(view: Mapping[str, Any], tools_sent: memoryview | None) -> tuple[list[int], list[int]]:
-    """Each link's digest and the size of what the prompt hashed through it: the tools' JSON (when the call
-    offers tools), then each message. A digest hashes its link's fields one after the other, the first seeded
-    with the link before, so it stands for the whole prompt through it. XXH3: the links predict a cache, so a
-    collision costs a wrong prediction, never data; a cryptographic hash took several times as long on an
-    agent's 100-200 KB step, as did joining a message's fields into one text to hash."""
-    digests: list[int] = []
+class _Noted:
+    """A message's own digest and size, and its link the last time it was hashed: after the same link as last
+    time (a step re-sends the steps before it), its link is that one again."""
+
+    __slots__ = ("after", "hex", "link", "own", "size")
+
+    def __init__(self, own: bytes, size: int) -> None:
+        self.own, self.size = own, size
+        self.after, self.link, self.hex = -1, 0, ""
+
+
+def _digests(view: Mapping[str, Any], tools_sent: memoryview | None,
+             recurring: json_body.Recurring | None) -> tuple[list[str], list[int]]:
+    """Each link's digest (hex) and the size of what the prompt hashed through it: the tools' JSON (when the call
+    offers tools), then each message. A message's link hashes its own digest (its fields hashed one after the
+    other) seeded with the link before, so it stands for the whole prompt through it; its own digest depends on
+    the message alone, so a message the client re-sends is hashed once (noted in `recurring`). XXH3: the links
+    predict a cache, so a collision costs a wrong prediction, never data; a cryptographic hash took several times
+    as long on an agent's 100-200 KB step, as did joining a message's fields into one text to hash."""
+    digests: list[str] = []
     sizes: list[int] = []
     digest = through = 0
     tools = view.get("tools")
@@ -101,25 +117,39 @@ def _digests(view: Mapping[str, Any], tools_sent: memoryview | None) -> tuple[li
         piece = tools_sent if tools_sent is not None else _json(tools)
         digest = _hash(piece, _TOOLS_SEED)
         through = len(piece)
-        digests.append(digest)
+        digests.append(_HEX(digest))
         sizes.append(through)
     messages = view.get("messages")
+    notes_of = recurring.notes if recurring is not None else _no_notes
     for message in messages[:MAX_LINKS - len(digests)] if isinstance(messages, list) else ():
         if isinstance(message, _MAPPING):
-            digest, size = _message_digest(message, digest)
-            through += size
-            digests.append(digest)
+            notes = notes_of(message)
+            noted = notes.get(_NOTE) if notes is not None else None
+            if noted is None:
+                noted = _Noted(*_message_digest(message))
+                if notes is not None:
+                    notes[_NOTE] = noted
+            if noted.after != digest:
+                noted.after, noted.link = digest, xxhash.xxh3_64_intdigest(noted.own, digest)
+                noted.hex = _HEX(noted.link)
+            digest = noted.link
+            through += noted.size
+            digests.append(noted.hex)
             sizes.append(through)
     return digests, sizes
 
 
-def _message_digest(message: Mapping[str, Any], digest: int) -> tuple[int, int]:
+def _no_notes(value: Any) -> None:
+    return None
+
+
+def _message_digest(message: Mapping[str, Any]) -> tuple[bytes, int]:
     """The message's role, content, the call it answers and the calls it makes (an agent's assistant turn is
-    often only a call), hashed after `digest`; and their size. Strings are hashed as they are: only a content of
-    parts, or a call of an odd shape, is encoded as JSON."""
+    often only a call), hashed one after the other; and their size. Strings are hashed as they are: only a
+    content of parts, or a call of an odd shape, is encoded as JSON."""
     content = message.get("content")
     text = content if isinstance(content, str) else _text(content)
-    digest = _hash(text, _hash(str(message.get("role")), digest))
+    digest = _hash(text, _hash(str(message.get("role")), 0))
     size = len(text)
     answers = message.get("tool_call_id")
     if answers is not None:
@@ -135,7 +165,7 @@ def _message_digest(message: Mapping[str, Any], digest: int) -> tuple[int, int]:
             text = _text(call)
             digest = _hash(text, digest)
             size += len(text)
-    return digest, size
+    return digest.to_bytes(8, "little"), size
 
 
 def _hash(data: str | bytes | memoryview, seed: int) -> int:
@@ -174,7 +204,7 @@ def rescaled(prompt: Chain, prompt_tokens: int) -> Chain:
     if not prompt or prompt_tokens <= 0:
         return prompt
     estimated = prompt[-1].tokens or 1
-    return _links((link.digest for link in prompt), [link.tokens * prompt_tokens // estimated for link in prompt])
+    return _links([link.digest for link in prompt], [link.tokens * prompt_tokens // estimated for link in prompt])
 
 
 def encode(chain: Sequence[Link]) -> str:

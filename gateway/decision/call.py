@@ -63,8 +63,9 @@ class Call:
         deployment holds of it, and the window counter keys its memo by it."""
         if self._prompt is None:
             sent = self.sent
-            self._prompt = chain_of(self.view, prompt_tokens_with_template(self.features),
-                                    sent.member_as_sent("tools", self.view.get("tools")) if sent is not None else None)
+            tools_sent = sent.member_as_sent("tools", self.view.get("tools")) if sent is not None else None
+            self._prompt = chain_of(self.view, prompt_tokens_with_template(self.features), tools_sent,
+                                    sent.recurring if sent is not None else None)
         return self._prompt
 
 

@@ -19,7 +19,6 @@ from aiohttp import web
 from gateway.accounting.ledger import Admitted
 from gateway.agents.loops import AgentVerdict
 from gateway.apis.adapter import Adapter
-from gateway.apis.json_body import Source
 from gateway.context.masking import Masking, MaskRule
 from gateway.context.tool_outputs import ToolOutputs
 from gateway.decision import windows
@@ -184,7 +183,8 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
     """The one view of the call: the body read within its limit, checked, its features and agent step."""
     state = request.app[STATE]
     raw = await read_body(request, state.settings.max_body_bytes)
-    body = parsed = adapter.parse(raw)
+    sent = adapter.parse(raw, state.recurring)
+    body = sent.body
     policy = state.policy_file.current
     # Only tenant auth names a tenant: without it, no lookup (a missing key costs the mapping a KeyError).
     tenant, chain = request.get(TENANT) if policy.auth.enabled else None, None
@@ -197,7 +197,6 @@ async def read(request: web.Request, adapter: Adapter) -> Call:
         request[AS_SENT] = body
         body, view, masking = await manage_context(request, adapter, policy, body, tenant)
     view = adapter.view(body) if view is None else view
-    sent = Source(raw, parsed)
     return read_call(policy, adapter.endpoint, body, view, len(raw), adapter.features(view, sent), request.headers,
                      tenant, chain, managed, masking, sent)
 

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
 from gateway.agents.recorder import Trajectories
+from gateway.apis.json_body import Recurring
 from gateway.classifier.scoring import Classifier
 from gateway.context.anthropic_edits import Managed
 from gateway.context.masking import Masking
@@ -129,6 +130,7 @@ class AppState:
         "policy_file",
         "pool",
         "recent",
+        "recurring",
         "seal",
         "session_caches",
         "settings",
@@ -142,6 +144,7 @@ class AppState:
 
     settings: Settings
     recent: Recent
+    recurring: Recurring  # agents' conversations parsed once: each step re-sends the steps before it
     traffic: TrafficWindows  # readings of the request counters, for /admin/deployments
     seal: Seal  # seals and opens the compaction items clients send back
     pool: Pool  # the one pool of connections to the deployments
@@ -165,6 +168,7 @@ class AppState:
 
     def __init__(self, settings: Settings, recent: Recent, traffic: TrafficWindows, seal: Seal) -> None:
         self.settings, self.recent, self.traffic, self.seal = settings, recent, traffic, seal
+        self.recurring = Recurring(settings.recurring_bytes)
 
 
 STATE = web.AppKey("state", AppState)

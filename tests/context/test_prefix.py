@@ -149,3 +149,20 @@ def test_a_lone_surrogate_in_a_content_of_parts_or_the_tools_gives_a_chain() -> 
     parts = {"role": "user", "content": [{"type": "text", "text": "\ud800"}]}
     chain = chain_of(view(SYSTEM, parts, tools=[{"name": "\ud800"}]), 100)
     assert len(chain) == 3 and chain != chain_of(view(SYSTEM, TASK), 100)
+
+
+def test_messages_read_through_the_parse_memory_link_as_their_copies_do_step_after_step() -> None:
+    memory = json_body.Recurring(1 << 20)
+    long_result = {**RESULT, "content": "parser.py tests/\n" * 200}
+    steps = [view(SYSTEM, TASK, CALL, long_result), view(SYSTEM, TASK, CALL, long_result, CALL, RESULT),
+             view(SYSTEM, TASK, CALL, long_result)]  # the second step's end dropped: the first step's links again
+    for step in steps:
+        raw = json.dumps({**step, "pad": "p" * json_body.RECURRING_MIN_BODY}).encode()
+        body = json_body.read(raw, "messages", memory).body
+        noted = chain_of(body, 1000, None, memory)
+        assert noted == chain_of(json.loads(raw), 1000)  # the same links as a fresh parse's, noted or not
+        assert memory.notes(body["messages"][3]) is not None  # the long result is kept, with its note
+    edited = {**body, "messages": [*body["messages"][:3], {**long_result, "content": "masked"}]}
+    digests = [link.digest for link in chain_of(edited, 1000, None, memory)]
+    assert digests[:4] == [link.digest for link in noted[:4]]  # an edit parts the chain where it is, only there
+    assert digests[4] != noted[4].digest

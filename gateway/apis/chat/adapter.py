@@ -32,10 +32,10 @@ class OpenAIAdapter:
         chat = endpoint == "chat"
         self.assistant_texts: tool_outputs.ToolOutputs | None = tool_outputs.CHAT_ASSISTANT if chat else None
 
-    def parse(self, raw: bytes) -> dict[str, Any]:
-        body = json_body.decode(raw)
-        chat_wire.check(body, self.endpoint)
-        return body
+    def parse(self, raw: bytes, recurring: json_body.Recurring | None = None) -> json_body.Source:
+        sent = json_body.read(raw, "messages" if self.endpoint == "chat" else None, recurring)
+        chat_wire.check(sent.body, self.endpoint)
+        return sent
 
     def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
         return body, None

@@ -38,10 +38,10 @@ class MessagesAdapter:
         self.endpoint = "messages_count_tokens" if counting else "messages"
         self.path = messages.COUNT_TOKENS_PATH if counting else messages.PATH
 
-    def parse(self, raw: bytes) -> dict[str, Any]:
-        body = json_body.decode(raw)
-        messages.check(body, count_tokens=self.counting)
-        return body
+    def parse(self, raw: bytes, recurring: json_body.Recurring | None = None) -> json_body.Source:
+        sent = json_body.read(raw, "messages", recurring)
+        messages.check(sent.body, count_tokens=self.counting)
+        return sent
 
     def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
         """Anthropic's `context_management` done here, for vLLM ignores it: the edits made to the body, the field

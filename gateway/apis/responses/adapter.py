@@ -32,11 +32,11 @@ class ResponsesAdapter:
     block: retrieval.BlockShape | None = retrieval.RESPONSES
     assistant_texts: ToolOutputs | None = RESPONSES_ASSISTANT
 
-    def parse(self, raw: bytes) -> dict[str, Any]:
-        body = json_body.decode(raw)
-        responses.check(body)
-        compaction.check(body)
-        return body
+    def parse(self, raw: bytes, recurring: json_body.Recurring | None = None) -> json_body.Source:
+        sent = json_body.read(raw, "input", recurring)
+        responses.check(sent.body)
+        compaction.check(sent.body)
+        return sent
 
     def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:
         return body, None
@@ -81,14 +81,15 @@ class ResponsesCompactAdapter(ResponsesAdapter):
 
     path = compaction.COMPACT_PATH
 
-    def parse(self, raw: bytes) -> dict[str, Any]:
-        body = json_body.decode(raw)
+    def parse(self, raw: bytes, recurring: json_body.Recurring | None = None) -> json_body.Source:
+        sent = json_body.read(raw, "input", recurring)
+        body = sent.body
         body.setdefault("input", [])  # a chain alone (previous_response_id) is compacted too
         if body.get("stream") is True:
             raise BadRequest("POST /v1/responses/compact does not stream", param="stream")
         responses.check(body)
         compaction.check(body)
-        return body
+        return sent
 
 
 class CompactedResponsesAdapter(ResponsesAdapter):

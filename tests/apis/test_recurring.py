@@ -1,0 +1,117 @@
+"""json_body.Recurring: a conversation's messages parsed once, however many steps re-send them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench import agent_bodies
+from gateway.apis import json_body
+from gateway.apis.json_body import Recurring
+from gateway.errors import BadRequest
+
+
+def _steps() -> list[bytes]:
+    return [json.dumps(step).encode() for step in agent_bodies.session(7, 40 * 1024, 2_000, steps=3)]
+
+
+def test_a_step_reads_as_decode_reads_it_and_its_resent_messages_are_the_earlier_parses() -> None:
+    memory = Recurring(8 << 20)
+    first, second, third = _steps()
+    one = json_body.read(first, "messages", memory)
+    two = json_body.read(second, "messages", memory)
+    assert one.body == json_body.decode(first) and two.body == json_body.decode(second)
+    old, new = len(one.body["messages"]), len(two.body["messages"])
+    assert new == old + 2  # one more tool call and its result
+    assert all(a is b for a, b in zip(one.body["messages"], two.body["messages"], strict=False))
+    assert two.body["tools"] is one.body["tools"]  # the same 24 schemas at every step
+    assert two.body["messages"] is not one.body["messages"]  # each body its own list: a stage may build on it
+    assert two.members() is not None and two.members().keys() == two.body.keys()  # the scan read once, kept
+    assert json_body.read(third, "messages", memory).body["messages"][old] is two.body["messages"][old]
+
+
+def test_a_short_body_or_no_memory_is_parsed_whole() -> None:
+    memory = Recurring(8 << 20)
+    small = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    assert json_body.read(small, "messages", memory).body == json.loads(small)
+    assert len(memory) == 0
+    first = _steps()[0]
+    assert json_body.read(first, "messages", None).body == json.loads(first)
+
+
+def test_what_is_kept_is_bounded_by_its_bytes_and_the_least_recently_sent_goes_first() -> None:
+    first, second, _ = _steps()
+    memory = Recurring(20 * 1024)
+    json_body.read(first, "messages", memory)
+    assert 0 < memory.kept_bytes <= 20 * 1024
+    kept = list(memory.kept())
+    assert sum(len(raw) for raw, _ in kept) == memory.kept_bytes
+    newest = json_body.read(second, "messages", memory).body["messages"][-1]
+    assert memory.notes(newest) is not None and memory.kept_bytes <= 20 * 1024  # kept, the oldest dropped
+    assert memory.notes(kept[0][1]) is None  # dropped with its notes: an id may be reused once it is gone
+    assert Recurring(0).member(msgspec.Raw(b'[' + b'1,' * 600 + b'1]')) == [1] * 601
+
+
+def test_the_least_recently_sent_is_dropped_first() -> None:
+    memory = Recurring(2500)
+    a, b, c = (msgspec.Raw(json.dumps({"content": letter * 1000}).encode()) for letter in "abc")
+    kept_a, kept_b = memory.member(a), memory.member(b)
+    assert memory.member(a) is kept_a  # sent again: now the most recent
+    memory.member(c)
+    assert memory.notes(kept_b) is None and memory.notes(kept_a) is not None
+    assert memory.member(b) is not kept_b  # parsed again
+
+
+def test_equal_digests_of_other_bytes_are_parsed_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_body.xxhash, "xxh3_128_intdigest", lambda data: 1)  # every digest collides
+    memory = Recurring(8 << 20)
+    a = msgspec.Raw(json.dumps({"role": "tool", "content": "a" * 2000}).encode())
+    b = msgspec.Raw(json.dumps({"role": "tool", "content": "b" * 2000}).encode())
+    assert memory.member(a)["content"] == "a" * 2000
+    assert memory.member(b)["content"] == "b" * 2000
+    assert memory.member(a)["content"] == "a" * 2000
+
+
+def test_notes_belong_to_the_kept_value_alone() -> None:
+    memory = Recurring(8 << 20)
+    raw = msgspec.Raw(json.dumps({"role": "user", "content": "x" * 2000}).encode())
+    value = memory.member(raw)
+    notes = memory.notes(value)
+    assert notes == {} and memory.notes(value) is notes
+    assert memory.notes(dict(value)) is None  # an equal copy is not the kept value
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b'{"model": "m", "messages": [{"role": "user", "content": NaN}]' + b' ' * 20000 + b'}', None),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d"}]' + b' ' * 20000 + b'}', None),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}' + b' ' * 20000, "not valid JSON"),
+    (b'[' + b' ' * 20000 + b']', "must be a JSON object"),
+    (b'{"model": "m", "messages": "' + b'x' * 20000 + b'"}', None),
+    (b'{"model": "m", "model": "n", "messages": []' + b' ' * 20000 + b'}', None),
+])
+def test_what_the_scan_refuses_is_decodes_verdict(raw: bytes, message: str | None) -> None:
+    memory = Recurring(8 << 20)
+    if message is None:
+        assert json_body.read(raw, "messages", memory).body == json_body.decode(raw)
+    else:
+        with pytest.raises(BadRequest, match=message):
+            json_body.read(raw, "messages", memory)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(), lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_JSON, max_size=12), st.dictionaries(st.text(), _JSON, max_size=4))
+def test_any_conversation_reads_as_decode_reads_it(messages: list[Any], others: dict[str, Any]) -> None:
+    memory = Recurring(1 << 20)
+    body = {**others, "messages": messages, "pad": "p" * json_body.RECURRING_MIN_BODY}
+    raw = json.dumps(body).encode()
+    for _ in range(2):  # parsed, then taken from the memory
+        assert json_body.read(raw, "messages", memory).body == json.loads(raw)
