@@ -37,7 +37,7 @@ STAGES = [
     ("gateway.telemetry.spans", "Spans.begin", 0),
     ("gateway.apis.chat.adapter", "OpenAIAdapter.parse", 0),
     ("gateway.apis.json_body", "read", 1),
-    ("gateway.apis.json_body", "Recurring.elements", 2),
+    ("gateway.apis.recurring", "Recurring.elements", 2),
     ("gateway.apis.chat.adapter", "OpenAIAdapter.features", 0),
     ("gateway.features", "count_exact", 1),
     ("gateway.features", "has_code", 1),

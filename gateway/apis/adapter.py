@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gateway.apis.chat.wire import StreamTally
-from gateway.apis.json_body import Recurring, Source
+from gateway.apis.json_body import Source
+from gateway.apis.recurring import Recurring
 from gateway.apis.usage import Usage
 from gateway.context.anthropic_edits import Managed
 from gateway.context.eviction import TurnShape

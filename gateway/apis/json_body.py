@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pydantic_core
-import xxhash
+
+if TYPE_CHECKING:
+    from gateway.apis.recurring import Recurring
 
 from gateway.errors import BadRequest
 
@@ -85,21 +86,17 @@ def encode(value: Any) -> bytes:
 
 # A body's top-level members as the bytes they were sent as: msgspec skips over each value without building it.
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_ELEMENTS = msgspec.json.Decoder(list[msgspec.Raw])
 _RAW_ENCODER = msgspec.json.Encoder()
 _ABSENT = object()
 # Below this a body is parsed whole: one parse costs less than the scans that find what recurs.
 RECURRING_MIN_BODY = 16 * 1024
-# An element or member this long is kept by its bytes (an agent's tool call is a few hundred bytes; shorter is
-# parsed faster than it is found).
-RECURRING_MIN_MEMBER = 128
 
 
 def read(raw: bytes, repeated: str | None = None, recurring: Recurring | None = None) -> Source:
     """A request body parsed (`decode`'s verdicts and errors), with its bytes. With `recurring`, a long body's
-    array member `repeated` (a conversation) is read element by element, and each element the memory has seen
-    before, byte for byte, is its earlier parse: an agent re-sends its whole conversation at each step, so only
-    the step's new messages are parsed."""
+    array member `repeated` (its conversation) and its long members are read through that memory
+    (gateway/apis/recurring.py): an agent re-sends its whole conversation at each step, so only the step's new
+    messages are parsed."""
     if recurring is not None and repeated is not None and len(raw) >= RECURRING_MIN_BODY:
         with contextlib.suppress(msgspec.DecodeError, RecursionError):  # decode's path says what was wrong
             members = _MEMBERS.decode(raw)
@@ -107,84 +104,6 @@ def read(raw: bytes, repeated: str | None = None, recurring: Recurring | None = 
                     for name, value in members.items()}
             return Source(raw, body, members, recurring)
     return Source(raw, decode(raw))
-
-
-class Recurring:
-    """Conversation elements and long members of request bodies, kept parsed by their bytes (at most `max_bytes`
-    of them, the least recently sent dropped first), with what other stages noted of each.
-
-    A kept value is shared by every body that sent its bytes, so it must never be edited in place: the gateway's
-    edits build new objects (tests/apis/test_recurring.py holds the pipeline to that). An entry is found by the
-    XXH3-128 digest of its bytes and taken only when its bytes are equal, so a collision costs a parse."""
-
-    __slots__ = ("_by_digest", "_by_id", "kept_bytes", "max_bytes")
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.kept_bytes = 0
-        self._by_digest: OrderedDict[int, _Kept] = OrderedDict()
-        self._by_id: dict[int, _Kept] = {}  # id(value): what was noted of a value the memory holds (so ids are unique)
-
-    def elements(self, array: msgspec.Raw) -> Any:
-        """An array member's value, each element its kept parse where there is one; any other JSON as parsed."""
-        try:
-            elements = _ELEMENTS.decode(array)
-        except msgspec.ValidationError:  # not an array: parsed as it is, for the body's check to name
-            return _VALUE.decode(array)
-        return [self.member(element) for element in elements]
-
-    def member(self, raw: msgspec.Raw) -> Any:
-        """The value of `raw`: kept, when it is long enough to recur as a dict or list."""
-        if len(raw) < RECURRING_MIN_MEMBER or self.max_bytes <= 0:
-            return _VALUE.decode(raw)
-        digest = xxhash.xxh3_128_intdigest(raw)
-        kept = self._by_digest.get(digest)
-        if kept is not None and kept.raw == raw:
-            self._by_digest.move_to_end(digest)
-            return kept.value
-        value = _VALUE.decode(raw)
-        if kept is None and isinstance(value, (dict, list)):
-            self._keep(digest, _Kept(msgspec.Raw(bytes(raw)), value))  # a copy: `raw` holds the whole body
-        return value
-
-    def notes(self, value: Any) -> dict[str, Any] | None:
-        """What stages noted of `value` while the memory holds it (a dict to add to), else None."""
-        kept = self._by_id.get(id(value))
-        if kept is None or kept.value is not value:
-            return None
-        if kept.notes is None:
-            kept.notes = {}
-        return kept.notes
-
-    def __len__(self) -> int:
-        return len(self._by_digest)
-
-    def kept(self) -> Iterator[tuple[bytes, Any]]:
-        """Each kept value with its bytes, the least recently sent first."""
-        return ((bytes(kept.raw), kept.value) for kept in self._by_digest.values())
-
-    def _keep(self, digest: int, kept: _Kept) -> None:
-        size = len(kept.raw)
-        if size > self.max_bytes:
-            return
-        self._by_digest[digest] = kept
-        self._by_id[id(kept.value)] = kept
-        self.kept_bytes += size
-        while self.kept_bytes > self.max_bytes:
-            _, dropped = self._by_digest.popitem(last=False)
-            del self._by_id[id(dropped.value)]
-            self.kept_bytes -= len(dropped.raw)
-
-
-class _Kept:
-    __slots__ = ("notes", "raw", "value")
-
-    def __init__(self, raw: msgspec.Raw, value: Any) -> None:
-        self.raw, self.value = raw, value
-        self.notes: dict[str, Any] | None = None
-
-
-_VALUE = msgspec.json.Decoder()
 
 
 class Source:

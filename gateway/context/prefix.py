@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import xxhash
 
 from gateway.apis import json_body
+from gateway.apis.recurring import Recurring
 
 MAX_LINKS = 1024  # a chain longer than this keeps its first links: a prediction then says less, never wrong
 TOOLS_ROLE = "tools"  # the first link: the tool definitions the chat template renders before the messages
@@ -66,7 +67,7 @@ def after_warming(record: SessionPrefixes, deployment: str, warmed: Chain) -> Se
 
 
 def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: memoryview | None = None,
-             recurring: json_body.Recurring | None = None) -> Chain:
+             recurring: Recurring | None = None) -> Chain:
     """The chat view's prompt as links (its tools, then each message); the tokens through each link are
     `prompt_tokens` shared out by the size of what each link hashed (a deployment's exact figure replaces
     them once it has served the prompt: `rescaled`). `tools_sent`: the tools' bytes as the client sent them
@@ -102,7 +103,7 @@ class _Noted:
 
 
 def _digests(view: Mapping[str, Any], tools_sent: memoryview | None,
-             recurring: json_body.Recurring | None) -> tuple[list[str], list[int]]:
+             recurring: Recurring | None) -> tuple[list[str], list[int]]:
     """Each link's digest (hex) and the size of what the prompt hashed through it: the tools' JSON (when the call
     offers tools), then each message. A message's link hashes its own digest (its fields hashed one after the
     other) seeded with the link before, so it stands for the whole prompt through it; its own digest depends on

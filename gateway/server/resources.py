@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gateway.accounting.ledger import Accounting
 from gateway.agents.recorder import Trajectories
-from gateway.apis.json_body import Recurring
+from gateway.apis.recurring import Recurring
 from gateway.classifier.scoring import Classifier
 from gateway.context.anthropic_edits import Managed
 from gateway.context.masking import Masking

@@ -22,7 +22,7 @@ class Settings:
     policy_poll_s: float = 1.0
     classifier_model: str = ""  # empty: the packaged default model
     explain_memory: int = 2048  # recent requests whose decision trail /admin/requests/{id}/explain can show
-    recurring_bytes: int = 8 * 1024 * 1024  # conversation messages kept parsed by their bytes (json_body.Recurring)
+    recurring_bytes: int = 8 * 1024 * 1024  # conversation messages kept parsed by their bytes (apis/recurring.py)
     log_level: str = "INFO"
     workers: int = 1
     redis_url: str = ""  # the shared store when the policy names none (rollout states, arms, shadow pairs)

@@ -1,4 +1,4 @@
-"""json_body.Recurring: a conversation's messages parsed once, however many steps re-send them."""
+"""apis/recurring.py: a conversation's messages parsed once, however many steps re-send them."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench import agent_bodies
-from gateway.apis import json_body
-from gateway.apis.json_body import Recurring
+from gateway.apis import json_body, recurring
+from gateway.apis.recurring import Recurring
 from gateway.errors import BadRequest
 
 
@@ -48,13 +48,46 @@ def test_what_is_kept_is_bounded_by_its_bytes_and_the_least_recently_sent_goes_f
     first, second, _ = _steps()
     memory = Recurring(20 * 1024)
     json_body.read(first, "messages", memory)
-    assert 0 < memory.kept_bytes <= 20 * 1024
+    assert 0 < memory.kept_bytes <= 20 * 1024 and memory.conversation_bytes == 0  # a conversation over the bound
     kept = list(memory.kept())
     assert sum(len(raw) for raw, _ in kept) == memory.kept_bytes
     newest = json_body.read(second, "messages", memory).body["messages"][-1]
     assert memory.notes(newest) is not None and memory.kept_bytes <= 20 * 1024  # kept, the oldest dropped
     assert memory.notes(kept[0][1]) is None  # dropped with its notes: an id may be reused once it is gone
     assert Recurring(0).member(msgspec.Raw(b'[' + b'1,' * 600 + b'1]')) == [1] * 601
+
+
+def _conversation(n: int) -> list[dict[str, Any]]:
+    return [{"role": "user" if i % 2 else "assistant", "content": f"step {i}"} for i in range(n)]
+
+
+def _raw(messages: list[Any], separators: tuple[str, str] = (",", ":")) -> bytes:
+    return json.dumps({"model": "m", "messages": messages, "pad": "p" * json_body.RECURRING_MIN_BODY},
+                      separators=separators).encode()
+
+
+def test_a_conversation_that_continues_a_kept_one_takes_its_parses_however_short_its_messages() -> None:
+    memory = Recurring(8 << 20)
+    first = json_body.read(_raw(_conversation(300)), "messages", memory).body["messages"]
+    assert len(memory) == 0  # each message under MIN_KEPT: none kept alone
+    second = json_body.read(_raw(_conversation(302)), "messages", memory).body["messages"]
+    assert all(a is b for a, b in zip(first, second[:300], strict=True))
+    assert second == _conversation(302) and memory.conversation_bytes < len(_raw(_conversation(302)))
+    again = json_body.read(_raw(_conversation(302)), "messages", memory).body["messages"]
+    assert again == second and again is not second and again[301] is second[301]  # the same step again
+
+
+@pytest.mark.parametrize("later", [
+    [*_conversation(300), 1],  # a number after it: its digits must not run on
+    _conversation(299),  # shorter: a step rewound
+    [*_conversation(299), {"role": "user", "content": "step 299 edited"}],  # its last message edited
+    [{"role": "system", "content": "other"}, *_conversation(300)[1:]],  # another head
+])
+def test_what_does_not_continue_a_kept_conversation_is_read_as_it_is(later: list[Any]) -> None:
+    memory = Recurring(8 << 20)
+    json_body.read(_raw([*_conversation(300)[:-1], 12]), "messages", memory)  # ends on 12: [.., 1] is its prefix
+    for spacing in ((",", ":"), (", ", ": ")):
+        assert json_body.read(_raw(later, spacing), "messages", memory).body["messages"] == later
 
 
 def test_the_least_recently_sent_is_dropped_first() -> None:
@@ -68,11 +101,14 @@ def test_the_least_recently_sent_is_dropped_first() -> None:
 
 
 def test_equal_digests_of_other_bytes_are_parsed_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(json_body.xxhash, "xxh3_128_intdigest", lambda data: 1)  # every digest collides
+    monkeypatch.setattr(recurring.xxhash, "xxh3_128_intdigest", lambda data: 1)  # every digest collides
+    monkeypatch.setattr(recurring.xxhash, "xxh3_64_intdigest", lambda data: 1)  # every head too
     memory = Recurring(8 << 20)
     a = msgspec.Raw(json.dumps({"role": "tool", "content": "a" * 2000}).encode())
     b = msgspec.Raw(json.dumps({"role": "tool", "content": "b" * 2000}).encode())
     assert memory.member(a)["content"] == "a" * 2000
+    for n in (300, 200, 301):  # every conversation under one head: told apart by their bytes
+        assert json_body.read(_raw(_conversation(n)), "messages", memory).body["messages"] == _conversation(n)
     assert memory.member(b)["content"] == "b" * 2000
     assert memory.member(a)["content"] == "a" * 2000
 
@@ -107,11 +143,15 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                      | st.text(), lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=20)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(_JSON, max_size=12), st.dictionaries(st.text(), _JSON, max_size=4))
-def test_any_conversation_reads_as_decode_reads_it(messages: list[Any], others: dict[str, Any]) -> None:
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_JSON, max_size=12), st.lists(_JSON, max_size=4), st.dictionaries(st.text(), _JSON, max_size=4),
+       st.sampled_from([None, 1]), st.integers(0, 12))
+def test_any_conversation_reads_as_decode_reads_it_step_after_step(
+        messages: list[Any], added: list[Any], others: dict[str, Any], indent: int | None, cut: int) -> None:
     memory = Recurring(1 << 20)
-    body = {**others, "messages": messages, "pad": "p" * json_body.RECURRING_MIN_BODY}
-    raw = json.dumps(body).encode()
-    for _ in range(2):  # parsed, then taken from the memory
+    pad = "p" * json_body.RECURRING_MIN_BODY
+    head = [{"role": "system", "content": "s" * 300}] * 20  # long enough to be found by its head
+    steps = [head + messages, head + messages + added, head + messages[:cut] + added, head + messages + added]
+    for step in steps:  # parsed, continued, rewound and edited, continued again
+        raw = json.dumps({**others, "messages": step, "pad": pad}, indent=indent).encode()
         assert json_body.read(raw, "messages", memory).body == json.loads(raw)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.apis import json_body
 from gateway.apis.json_body import Source
+from gateway.apis.recurring import Recurring
 from gateway.context.prefix import (
     NO_PREFIXES,
     Link,
@@ -152,7 +153,7 @@ def test_a_lone_surrogate_in_a_content_of_parts_or_the_tools_gives_a_chain() -> 
 
 
 def test_messages_read_through_the_parse_memory_link_as_their_copies_do_step_after_step() -> None:
-    memory = json_body.Recurring(1 << 20)
+    memory = Recurring(1 << 20)
     long_result = {**RESULT, "content": "parser.py tests/\n" * 200}
     steps = [view(SYSTEM, TASK, CALL, long_result), view(SYSTEM, TASK, CALL, long_result, CALL, RESULT),
              view(SYSTEM, TASK, CALL, long_result)]  # the second step's end dropped: the first step's links again

@@ -1,4 +1,4 @@
-"""Every server test's request bodies go through the parse memory (json_body.Recurring), not only those over its
+"""Every server test's request bodies go through the parse memory (gateway/apis/recurring.py), not only those over its
 production threshold; and after each test, whatever the memory kept still equals the parse of its bytes: no stage
 of the pipeline edited a value that later requests share."""
 
@@ -9,22 +9,23 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from gateway.apis import json_body
+from gateway.apis import json_body, recurring
 from gateway.server import resources
 
 
 @pytest.fixture(autouse=True)
 def bodies_read_through_the_parse_memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    made: list[json_body.Recurring] = []
+    made: list[recurring.Recurring] = []
 
-    class Watched(json_body.Recurring):
+    class Watched(recurring.Recurring):
         def __init__(self, max_bytes: int) -> None:
             super().__init__(max_bytes)
             made.append(self)
 
     monkeypatch.setattr(resources, "Recurring", Watched)
     monkeypatch.setattr(json_body, "RECURRING_MIN_BODY", 0)
-    monkeypatch.setattr(json_body, "RECURRING_MIN_MEMBER", 0)
+    monkeypatch.setattr(recurring, "MIN_KEPT", 0)
+    monkeypatch.setattr(recurring, "HEAD_LENGTHS", (4096, 256, 16))
     yield
     for memory in made:
         for raw, value in memory.kept():

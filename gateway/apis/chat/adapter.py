@@ -7,6 +7,7 @@ from typing import Any
 
 from gateway.apis import json_body
 from gateway.apis.chat import wire as chat_wire
+from gateway.apis.recurring import Recurring
 from gateway.apis.usage import Usage
 from gateway.context import eviction, retrieval, tool_outputs
 from gateway.context.anthropic_edits import Managed
@@ -32,7 +33,7 @@ class OpenAIAdapter:
         chat = endpoint == "chat"
         self.assistant_texts: tool_outputs.ToolOutputs | None = tool_outputs.CHAT_ASSISTANT if chat else None
 
-    def parse(self, raw: bytes, recurring: json_body.Recurring | None = None) -> json_body.Source:
+    def parse(self, raw: bytes, recurring: Recurring | None = None) -> json_body.Source:
         sent = json_body.read(raw, "messages" if self.endpoint == "chat" else None, recurring)
         chat_wire.check(sent.body, self.endpoint)
         return sent

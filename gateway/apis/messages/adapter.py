@@ -13,6 +13,7 @@ from typing import Any
 from gateway.apis import json_body
 from gateway.apis.adapter import features_as_chat
 from gateway.apis.messages import wire as messages
+from gateway.apis.recurring import Recurring
 from gateway.apis.usage import Usage
 from gateway.context import anthropic_answers, eviction, retrieval, tool_outputs
 from gateway.context.anthropic_config import FIELD, read_edits
@@ -38,7 +39,7 @@ class MessagesAdapter:
         self.endpoint = "messages_count_tokens" if counting else "messages"
         self.path = messages.COUNT_TOKENS_PATH if counting else messages.PATH
 
-    def parse(self, raw: bytes, recurring: json_body.Recurring | None = None) -> json_body.Source:
+    def parse(self, raw: bytes, recurring: Recurring | None = None) -> json_body.Source:
         sent = json_body.read(raw, "messages", recurring)
         messages.check(sent.body, count_tokens=self.counting)
         return sent

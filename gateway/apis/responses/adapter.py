@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.apis import json_body
 from gateway.apis.adapter import features_as_chat
+from gateway.apis.recurring import Recurring
 from gateway.apis.responses import compaction
 from gateway.apis.responses import wire as responses
 from gateway.apis.usage import Usage
@@ -32,7 +33,7 @@ class ResponsesAdapter:
     block: retrieval.BlockShape | None = retrieval.RESPONSES
     assistant_texts: ToolOutputs | None = RESPONSES_ASSISTANT
 
-    def parse(self, raw: bytes, recurring: json_body.Recurring | None = None) -> json_body.Source:
+    def parse(self, raw: bytes, recurring: Recurring | None = None) -> json_body.Source:
         sent = json_body.read(raw, "input", recurring)
         responses.check(sent.body)
         compaction.check(sent.body)
@@ -81,7 +82,7 @@ class ResponsesCompactAdapter(ResponsesAdapter):
 
     path = compaction.COMPACT_PATH
 
-    def parse(self, raw: bytes, recurring: json_body.Recurring | None = None) -> json_body.Source:
+    def parse(self, raw: bytes, recurring: Recurring | None = None) -> json_body.Source:
         sent = json_body.read(raw, "input", recurring)
         body = sent.body
         body.setdefault("input", [])  # a chain alone (previous_response_id) is compacted too
