@@ -189,7 +189,9 @@ def hard_limit_fields(policy: policy_module.Policy) -> list[str]:
 def run(settings: Settings) -> None:
     from gateway.server.app import create_app
     from gateway.server.listener import serve
+    from gateway.upstream.client import one_heap
 
+    one_heap()  # before the span exporter's thread and the executor's start
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _use_uvloop()
     print(f"agent-gateway {__version__} listening on http://{settings.host}:{settings.port} "

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import functools
 import math
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import NamedTuple, cast
@@ -55,6 +56,24 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _TRIM = _malloc_trim()
+_M_ARENA_MAX = -8  # glibc's mallopt parameter: how many heaps threads may allocate from
+
+
+def one_heap() -> bool:
+    """Have every thread allocate from glibc's main heap, unless MALLOC_ARENA_MAX says otherwise; whether it was set.
+
+    glibc gives each thread that contends for the heap a heap of its own: the span exporter's thread encodes its
+    batches in one, which keeps what they freed (~10 MiB after an agent's steps) beyond the main heap's reach and
+    release_heap's timing. The exporter holds the GIL while it encodes, so one heap costs no waiting. Call it
+    before any thread starts.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).mallopt(_M_ARENA_MAX, 1))
+    except (OSError, AttributeError):
+        return False
 
 
 def release_heap() -> None:
@@ -68,7 +87,8 @@ def release_heap() -> None:
 
 
 class HeapTrim:
-    """Gives the heap back to the OS once a wave of responses has mostly ended.
+    """Gives the heap back to the OS once a wave of responses has mostly ended, or once traffic that carried
+    many large bodies went idle.
 
     A thousand streams at once, or a few hundred slow readers, leave the process tens of megabytes larger
     after they end: glibc keeps what they freed for reuse. When at least WAVE_RESPONSES were open at once
@@ -76,9 +96,14 @@ class HeapTrim:
     takes ~40 ms), TRIM_DELAY_S later (the ended requests' own objects are freed after their response)
     and at most once per TRIM_EVERY_S. A wave's tail of over WAVE_RESPONSES / 4 gets one more trim once
     it ended too; steady traffic after a wave triggers none.
+
+    Agents' 100-200 KB steps leave the heap as large at a handful of requests at a time (~10 MiB at 8): once
+    WAVE_BYTES of request bodies went out since the last trim, the first TRIM_DELAY_S with no response open
+    trims it. Steady traffic never stays idle that long, so it triggers none.
     """
 
     WAVE_RESPONSES = 64
+    WAVE_BYTES = 32 * 1024 * 1024
     TRIM_DELAY_S = 0.5
     TRIM_EVERY_S = 2.0
 
@@ -86,31 +111,49 @@ class HeapTrim:
         self.open = 0
         self.peak = 0
         self.trims = 0
+        self.carried = 0  # request body bytes since the last trim
         self._due: asyncio.TimerHandle | None = None
+        self._idle: asyncio.TimerHandle | None = None
         self._last_at = -math.inf
 
-    def opened(self) -> None:
+    def opened(self, body_bytes: int = 0) -> None:
         self.open += 1
         self.peak = max(self.peak, self.open)
+        self.carried += body_bytes
+        if self._idle is not None:  # not idle after all
+            self._idle.cancel()
+            self._idle = None
 
     def ended(self, loop: asyncio.AbstractEventLoop) -> None:
         self.open -= 1
         if self._due is None and self.peak >= self.WAVE_RESPONSES and self.open <= self.peak // 4:
             at = max(loop.time() + self.TRIM_DELAY_S, self._last_at + self.TRIM_EVERY_S)
             self._due = loop.call_at(at, self._trim, loop)
+        elif self.open == 0 and self.carried >= self.WAVE_BYTES and self._due is None and self._idle is None:
+            at = max(loop.time() + self.TRIM_DELAY_S, self._last_at + self.TRIM_EVERY_S)
+            self._idle = loop.call_at(at, self._trim_idle, loop)
 
     def _trim(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._due, self._last_at = None, loop.time()
+        self._due = None
         # The next wave is measured from what is open now; a tail still this large counts as one.
         tail = self.open > self.WAVE_RESPONSES // 4
         self.peak = max(self.open, self.WAVE_RESPONSES) if tail else self.open
+        self._release(loop)
+
+    def _trim_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._idle = None
+        self._release(loop)
+
+    def _release(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._last_at, self.carried = loop.time(), 0
         self.trims += 1
         loop.run_in_executor(None, release_heap)
 
     def cancel(self) -> None:
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
+        for handle in (self._due, self._idle):
+            if handle is not None:
+                handle.cancel()
+        self._due = self._idle = None
 
 
 class ClientError(Exception):
@@ -193,7 +236,6 @@ class Response:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._released = False
-        connection.pool.heap.opened()
         self._whole = False  # read() wants the body at once: no mark to pause at
 
     # -- the parser's callbacks (httptools calls these while fed) ---------------------------------------
@@ -494,6 +536,7 @@ class Pool:
         for first_try in (True, False):
             connection, reused = await self._acquire(target.origin, loop, connect_by)
             response = Response(connection, read_s, deadline)
+            self.heap.opened(len(body))
             connection.send(response, head, body)
             if sent is not None:
                 sent()

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -160,3 +163,54 @@ async def test_a_wave_of_responses_that_ended_gives_the_heap_back_once(pool: Poo
         assert pool.heap._due is None and pool.heap.trims == 1
     finally:
         await server.close()
+
+
+async def test_large_bodies_give_the_heap_back_once_traffic_idles_not_while_it_flows(pool: Pool) -> None:
+    async def small(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"{}", content_type="application/json")
+
+    app = web.Application(client_max_size=1 << 20)
+    app.router.add_post("/x", small)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    url, body = f"http://127.0.0.1:{server.port}/x", b"x" * (100 * 1024)
+    heap = pool.heap
+    heap.WAVE_BYTES, heap.TRIM_DELAY_S = 1 << 20, 60.0  # an idle minute would be needed: none comes
+    try:
+        for _ in range(20):  # 2 MB, one at a time: idle between each, for a moment only
+            await (await pool.request("POST", url, body, read_s=5)).read()
+            assert heap.open == 0 and heap.trims == 0
+        assert heap._idle is not None  # armed after the last one, as after each before it
+        heap.TRIM_DELAY_S = 0.05
+        await (await pool.request("POST", url, body, read_s=5)).read()  # re-armed with the short delay
+        await until(lambda: heap.trims == 1, what="one trim once idle")
+        assert heap.carried == 0 and heap._idle is None
+        await (await pool.request("POST", url, body, read_s=5)).read()  # under WAVE_BYTES again: no timer
+        assert heap._idle is None
+    finally:
+        await server.close()
+
+
+_THREADS_ALLOCATE = """
+import ctypes, ctypes.util, sys, threading
+from gateway.upstream.client import one_heap
+if sys.argv[1] == "one":
+    assert one_heap()
+held = []
+def allocate():
+    held.append([bytes(2048) for _ in range(2000)])  # over pymalloc's 512 B: glibc's heap
+threads = [threading.Thread(target=allocate) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+ctypes.CDLL(ctypes.util.find_library("c")).malloc_stats()  # one "Arena N:" per heap, on stderr
+"""
+
+
+@pytest.mark.parametrize(("mode", "one"), [("one", True), ("default", False)])
+def test_one_heap_has_threads_allocate_from_the_main_heap(mode: str, one: bool) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    done = subprocess.run([sys.executable, "-c", _THREADS_ALLOCATE, mode], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    heaps = done.stderr.count("Arena ")
+    assert heaps == 1 if one else heaps > 1, done.stderr
