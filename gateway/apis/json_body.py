@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pydantic_core
 
+from gateway.errors import BadRequest
+
 if TYPE_CHECKING:
     from gateway.apis.recurring import Recurring
-
-from gateway.errors import BadRequest
 
 _BODY = msgspec.json.Decoder()
 

@@ -98,8 +98,9 @@ class HeapTrim:
     it ended too; steady traffic after a wave triggers none.
 
     Agents' 100-200 KB steps leave the heap as large at a handful of requests at a time (~10 MiB at 8): once
-    WAVE_BYTES of request bodies went out since the last trim, the first TRIM_DELAY_S with no response open
-    trims it. Steady traffic never stays idle that long, so it triggers none.
+    WAVE_BYTES of request bodies went out since the last trim, the first TRIM_DELAY_S in which no response opened
+    and none is open trims it. One timer looks, and looks again while traffic goes on (never once a request):
+    steady traffic triggers none.
     """
 
     WAVE_RESPONSES = 64
@@ -112,6 +113,7 @@ class HeapTrim:
         self.peak = 0
         self.trims = 0
         self.carried = 0  # request body bytes since the last trim
+        self.opens = 0  # responses opened, ever: the idle timer's way to tell traffic went on
         self._due: asyncio.TimerHandle | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._last_at = -math.inf
@@ -120,9 +122,7 @@ class HeapTrim:
         self.open += 1
         self.peak = max(self.peak, self.open)
         self.carried += body_bytes
-        if self._idle is not None:  # not idle after all
-            self._idle.cancel()
-            self._idle = None
+        self.opens += 1
 
     def ended(self, loop: asyncio.AbstractEventLoop) -> None:
         self.open -= 1
@@ -130,8 +130,11 @@ class HeapTrim:
             at = max(loop.time() + self.TRIM_DELAY_S, self._last_at + self.TRIM_EVERY_S)
             self._due = loop.call_at(at, self._trim, loop)
         elif self.open == 0 and self.carried >= self.WAVE_BYTES and self._due is None and self._idle is None:
-            at = max(loop.time() + self.TRIM_DELAY_S, self._last_at + self.TRIM_EVERY_S)
-            self._idle = loop.call_at(at, self._trim_idle, loop)
+            self._look_idle(loop)
+
+    def _look_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        at = max(loop.time() + self.TRIM_DELAY_S, self._last_at + self.TRIM_EVERY_S)
+        self._idle = loop.call_at(at, self._trim_idle, loop, self.opens)
 
     def _trim(self, loop: asyncio.AbstractEventLoop) -> None:
         self._due = None
@@ -140,9 +143,13 @@ class HeapTrim:
         self.peak = max(self.open, self.WAVE_RESPONSES) if tail else self.open
         self._release(loop)
 
-    def _trim_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _trim_idle(self, loop: asyncio.AbstractEventLoop, opens: int) -> None:
         self._idle = None
-        self._release(loop)
+        if self.opens == opens and self.open == 0:
+            self._release(loop)
+        elif self.open == 0 and self._due is None:  # traffic went on and paused: look again from now
+            self._look_idle(loop)
+        # else the next response to end, with none left open, looks again
 
     def _release(self, loop: asyncio.AbstractEventLoop) -> None:
         self._last_at, self.carried = loop.time(), 0

@@ -177,13 +177,22 @@ async def test_large_bodies_give_the_heap_back_once_traffic_idles_not_while_it_f
     url, body = f"http://127.0.0.1:{server.port}/x", b"x" * (100 * 1024)
     heap = pool.heap
     heap.WAVE_BYTES, heap.TRIM_DELAY_S = 1 << 20, 60.0  # an idle minute would be needed: none comes
+    loop = asyncio.get_running_loop()
     try:
+        await (await pool.request("POST", url, body, read_s=5)).read()
+        assert heap._idle is None  # under WAVE_BYTES: nothing to look for
         for _ in range(20):  # 2 MB, one at a time: idle between each, for a moment only
             await (await pool.request("POST", url, body, read_s=5)).read()
-            assert heap.open == 0 and heap.trims == 0
-        assert heap._idle is not None  # armed after the last one, as after each before it
+        looking = heap._idle
+        assert looking is not None and heap.trims == 0
+        await (await pool.request("POST", url, body, read_s=5)).read()
+        assert heap._idle is looking  # one timer for the traffic, not one a request
+        looking.cancel()
+        heap._trim_idle(loop, heap.opens - 1)  # had it fired now: traffic went on since it was set
+        assert heap.trims == 0 and heap._idle is not None  # it looks again, no trim
+        heap.cancel()
         heap.TRIM_DELAY_S = 0.05
-        await (await pool.request("POST", url, body, read_s=5)).read()  # re-armed with the short delay
+        await (await pool.request("POST", url, body, read_s=5)).read()
         await until(lambda: heap.trims == 1, what="one trim once idle")
         assert heap.carried == 0 and heap._idle is None
         await (await pool.request("POST", url, body, read_s=5)).read()  # under WAVE_BYTES again: no timer
