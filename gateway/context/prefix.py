@@ -77,7 +77,7 @@ def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: memoryview
     if not digests:
         return ()
     total = sizes[-1] or 1
-    return _links(digests, [prompt_tokens * size // total for size in sizes])
+    return _links(map(_HEX, digests), [prompt_tokens * size // total for size in sizes])
 
 
 def _links(digests: Iterable[str], tokens: Iterable[int]) -> Chain:
@@ -88,29 +88,18 @@ def _links(digests: Iterable[str], tokens: Iterable[int]) -> Chain:
 _HEX = "{:016x}".format
 _MAPPING = (dict, Mapping)  # a parsed body's objects are dicts: checked first, without the ABC's own check
 _TOOLS_SEED = xxhash.xxh3_64_intdigest(TOOLS_ROLE)  # the tools' link: seeded apart from any message's
-_NOTE = "prefix.link"  # what the chain noted of a message in the parse memory: a _Noted
-
-
-class _Noted:
-    """A message's own digest and size, and its link the last time it was hashed: after the same link as last
-    time (a step re-sends the steps before it), its link is that one again."""
-
-    __slots__ = ("after", "hex", "link", "own", "size")
-
-    def __init__(self, own: bytes, size: int) -> None:
-        self.own, self.size = own, size
-        self.after, self.link, self.hex = -1, 0, ""
+_NOTE = "prefix.own"  # a message's own digest and size, noted in the parse memory
 
 
 def _digests(view: Mapping[str, Any], tools_sent: memoryview | None,
-             recurring: Recurring | None) -> tuple[list[str], list[int]]:
-    """Each link's digest (hex) and the size of what the prompt hashed through it: the tools' JSON (when the call
+             recurring: Recurring | None) -> tuple[list[int], list[int]]:
+    """Each link's digest and the size of what the prompt hashed through it: the tools' JSON (when the call
     offers tools), then each message. A message's link hashes its own digest (its fields hashed one after the
     other) seeded with the link before, so it stands for the whole prompt through it; its own digest depends on
     the message alone, so a message the client re-sends is hashed once (noted in `recurring`). XXH3: the links
     predict a cache, so a collision costs a wrong prediction, never data; a cryptographic hash took several times
     as long on an agent's 100-200 KB step, as did joining a message's fields into one text to hash."""
-    digests: list[str] = []
+    digests: list[int] = []
     sizes: list[int] = []
     digest = through = 0
     tools = view.get("tools")
@@ -118,24 +107,21 @@ def _digests(view: Mapping[str, Any], tools_sent: memoryview | None,
         piece = tools_sent if tools_sent is not None else _json(tools)
         digest = _hash(piece, _TOOLS_SEED)
         through = len(piece)
-        digests.append(_HEX(digest))
+        digests.append(digest)
         sizes.append(through)
     messages = view.get("messages")
     notes_of = recurring.notes if recurring is not None else _no_notes
     for message in messages[:MAX_LINKS - len(digests)] if isinstance(messages, list) else ():
         if isinstance(message, _MAPPING):
             notes = notes_of(message)
-            noted = notes.get(_NOTE) if notes is not None else None
-            if noted is None:
-                noted = _Noted(*_message_digest(message))
+            own = notes.get(_NOTE) if notes is not None else None
+            if own is None:
+                own = _message_digest(message)
                 if notes is not None:
-                    notes[_NOTE] = noted
-            if noted.after != digest:
-                noted.after, noted.link = digest, xxhash.xxh3_64_intdigest(noted.own, digest)
-                noted.hex = _HEX(noted.link)
-            digest = noted.link
-            through += noted.size
-            digests.append(noted.hex)
+                    notes[_NOTE] = own
+            digest = xxhash.xxh3_64_intdigest(own[0], digest)
+            through += own[1]
+            digests.append(digest)
             sizes.append(through)
     return digests, sizes
 
@@ -205,7 +191,7 @@ def rescaled(prompt: Chain, prompt_tokens: int) -> Chain:
     if not prompt or prompt_tokens <= 0:
         return prompt
     estimated = prompt[-1].tokens or 1
-    return _links([link.digest for link in prompt], [link.tokens * prompt_tokens // estimated for link in prompt])
+    return _links((link.digest for link in prompt), [link.tokens * prompt_tokens // estimated for link in prompt])
 
 
 def encode(chain: Sequence[Link]) -> str:

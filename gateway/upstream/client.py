@@ -44,18 +44,18 @@ DEFAULT_IDLE_S = 4.0
 DEFAULT_MAX_IDLE = 64
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, where there is one (it returns free heap pages to the OS)."""
+def _glibc(function: str) -> Callable[..., int] | None:
+    """A function of glibc's allocator, where the C library has it (malloc_trim, mallopt)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        return cast(Callable[[int], int], ctypes.CDLL(name).malloc_trim)
+        return cast(Callable[..., int], getattr(ctypes.CDLL(name), function))
     except (OSError, AttributeError):
         return None
 
 
-_TRIM = _malloc_trim()
+_TRIM = _glibc("malloc_trim")  # returns free heap pages to the OS
 _M_ARENA_MAX = -8  # glibc's mallopt parameter: how many heaps threads may allocate from
 
 
@@ -67,13 +67,10 @@ def one_heap() -> bool:
     release_heap's timing. The exporter holds the GIL while it encodes, so one heap costs no waiting. Call it
     before any thread starts.
     """
-    name = ctypes.util.find_library("c")
-    if name is None or "MALLOC_ARENA_MAX" in os.environ:
+    mallopt = _glibc("mallopt")
+    if mallopt is None or "MALLOC_ARENA_MAX" in os.environ:
         return False
-    try:
-        return bool(ctypes.CDLL(name).mallopt(_M_ARENA_MAX, 1))
-    except (OSError, AttributeError):
-        return False
+    return bool(mallopt(_M_ARENA_MAX, 1))
 
 
 def release_heap() -> None:
