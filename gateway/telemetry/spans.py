@@ -130,6 +130,20 @@ class Spans:
         await asyncio.to_thread(self.processor.shutdown)
 
 
+class HashedOnce(Resource):
+    """A resource whose hash is computed once. The SDK's OTLP encoder files every span of a batch under its
+    resource, and a Resource hashes by dumping its attributes as JSON each time it is asked: once a span, the
+    same answer for the process's one resource, in the export thread that holds the interpreter. A resource
+    never changes after it is made (its attributes are immutable), so its hash does not either."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 class CountingExporter(SpanExporter):
     """An exporter that counts the spans it exported and those it could not (called in the processor's thread)."""
 
@@ -201,7 +215,7 @@ def make_spans(exporter_name: str) -> Spans | None:
     max_queue = _positive_env("OTEL_BSP_MAX_QUEUE_SIZE", _DEFAULT_MAX_QUEUE)
     batch = min(_positive_env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _DEFAULT_BATCH), max_queue)
     processor = BoundedBatches(exporter, max_queue, batch)
-    return Spans(processor, provider.resource, provider.sampler, provider.id_generator)
+    return Spans(processor, HashedOnce(provider.resource), provider.sampler, provider.id_generator)
 
 
 def _positive_env(name: str, default: int) -> int:

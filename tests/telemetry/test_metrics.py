@@ -374,6 +374,32 @@ def test_spans_are_exported_in_large_batches_by_default(monkeypatch: pytest.Monk
     spans.processor.shutdown()
 
 
+def test_a_batch_is_encoded_with_its_resource_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's encoder files each span under its resource, and a plain Resource hashes by dumping its attributes
+    as JSON at every ask: the gateway's resource answers from the hash it made once, equal to the SDK's."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk import resources
+
+    spans = make_spans("console")
+    assert spans is not None
+    spans.processor.shutdown()
+    exporter = InMemorySpanExporter()
+    spans.processor = SimpleSpanProcessor(exporter)
+    for _ in range(50):
+        spans.record("gateway chat", 1, {"gateway.rule": "default"})
+    finished = exporter.get_finished_spans()
+    resource = finished[0].resource
+    plain = resources.Resource(resource.attributes, resource.schema_url)
+    assert resource == plain and hash(resource) == hash(plain)
+    assert resource.attributes["service.name"] == "agent-gateway"
+    dumped = []
+    real_dumps = resources.dumps
+    monkeypatch.setattr(resources, "dumps", lambda *a, **k: dumped.append(1) or real_dumps(*a, **k))
+    request = encode_spans(finished)
+    assert dumped == []  # 50 spans filed under one resource without dumping it again
+    assert len(request.resource_spans) == 1 and len(request.resource_spans[0].scope_spans[0].spans) == 50
+
+
 def test_a_sampler_from_the_environment_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
