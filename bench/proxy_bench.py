@@ -94,10 +94,19 @@ def cpu_s(pids: list[int]) -> float:
 
 
 def _children(pid: int) -> list[int]:
+    """Every descendant: a gateway's workers (--workers N) and each one's span export process."""
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        found = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+    return [each for child in found for each in (child, *_children(child))]
+
+
+def _is_span_export(pid: int) -> bool:
+    try:
+        return b"gateway.telemetry.export_child" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def measure(url: str, extra: list[str], duration_s: float, pid: int | None = None, scored: bool = False
@@ -171,7 +180,10 @@ def run(
                                                                  scored=target == "gateway" and workers == 1))
                 print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
             time.sleep(_EXPORT_WAIT_S if traces else 0)
-            rss = {name: _rss_mib(pid) for name, pid in pids.items() if pid is not None}
+            rss = {name: _rss_mib(pid, span_export=False) for name, pid in pids.items() if pid is not None}
+            export_pid = pids.get("gateway")
+            if export_pid is not None and (exporting := _rss_mib(export_pid, span_export=True)):
+                rss["its span export process"] = exporting
             return results, _spans_received(sink_port), rss
         finally:
             for proc in procs:
@@ -192,10 +204,13 @@ def _telemetry_env(traces: bool, sink_port: int) -> dict[str, str]:
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink_port}/v1/traces"}
 
 
-def _rss_mib(pid: int) -> float:
-    """A process's resident memory, with its workers' (--workers N forks them), in MiB."""
+def _rss_mib(pid: int, span_export: bool | None = None) -> float:
+    """A process's resident memory, with its descendants' (--workers N forks them; each has a span export
+    process), in MiB; only the span export processes' (True) or all but theirs (False)."""
     total = 0.0
     for each in (pid, *_children(pid)):
+        if span_export is not None and _is_span_export(each) != span_export:
+            continue
         try:
             lines = Path(f"/proc/{each}/status").read_text().splitlines()
         except OSError:

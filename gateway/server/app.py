@@ -53,6 +53,7 @@ from gateway.store.fallback import FallbackStore
 from gateway.store.objects import DiskObjects
 from gateway.store.opening import open_objects, open_stores
 from gateway.telemetry import metrics as m
+from gateway.telemetry.export_process import ExportProcess
 from gateway.telemetry.spans import BoundedBatches, Spans, make_spans
 from gateway.telemetry.traffic import TrafficWindows
 from gateway.upstream import forward as upstream
@@ -99,6 +100,7 @@ async def _telemetry(app: web.Application) -> AsyncIterator[None]:
     spans = make_spans(state.settings.traces)
     state.metrics, state.spans = metrics, spans
     if spans is not None:
+        await spans.start()
         _watch_spans(metrics, spans)
     # Several workers: another worker may answer the scrape, so this one's figures must reach the shared files.
     folding = asyncio.get_running_loop().create_task(_fold_every(metrics)) if m.multiprocess_dir() else None
@@ -121,8 +123,8 @@ async def _fold_every(metrics: m.Metrics) -> None:
 def _watch_spans(metrics: m.Metrics, spans: Spans) -> None:
     """Spans exported and spans dropped (the batch processor's own counts, read at scrape)."""
     processor = spans.processor
-    if isinstance(processor, BoundedBatches):
-        m.watch(metrics, m.SPANS_EXPORTED, lambda: processor.counts.exported)
+    if isinstance(processor, (BoundedBatches, ExportProcess)):
+        m.watch(metrics, m.SPANS_EXPORTED, lambda: processor.exported)
         m.watch(metrics, m.SPANS_DROPPED, lambda: processor.dropped)
 
 

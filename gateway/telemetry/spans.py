@@ -2,8 +2,9 @@
 
 The span is made with every attribute known, start time back-dated, as the SDK's ReadableSpan, and handed to
 the SDK's BatchSpanProcessor, whose thread batches it and whose exporter (OTLP/HTTP protobuf, or the console)
-sends it. Made that way rather than with `tracer.start_span` at the request's start and `end()` at its end:
-the live span validates and locks each attribute write (see docs/spans.md for the measured difference). The
+sends it; OTLP's processor and exporter run in a process of their own (`export_process`). Made that way rather
+than with `tracer.start_span` at the request's start and `end()` at its end: the live span validates and locks
+each attribute write (see docs/native-and-spans.md for the measured difference). The
 request's place in its trace comes first (`begin`): the caller's W3C `traceparent` read by the SDK's
 propagator, ids from the SDK's id generator, the keep-or-drop decision from the SDK's sampler (OTEL_TRACES_SAMPLER,
 parent-based by default), so the deployment's spans can be children of this one before it exists.
@@ -17,7 +18,7 @@ import os
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
@@ -43,6 +44,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway import __version__
+from gateway.telemetry.export_process import ExportProcess
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +55,13 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _OK = Status(StatusCode.UNSET)
 _NO_HEADERS: Mapping[str, str] = {}
-# Exports in batches four times the SDK's 512 (and a queue that holds two of them): each export stalls the
-# event loop for a moment (its encoding in the export thread takes the GIL), and at c=1 on small chat the
-# stalls of 512-span batches were the gateway's p99 (docs/telemetry.md). OTEL_BSP_* still override both.
+# In the serving process (the console exporter), exports in batches four times the SDK's 512 (and a queue that
+# holds two of them): each export stalls the event loop for a moment (its encoding in the export thread takes the
+# GIL), and at c=1 on small chat the stalls of 512-span batches were the gateway's p99 (docs/telemetry.md). The
+# export process (otlp) keeps the SDK's 512. OTEL_BSP_* still override both.
 _DEFAULT_MAX_QUEUE = 4096
 _DEFAULT_BATCH = 2048
+_SDK_BATCH = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +81,16 @@ class TraceContext:
         _W3C.inject(headers, set_span_in_context(NonRecordingSpan(self.span)))
 
 
+class SpanSink(Protocol):
+    """Where finished spans go: the SDK's span processor (console, tests) or the export process (otlp)."""
+
+    def on_end(self, span: ReadableSpan) -> None: ...
+
+
 class Spans:
     """Places requests in their traces and hands their finished spans to a span processor."""
 
-    def __init__(self, processor: SpanProcessor, resource: Resource | None = None,
+    def __init__(self, processor: SpanSink, resource: Resource | None = None,
                  sampler: Sampler | None = None, ids: IdGenerator | None = None) -> None:
         self.processor = processor
         self._resource = resource or Resource.create({"service.name": "agent-gateway"})
@@ -125,9 +135,17 @@ class Spans:
                             instrumentation_scope=self._scope)
         self.processor.on_end(span)
 
+    async def start(self) -> None:
+        """Start the export process, when spans go through one."""
+        if isinstance(self.processor, ExportProcess):
+            await self.processor.start()
+
     async def close(self) -> None:
         """Export what is still queued, then stop (the SDK's processor flushes synchronously)."""
-        await asyncio.to_thread(self.processor.shutdown)
+        if isinstance(self.processor, ExportProcess):
+            await self.processor.close()
+        elif isinstance(self.processor, SpanProcessor):
+            await asyncio.to_thread(self.processor.shutdown)
 
 
 class HashedOnce(Resource):
@@ -191,6 +209,10 @@ class BoundedBatches(BatchSpanProcessor):
         super().on_end(span)
 
     @property
+    def exported(self) -> int:
+        return self.counts.exported
+
+    @property
     def dropped(self) -> int:
         """Spans that never reached the collector: the queue was full, or the export failed."""
         return self.refused + self.counts.failed
@@ -198,24 +220,44 @@ class BoundedBatches(BatchSpanProcessor):
 
 def make_spans(exporter_name: str) -> Spans | None:
     """`none`: no spans; `console` prints them; `otlp` (or its old name `otlp-protobuf`) posts them as OTLP/HTTP
-    protobuf to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces). The SDK reads
-    its own variables: OTEL_EXPORTER_OTLP_*, OTEL_BSP_* (batching), OTEL_TRACES_SAMPLER and _ARG (sampling,
-    parent-based always-on when unset), OTEL_RESOURCE_ATTRIBUTES."""
-    exporter: SpanExporter
+    protobuf to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces), from a process
+    of its own (`export_process`: the encoding would hold the serving process's interpreter). The SDK reads its own
+    variables: OTEL_EXPORTER_OTLP_*, OTEL_BSP_* (batching), OTEL_TRACES_SAMPLER and _ARG (sampling, parent-based
+    always-on when unset), OTEL_RESOURCE_ATTRIBUTES. Call `start()` in the event loop before the first span."""
+    processor: SpanSink
     if exporter_name == "console":
-        exporter = ConsoleSpanExporter()
+        processor = BoundedBatches(ConsoleSpanExporter(), *_queue_and_batch())
     elif exporter_name in ("otlp", "otlp-protobuf"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter()
+        processor = ExportProcess(_queue_and_batch()[0])
     else:
         return None
-    provider = TracerProvider(shutdown_on_exit=False, resource=Resource.create({"service.name": "agent-gateway",
-                                                        "service.version": __version__}))
-    max_queue = _positive_env("OTEL_BSP_MAX_QUEUE_SIZE", _DEFAULT_MAX_QUEUE)
-    batch = min(_positive_env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _DEFAULT_BATCH), max_queue)
-    processor = BoundedBatches(exporter, max_queue, batch)
+    provider = _provider()
     return Spans(processor, HashedOnce(provider.resource), provider.sampler, provider.id_generator)
+
+
+def otlp_processor() -> BoundedBatches:
+    """The SDK's batch processor and OTLP/HTTP exporter, as the export process runs them: in batches of the SDK's
+    own default size (its encoding no longer holds the serving process's interpreter; smaller batches keep the
+    export process smaller)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return BoundedBatches(OTLPSpanExporter(), *_queue_and_batch(_SDK_BATCH))
+
+
+def resource_and_scope() -> tuple[Resource, InstrumentationScope]:
+    """What every span of this gateway names as its resource and instrumentation scope."""
+    return HashedOnce(_provider().resource), InstrumentationScope("agent-gateway", __version__)
+
+
+def _provider() -> TracerProvider:
+    """The SDK's provider, for its sampler, id generator and resource (which reads OTEL_RESOURCE_ATTRIBUTES)."""
+    return TracerProvider(shutdown_on_exit=False, resource=Resource.create({"service.name": "agent-gateway",
+                                                                            "service.version": __version__}))
+
+
+def _queue_and_batch(batch: int = _DEFAULT_BATCH) -> tuple[int, int]:
+    max_queue = _positive_env("OTEL_BSP_MAX_QUEUE_SIZE", _DEFAULT_MAX_QUEUE)
+    return max_queue, min(_positive_env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", batch), max_queue)
 
 
 def _positive_env(name: str, default: int) -> int:

@@ -27,6 +27,7 @@ from fakes.faulty_vllm import Fault
 from gateway.apis.usage import Usage
 from gateway.server.resources import STATE
 from gateway.server.settings import Settings
+from gateway.telemetry.export_process import ExportProcess
 from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
 from gateway.telemetry.spans import BoundedBatches, Spans, make_spans
 from tests.fixtures.conditions import until
@@ -257,10 +258,10 @@ async def test_otlp_export_sends_each_request_span_as_otlp_protobuf_through_the_
             await client.chat.completions.create(model="auto", messages=HELLO, max_tokens=5, extra_headers={
                 "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"} if i == 0 else None)
     spans = stack.gateway.app[STATE].spans
-    assert isinstance(spans.processor, BoundedBatches)
+    assert isinstance(spans.processor, ExportProcess)  # the SDK's processor and exporter, in a process of their own
     await until(lambda: spans.processor.handed == 3, what="the three spans recorded after their responses")
     # the batch is not full yet: the SDK's processor sends it now rather than after its delay
-    assert await asyncio.to_thread(spans.processor.force_flush)
+    assert await spans.processor.flush()
     async with aiohttp.ClientSession() as http, http.get(stack.gateway.make_url("/metrics")) as resp:
         exposition = await resp.text()
     assert "gateway_spans_exported 3.0" in exposition and "gateway_spans_dropped 0.0" in exposition
@@ -292,11 +293,12 @@ async def test_the_bench_trace_sink_counts_what_the_sdk_exporter_sends(monkeypat
     await server.start_server()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{server.port}/v1/traces")
     spans = make_spans("otlp")
-    assert spans is not None
+    assert spans is not None and isinstance(spans.processor, ExportProcess)
+    await spans.start()
     try:
         for _ in range(5):
             spans.record("gateway chat", 1, {"k": "v"})
-        assert await asyncio.to_thread(spans.processor.force_flush)
+        assert await spans.processor.flush()
         assert sink[trace_sink.SPANS] == [5]
     finally:
         await spans.close()
@@ -304,20 +306,23 @@ async def test_the_bench_trace_sink_counts_what_the_sdk_exporter_sends(monkeypat
 
 
 async def test_an_unreachable_collector_counts_the_batch_dropped_without_naming_its_secrets(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.fixtures.processes import free_port
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{free_port()}/v1/traces")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer sk-otel")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds: the exporter's retries stop within it
+    monkeypatch.setenv("AGENT_GATEWAY_LOG_LEVEL", "DEBUG")  # the export process logs all it has to say
     spans = make_spans("otlp")
-    assert spans is not None and isinstance(spans.processor, BoundedBatches)
+    assert spans is not None and isinstance(spans.processor, ExportProcess)
+    await spans.start()
     spans.record("gateway chat", 1, {"k": "v"})
-    await asyncio.to_thread(spans.processor.force_flush)
+    await spans.processor.flush()
     await spans.close()
-    assert (spans.processor.counts.exported, spans.processor.dropped) == (0, 1)
-    assert "sk-otel" not in caplog.text
+    assert (spans.processor.exported, spans.processor.dropped) == (0, 1)
+    logged = capfd.readouterr().err  # the export process writes its log to the gateway's stderr
+    assert "Failed to export" in logged and "sk-otel" not in logged
 
 
 class _HeldExporter(SpanExporter):
