@@ -127,12 +127,14 @@ class ExportProcess:
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Send what is pending, let the child export it and end, within timeout_s (then it is killed)."""
-        self._send()
-        self._closed = True
+        self._closed = True  # new spans are refused; no child is started after the one starting now
         if self._starting is not None:
             await self._starting
+        self._send()
         child = self._child
-        if child is None:
+        if child is None:  # none could be started: what was pending is lost
+            self._past_dropped += len(self._pending)
+            self._pending = []
             return
         if child.stdin is not None:
             child.stdin.close()
@@ -184,16 +186,17 @@ class ExportProcess:
             log.warning("the span export process could not start: %s", exc)
         finally:
             self._starting = None
-        if self._pending and not self._closed:
+        if self._pending:
             self._send()
 
     async def _read_reports(self, child: asyncio.subprocess.Process) -> None:
         assert child.stdout is not None
         while line := await child.stdout.readline():
-            fields = line.split()
-            if len(fields) == 3:
-                self._child_exported, self._child_dropped, self._flushed = (int(f) for f in fields)
-                self._answered.set()
+            try:
+                self._child_exported, self._child_dropped, self._flushed = (int(f) for f in line.split())
+            except ValueError:  # not a report (a library printing): its counts come on the next line
+                continue
+            self._answered.set()
         await child.wait()
         self._retire(child)
 

@@ -7,19 +7,15 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.trace import SpanKind
 
-from fakes import trace_sink
 from gateway.telemetry.export_child import unpack
 from gateway.telemetry.export_process import ExportProcess, pack
-from gateway.telemetry.spans import Spans, make_spans, resource_and_scope
+from gateway.telemetry.spans import BoundedBatches, Spans, make_spans, resource_and_scope
 from tests.fixtures.conditions import until
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -38,7 +34,8 @@ def test_a_span_crosses_the_pipe_as_the_collector_would_have_received_it() -> No
     """Packed, sent as msgpack and rebuilt, a span encodes to the very OTLP bytes it would have in process: ids,
     the caller's remote parent and tracestate, kind, times, error status, typed attributes and events."""
     spans = make_spans("console")
-    assert spans is not None
+    assert spans is not None and isinstance(spans.processor, BoundedBatches)
+    spans.processor.shutdown()
     kept = _Kept()
     spans.processor = kept
     caller = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "vendor=abc,other=1"}
@@ -67,20 +64,7 @@ def _with_resource(span: object, resource: object) -> object:
                         instrumentation_scope=span.instrumentation_scope)
 
 
-@pytest.fixture
-async def collector(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[int]]:
-    """The benchmark's trace sink as the collector: counts the spans of every OTLP request it takes."""
-    sink = web.Application()
-    sink[trace_sink.SPANS] = [0]
-    sink.router.add_post("/v1/traces", trace_sink.traces)
-    server = TestServer(sink, host="127.0.0.1")
-    await server.start_server()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{server.port}/v1/traces")
-    yield sink[trace_sink.SPANS]
-    await server.close()
-
-
-async def test_a_dead_export_process_is_replaced_and_what_it_held_is_counted_lost(collector: list[int]) -> None:
+async def test_a_dead_export_process_is_replaced_and_what_it_held_is_counted_lost(counting_sink: list[int]) -> None:
     spans = make_spans("otlp")
     assert spans is not None and isinstance(spans.processor, ExportProcess)
     processor = spans.processor
@@ -89,7 +73,7 @@ async def test_a_dead_export_process_is_replaced_and_what_it_held_is_counted_los
         for _ in range(3):
             spans.record("gateway chat", 1, {"k": "v"})
         assert await processor.flush()
-        assert (collector[0], processor.exported, processor.dropped) == (3, 3, 0)
+        assert (counting_sink[0], processor.exported, processor.dropped) == (3, 3, 0)
         first = _child_pid(processor)
         os.kill(first, signal.SIGKILL)
         await until(lambda: processor._child is None, what="the parent to see its export process end")
@@ -97,7 +81,7 @@ async def test_a_dead_export_process_is_replaced_and_what_it_held_is_counted_los
             spans.record("gateway chat", 1, {"k": "v"})
         assert await processor.flush()  # a new process, started for them
         assert _child_pid(processor) != first
-        assert (collector[0], processor.exported, processor.dropped) == (5, 5, 0)
+        assert (counting_sink[0], processor.exported, processor.dropped) == (5, 5, 0)
     finally:
         await spans.close()
 
@@ -117,6 +101,17 @@ async def test_the_queue_bound_holds_and_a_stuck_export_process_is_killed_at_clo
     assert (processor.exported, processor.dropped) == (0, 15)
     spans.record("gateway chat", 1, {"n": 15})  # after close: refused, not sent anywhere
     assert processor.refused == 6
+
+
+async def test_an_export_process_that_cannot_start_counts_its_spans_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    processor = ExportProcess(max_queue=10, argv=["/nonexistent/python"])
+    spans = Spans(processor)
+    await spans.start()
+    for i in range(3):
+        spans.record("gateway chat", 1, {"n": i})
+    await spans.close()
+    assert (processor.handed, processor.exported, processor.dropped) == (3, 0, 3)
+    assert "the span export process could not start" in caplog.text
 
 
 def _child_pid(processor: ExportProcess) -> int:

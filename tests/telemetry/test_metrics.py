@@ -22,7 +22,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
-from fakes import trace_sink
 from fakes.faulty_vllm import Fault
 from gateway.apis.usage import Usage
 from gateway.server.resources import STATE
@@ -285,13 +284,7 @@ async def test_otlp_export_sends_each_request_span_as_otlp_protobuf_through_the_
     assert resource["service.name"] == "agent-gateway"
 
 
-async def test_the_bench_trace_sink_counts_what_the_sdk_exporter_sends(monkeypatch: pytest.MonkeyPatch) -> None:
-    sink = web.Application()
-    sink[trace_sink.SPANS] = [0]
-    sink.router.add_post("/v1/traces", trace_sink.traces)
-    server = TestServer(sink, host="127.0.0.1")
-    await server.start_server()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{server.port}/v1/traces")
+async def test_the_bench_trace_sink_counts_what_the_sdk_exporter_sends(counting_sink: list[int]) -> None:
     spans = make_spans("otlp")
     assert spans is not None and isinstance(spans.processor, ExportProcess)
     await spans.start()
@@ -299,10 +292,9 @@ async def test_the_bench_trace_sink_counts_what_the_sdk_exporter_sends(monkeypat
         for _ in range(5):
             spans.record("gateway chat", 1, {"k": "v"})
         assert await spans.processor.flush()
-        assert sink[trace_sink.SPANS] == [5]
+        assert counting_sink == [5]
     finally:
         await spans.close()
-        await server.close()
 
 
 async def test_an_unreachable_collector_counts_the_batch_dropped_without_naming_its_secrets(
@@ -379,17 +371,23 @@ def test_spans_are_exported_in_large_batches_by_default(monkeypatch: pytest.Monk
     spans.processor.shutdown()
 
 
+def _kept_in_memory() -> tuple[Spans, InMemorySpanExporter]:
+    """The gateway's spans as make_spans builds them (resource, sampler from the environment), kept in memory."""
+    spans = make_spans("console")
+    assert spans is not None and isinstance(spans.processor, BoundedBatches)
+    spans.processor.shutdown()
+    exporter = InMemorySpanExporter()
+    spans.processor = SimpleSpanProcessor(exporter)
+    return spans, exporter
+
+
 def test_a_batch_is_encoded_with_its_resource_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The SDK's encoder files each span under its resource, and a plain Resource hashes by dumping its attributes
     as JSON at every ask: the gateway's resource answers from the hash it made once, equal to the SDK's."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk import resources
 
-    spans = make_spans("console")
-    assert spans is not None
-    spans.processor.shutdown()
-    exporter = InMemorySpanExporter()
-    spans.processor = SimpleSpanProcessor(exporter)
+    spans, exporter = _kept_in_memory()
     for _ in range(50):
         spans.record("gateway chat", 1, {"gateway.rule": "default"})
     finished = exporter.get_finished_spans()
@@ -408,11 +406,7 @@ def test_a_batch_is_encoded_with_its_resource_hashed_once(monkeypatch: pytest.Mo
 def test_a_sampler_from_the_environment_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
-    spans = make_spans("console")
-    assert spans is not None
-    spans.processor.shutdown()
-    exporter = InMemorySpanExporter()
-    spans.processor = SimpleSpanProcessor(exporter)
+    spans, exporter = _kept_in_memory()
     for _ in range(2000):
         spans.record("gateway chat", 1, {})
     assert 350 < len(exporter.get_finished_spans()) < 650
