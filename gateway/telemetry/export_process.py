@@ -85,9 +85,10 @@ class ExportProcess:
         lost with a child that died."""
         return self.refused + self._past_dropped + self._child_dropped
 
-    async def start(self) -> None:
-        """Start the child (the serving app does, before its first request)."""
+    async def start(self) -> bool:
+        """Start the child (the serving app does, before its first request); False when it could not start."""
         await self._spawn()
+        return self._child is not None
 
     def on_end(self, span: Any) -> None:
         """One finished span, from the event loop's thread."""

@@ -136,9 +136,12 @@ class Spans:
         self.processor.on_end(span)
 
     async def start(self) -> None:
-        """Start the export process, when spans go through one."""
-        if isinstance(self.processor, ExportProcess):
-            await self.processor.start()
+        """Start the export process, when spans go through one. Where no process can be started (a sandbox that
+        forbids it), the SDK's processor and exporter run in this process instead, as they would with `console`."""
+        if isinstance(self.processor, ExportProcess) and not await self.processor.start():
+            log.warning("spans are exported from the serving process: its export process could not start")
+            await self.processor.close()
+            self.processor = otlp_processor(_DEFAULT_BATCH)
 
     async def close(self) -> None:
         """Export what is still queued, then stop (the SDK's processor flushes synchronously)."""
@@ -235,13 +238,13 @@ def make_spans(exporter_name: str) -> Spans | None:
     return Spans(processor, HashedOnce(provider.resource), provider.sampler, provider.id_generator)
 
 
-def otlp_processor() -> BoundedBatches:
-    """The SDK's batch processor and OTLP/HTTP exporter, as the export process runs them: in batches of the SDK's
-    own default size (its encoding no longer holds the serving process's interpreter; smaller batches keep the
-    export process smaller)."""
+def otlp_processor(batch: int = _SDK_BATCH) -> BoundedBatches:
+    """The SDK's batch processor and OTLP/HTTP exporter. The export process runs them in batches of the SDK's own
+    default size (its encoding holds no serving process's interpreter; smaller batches keep the process smaller);
+    in the serving process they take the larger batches of `_DEFAULT_BATCH`."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return BoundedBatches(OTLPSpanExporter(), *_queue_and_batch(_SDK_BATCH))
+    return BoundedBatches(OTLPSpanExporter(), *_queue_and_batch(batch))
 
 
 def resource_and_scope() -> tuple[Resource, InstrumentationScope]:

@@ -105,13 +105,29 @@ async def test_the_queue_bound_holds_and_a_stuck_export_process_is_killed_at_clo
 
 async def test_an_export_process_that_cannot_start_counts_its_spans_dropped(caplog: pytest.LogCaptureFixture) -> None:
     processor = ExportProcess(max_queue=10, argv=["/nonexistent/python"])
+    assert not await processor.start()
     spans = Spans(processor)
-    await spans.start()
     for i in range(3):
         spans.record("gateway chat", 1, {"n": i})
     await spans.close()
     assert (processor.handed, processor.exported, processor.dropped) == (3, 0, 3)
     assert "the span export process could not start" in caplog.text
+
+
+async def test_where_no_export_process_can_start_spans_are_exported_in_process(
+    counting_sink: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    spans = make_spans("otlp")
+    assert spans is not None
+    spans.processor = ExportProcess(max_queue=10, argv=["/nonexistent/python"])
+    await spans.start()
+    assert isinstance(spans.processor, BoundedBatches)  # the SDK's processor and OTLP exporter, here
+    assert "spans are exported from the serving process" in caplog.text
+    for i in range(3):
+        spans.record("gateway chat", 1, {"n": i})
+    assert await asyncio.to_thread(spans.processor.force_flush)
+    await spans.close()
+    assert counting_sink == [3] and (spans.processor.exported, spans.processor.dropped) == (3, 0)
 
 
 def _child_pid(processor: ExportProcess) -> int:
