@@ -14,9 +14,13 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 import msgspec
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from gateway.telemetry.export_process import FLUSH, LENGTH, SPANS
-from gateway.telemetry.spans import otlp_processor, resource_and_scope
+from gateway.telemetry.spans import SCOPE, otlp_processor, resource
 
 REPORT_EVERY_S = 0.25
 
@@ -43,10 +47,8 @@ class _Reporter:
             self.report()
 
 
-def unpack(packed: Sequence[Any], resource: Any, scope: Any) -> Any:
-    from opentelemetry.sdk.trace import Event, ReadableSpan
-    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
-
+def unpack(packed: Sequence[Any], resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+    """A span as export_process.pack packed it, rebuilt as the SDK's ReadableSpan."""
     (name, trace_id, span_id, flags, state, up, kind, start, end, code, description, attributes, events) = packed
     own = SpanContext(int.from_bytes(trace_id, "big"), span_id, is_remote=False, trace_flags=TraceFlags(flags),
                       trace_state=TraceState(list(map(tuple, state))))
@@ -76,7 +78,7 @@ def main() -> int:
     logging.basicConfig(level=os.environ.get("AGENT_GATEWAY_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s (span export): %(message)s")
     processor = otlp_processor()
-    resource, scope = resource_and_scope()
+    named = resource()
     reporter = _Reporter(processor, sys.stdout.buffer)
     stop = threading.Event()
     threading.Thread(target=reporter.every, args=(stop,), daemon=True).start()
@@ -86,7 +88,7 @@ def main() -> int:
             kind, body = decode(frame)
             if kind == SPANS:
                 for packed in body:
-                    processor.on_end(unpack(packed, resource, scope))
+                    processor.on_end(unpack(packed, named, SCOPE))
             elif kind == FLUSH:
                 processor.force_flush()
                 reporter.flushed = body

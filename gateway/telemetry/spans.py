@@ -62,6 +62,7 @@ _NO_HEADERS: Mapping[str, str] = {}
 _DEFAULT_MAX_QUEUE = 4096
 _DEFAULT_BATCH = 2048
 _SDK_BATCH = 512
+SCOPE = InstrumentationScope("agent-gateway", __version__)  # every span's instrumentation scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,7 @@ class Spans:
                  sampler: Sampler | None = None, ids: IdGenerator | None = None) -> None:
         self.processor = processor
         self._resource = resource or Resource.create({"service.name": "agent-gateway"})
-        self._scope = InstrumentationScope("agent-gateway", __version__)
+        self._scope = SCOPE
         self._sampler = sampler or ParentBased(ALWAYS_ON)
         self._ids = ids or RandomIdGenerator()
 
@@ -235,7 +236,7 @@ def make_spans(exporter_name: str) -> Spans | None:
     else:
         return None
     provider = _provider()
-    return Spans(processor, HashedOnce(provider.resource), provider.sampler, provider.id_generator)
+    return Spans(processor, provider.resource, provider.sampler, provider.id_generator)
 
 
 def otlp_processor(batch: int = _SDK_BATCH) -> BoundedBatches:
@@ -247,15 +248,14 @@ def otlp_processor(batch: int = _SDK_BATCH) -> BoundedBatches:
     return BoundedBatches(OTLPSpanExporter(), *_queue_and_batch(batch))
 
 
-def resource_and_scope() -> tuple[Resource, InstrumentationScope]:
-    """What every span of this gateway names as its resource and instrumentation scope."""
-    return HashedOnce(_provider().resource), InstrumentationScope("agent-gateway", __version__)
+def resource() -> Resource:
+    """What every span of this gateway names as its resource (with OTEL_RESOURCE_ATTRIBUTES merged in)."""
+    return HashedOnce(Resource.create({"service.name": "agent-gateway", "service.version": __version__}))
 
 
 def _provider() -> TracerProvider:
-    """The SDK's provider, for its sampler, id generator and resource (which reads OTEL_RESOURCE_ATTRIBUTES)."""
-    return TracerProvider(shutdown_on_exit=False, resource=Resource.create({"service.name": "agent-gateway",
-                                                                            "service.version": __version__}))
+    """The SDK's provider, for its sampler and id generator."""
+    return TracerProvider(shutdown_on_exit=False, resource=resource())
 
 
 def _queue_and_batch(batch: int = _DEFAULT_BATCH) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind
 
 from gateway.telemetry.export_child import unpack
 from gateway.telemetry.export_process import ExportProcess, pack
-from gateway.telemetry.spans import BoundedBatches, Spans, make_spans, resource_and_scope
+from gateway.telemetry.spans import SCOPE, BoundedBatches, Spans, make_spans, resource
 from tests.fixtures.conditions import until
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -45,10 +45,10 @@ def test_a_span_crosses_the_pipe_as_the_collector_would_have_received_it() -> No
     spans.record("gateway chat", 1_000, attributes, "upstream failed", trace, end_ns=5_000,
                  events=[(2_000, "first byte", {"deployment": "fast"})], kind=SpanKind.SERVER)
     spans.record("gateway summary", 10, {}, None, spans.child(trace), end_ns=20, kind=SpanKind.CLIENT)
-    resource, scope = resource_and_scope()
+    named = resource()
     wire = msgspec.msgpack.Encoder().encode([pack(span) for span in kept.spans])
-    rebuilt = [unpack(packed, resource, scope) for packed in msgspec.msgpack.Decoder().decode(wire)]
-    originals = [_with_resource(span, resource) for span in kept.spans]
+    rebuilt = [unpack(packed, named, SCOPE) for packed in msgspec.msgpack.Decoder().decode(wire)]
+    originals = [_with_resource(span, named) for span in kept.spans]
     assert encode_spans(rebuilt).SerializeToString() == encode_spans(originals).SerializeToString()
     assert rebuilt[0].parent.is_remote and f"{rebuilt[0].parent.span_id:016x}" == CALLER_SPAN
     assert dict(rebuilt[0].context.trace_state) == {"vendor": "abc", "other": "1"}
