@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -555,11 +556,47 @@ async def test_codex_and_claude_code_complete_a_turn_through_the_gateway(
 
 
 GREEDY = {"temperature": 0, "max_tokens": 300, "extra_body": {"ignore_eos": True}}
-# The SIGKILL must land before fast has sent its last event: in a CI run, a client 8 events into a 300-token
-# answer (2.3 s of fast's here) found it already whole. 2,000 tokens take fast 3.5 s here (its ngram drafts
-# accepted more as the random model loops) and the kill, 2 events in, lands ~0.3 s into the stream.
+# The SIGKILL must land before fast has sent its last event. Fast's 2,000 greedy tokens take 1.7-3.5 s (its ngram
+# drafts accepted more as the random model loops), and a CI run once found the client only 2 events in when fast
+# had already sent them all. So until the kill, fast runs 1 ms of every 10 (Throttled): its answer would take
+# 17-35 s, and the kill, KILL_AFTER_EVENTS in, lands mid-answer whatever the machine's scheduling did.
 LONG_GREEDY = {**GREEDY, "max_tokens": 2000}
 KILL_AFTER_EVENTS = 2
+
+
+class Throttled:
+    """A process group paced by SIGSTOP and SIGCONT: it runs run_s of every period_s until stop() (left
+    running), as `cpulimit` paces a process. Bounded: it lets the group run for good after limit_s."""
+
+    def __init__(self, pgid: int, run_s: float = 0.001, period_s: float = 0.01, limit_s: float = 120.0) -> None:
+        self._pgid, self._run_s, self._period_s, self._limit_s = pgid, run_s, period_s, limit_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._pace, name="throttle", daemon=True)
+
+    def __enter__(self) -> Throttled:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _pace(self) -> None:
+        deadline = time.monotonic() + self._limit_s
+        try:
+            while time.monotonic() < deadline:
+                os.killpg(self._pgid, signal.SIGSTOP)
+                if self._stopped.wait(self._period_s - self._run_s):
+                    break
+                os.killpg(self._pgid, signal.SIGCONT)
+                if self._stopped.wait(self._run_s):
+                    break
+            os.killpg(self._pgid, signal.SIGCONT)
+        except ProcessLookupError:  # the group was killed: nothing left to pace
+            pass
 
 
 # Prompts whose greedy answers are searched, in order, for every kind of break point: which answer of a random
@@ -670,23 +707,25 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
     started = time.monotonic()
     parts: list[str] = []
     finishes, usage, killed_after_s = [], None, None
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            parts.append(choice.delta.content or "")
-            if choice.finish_reason:
-                finishes.append(choice.finish_reason)
-        if killed_after_s is None and len(parts) >= KILL_AFTER_EVENTS:
-            killed_after_s = time.monotonic() - started
-            os.killpg(vllm_pair.fast.pid, signal.SIGKILL)  # mid-answer: fast has more to say
+    with Throttled(vllm_pair.fast.pid) as throttled:
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                parts.append(choice.delta.content or "")
+                if choice.finish_reason:
+                    finishes.append(choice.finish_reason)
+            if killed_after_s is None and len(parts) >= KILL_AFTER_EVENTS:
+                killed_after_s = time.monotonic() - started
+                throttled.stop()
+                os.killpg(vllm_pair.fast.pid, signal.SIGKILL)  # mid-answer: fast has more to say
     assert killed_after_s is not None
     assert "".join(parts) == whole.choices[0].message.content  # no text repeated or missing
     assert finishes == ["length"] and usage is not None and usage.completion_tokens == LONG_GREEDY["max_tokens"]
     resumed = _sum(_metrics(gateway.url), "gateway_stream_resumes_total", "from=fast", "to=hq", "outcome=resumed")
     print(f"fast answers in {fast_s:.1f} s; killed {killed_after_s:.2f} s into the stream")
-    assert resumed == 1, (f"no break to resume: fast's whole answer takes {fast_s:.1f} s and it was killed "
-                          f"{killed_after_s:.2f} s into the stream, after it had sent its last event")
+    assert resumed == 1, (f"no break to resume: fast's whole answer takes {fast_s:.1f} s unpaced, and it was "
+                          f"killed {killed_after_s:.2f} s into the stream, after it had sent its last event")
     # after the kill every call is answered by hq: failed over, or routed around fast once it is ejected
     for _ in range(3):
         reply = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
