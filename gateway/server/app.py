@@ -97,7 +97,7 @@ async def _telemetry(app: web.Application) -> AsyncIterator[None]:
     metrics = m.make_metrics()
     m.export_native(metrics, native.loaded())
     log.info("%s", native.describe())
-    spans = make_spans(state.settings.traces)
+    spans = make_spans(state.settings.traces, state.settings.span_export_nice)
     state.metrics, state.spans = metrics, spans
     if spans is not None:
         await spans.start()

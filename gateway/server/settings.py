@@ -19,6 +19,7 @@ class Settings:
     max_body_bytes: int = 16 * 1024 * 1024
     admin_token: str = ""  # empty: the admin API is disabled
     traces: str = "none"  # none | console | otlp (OTLP/HTTP protobuf; otlp-protobuf: the same); OTEL_* set the rest
+    span_export_nice: int = 10  # how much lower the span export process's priority is (0-19; 0: the same)
     policy_poll_s: float = 1.0
     classifier_model: str = ""  # empty: the packaged default model
     explain_memory: int = 2048  # recent requests whose decision trail /admin/requests/{id}/explain can show
@@ -49,6 +50,8 @@ class Settings:
         settings = cls(**values)
         if settings.traces not in TRACE_EXPORTERS:
             raise ValueError(f"{PREFIX}TRACES={settings.traces!r} is not one of {', '.join(TRACE_EXPORTERS)}")
+        if not 0 <= settings.span_export_nice <= 19:
+            raise ValueError(f"{PREFIX}SPAN_EXPORT_NICE={settings.span_export_nice!r} is not between 0 and 19")
         if settings.environment not in ENVIRONMENTS:
             raise ValueError(f"{PREFIX}ENVIRONMENT={settings.environment!r} is not one of {', '.join(ENVIRONMENTS)}")
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from gateway.telemetry.export_process import FLUSH, LENGTH, SPANS
+from gateway.telemetry.export_process import FLUSH, LENGTH, NICE_ENV, SPANS
 from gateway.telemetry.spans import SCOPE, otlp_processor, resource
 
 REPORT_EVERY_S = 0.25
@@ -69,6 +69,14 @@ def read_frame(stream: IO[bytes]) -> bytes | None:
     return body if len(body) == length else None
 
 
+def _yield_to_requests(nice: str) -> None:
+    """Lower this process's priority by `nice` (export_process.py says why); the serving process checked the value."""
+    try:
+        os.nice(int(nice or 0))
+    except (ValueError, OSError) as exc:
+        logging.getLogger(__name__).warning("%s=%r not applied: %s", NICE_ENV, nice, exc)
+
+
 def main() -> int:
     """The child: frames from stdin to the SDK's batch processor and OTLP exporter until stdin ends."""
     # The serving process ends it by closing its stdin, once it sent its last spans: a signal to the process group
@@ -77,6 +85,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=os.environ.get("AGENT_GATEWAY_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s (span export): %(message)s")
+    _yield_to_requests(os.environ.get(NICE_ENV, ""))
     processor = otlp_processor()
     named = resource()
     reporter = _Reporter(processor, sys.stdout.buffer)

@@ -9,6 +9,11 @@ each as the SDK's `ReadableSpan` and hands it to the SDK's `BatchSpanProcessor` 
 the same `OTEL_*` variables (it inherits the environment). The child reports what it exported and dropped on its
 stdout, which the parent reads for `gateway_spans_exported` and `gateway_spans_dropped`.
 
+The child runs at a lower priority (`nice`, AGENT_GATEWAY_SPAN_EXPORT_NICE, 10 by default): its exports come in
+bursts (the SDK's batches of 512, ~20 ms of encoding), and where cores are short a burst at the serving process's
+priority delays the requests being served, the c=1 tail most (docs/telemetry.md). Telemetry yields to requests:
+on a host with no core to spare, the child falls behind, and what overflows its queue is dropped and counted.
+
 Bounded the SDK's way: spans handed over and not yet reported exported or dropped are at most the queue's size
 (`OTEL_BSP_MAX_QUEUE_SIZE`); a new span beyond it is dropped and counted. A child that dies loses (and counts) what
 it held, and a new one is started on the next span, at most once a second.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import struct
 import sys
 import time
@@ -35,6 +41,8 @@ RESTART_AFTER_S = 1.0
 CLOSE_TIMEOUT_S = 15.0  # the child's last export, bounded by OTEL_EXPORTER_OTLP_TIMEOUT (10 s by default)
 LENGTH = struct.Struct(">I")
 SPANS, FLUSH = 0, 1  # a frame's kind: [0, [span, ...]] or [1, token]
+NICE_ENV = "AGENT_GATEWAY_SPAN_EXPORT_NICE"  # the child's niceness, as the serving process's settings give it
+DEFAULT_NICE = 10
 
 # A span as the frame carries it: (name, trace id (16 bytes), span id, flags, trace state pairs, parent or None,
 # kind, start ns, end ns, status code, status description, attributes, events); a parent is (trace id, span id,
@@ -56,8 +64,9 @@ def pack(span: Any) -> Packed:
 class ExportProcess:
     """The serving process's span processor: spans to the export child, its counts back."""
 
-    def __init__(self, max_queue: int, argv: Sequence[str] | None = None) -> None:
+    def __init__(self, max_queue: int, argv: Sequence[str] | None = None, nice: int = DEFAULT_NICE) -> None:
         self.max_queue = max_queue
+        self.nice = nice  # added to the serving process's niceness in the child
         self._argv = list(argv or (sys.executable, "-m", "gateway.telemetry.export_child"))
         self._encode = msgspec.msgpack.Encoder().encode
         self._pending: list[Packed] = []
@@ -181,7 +190,8 @@ class ExportProcess:
                 await asyncio.sleep(after_s)
             self._started_at = time.monotonic()
             self._child = await asyncio.create_subprocess_exec(
-                *self._argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                *self._argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                env={**os.environ, NICE_ENV: str(self.nice)})
             self._reader = asyncio.get_running_loop().create_task(self._read_reports(self._child))
         except OSError as exc:
             log.warning("the span export process could not start: %s", exc)

@@ -44,7 +44,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway import __version__
-from gateway.telemetry.export_process import ExportProcess
+from gateway.telemetry.export_process import DEFAULT_NICE, ExportProcess
 
 log = logging.getLogger(__name__)
 
@@ -222,17 +222,18 @@ class BoundedBatches(BatchSpanProcessor):
         return self.refused + self.counts.failed
 
 
-def make_spans(exporter_name: str) -> Spans | None:
+def make_spans(exporter_name: str, export_nice: int = DEFAULT_NICE) -> Spans | None:
     """`none`: no spans; `console` prints them; `otlp` (or its old name `otlp-protobuf`) posts them as OTLP/HTTP
     protobuf to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces), from a process
-    of its own (`export_process`: the encoding would hold the serving process's interpreter). The SDK reads its own
-    variables: OTEL_EXPORTER_OTLP_*, OTEL_BSP_* (batching), OTEL_TRACES_SAMPLER and _ARG (sampling, parent-based
-    always-on when unset), OTEL_RESOURCE_ATTRIBUTES. Call `start()` in the event loop before the first span."""
+    of its own (`export_process`: the encoding would hold the serving process's interpreter), export_nice lower in
+    priority. The SDK reads its own variables: OTEL_EXPORTER_OTLP_*, OTEL_BSP_* (batching), OTEL_TRACES_SAMPLER and
+    _ARG (sampling, parent-based always-on when unset), OTEL_RESOURCE_ATTRIBUTES. Call `start()` in the event loop
+    before the first span."""
     processor: SpanSink
     if exporter_name == "console":
         processor = BoundedBatches(ConsoleSpanExporter(), *_queue_and_batch())
     elif exporter_name in ("otlp", "otlp-protobuf"):
-        processor = ExportProcess(_queue_and_batch()[0])
+        processor = ExportProcess(_queue_and_batch()[0], nice=export_nice)
     else:
         return None
     provider = _provider()

@@ -130,6 +130,21 @@ async def test_where_no_export_process_can_start_spans_are_exported_in_process(
     assert counting_sink == [3] and (spans.processor.exported, spans.processor.dropped) == (3, 0)
 
 
+@pytest.mark.parametrize("nice", [0, 7])
+async def test_the_export_process_runs_at_the_lower_priority_it_is_given(counting_sink: list[int], nice: int) -> None:
+    """Its bursts of encoding yield to the requests being served; what it exports is unchanged."""
+    spans = make_spans("otlp", export_nice=nice)
+    assert spans is not None and isinstance(spans.processor, ExportProcess)
+    await spans.start()
+    try:
+        spans.record("gateway chat", 1, {"k": "v"})
+        assert await spans.processor.flush()  # the child has read its niceness by now
+        assert os.getpriority(os.PRIO_PROCESS, _child_pid(spans.processor)) == os.getpriority(os.PRIO_PROCESS, 0) + nice
+        assert counting_sink == [1]
+    finally:
+        await spans.close()
+
+
 def _child_pid(processor: ExportProcess) -> int:
     child = processor._child
     assert child is not None

@@ -422,6 +422,13 @@ def test_an_unknown_trace_exporter_is_a_clear_settings_error() -> None:
         Settings.from_env({"AGENT_GATEWAY_TRACES": "jaeger"})
 
 
+@pytest.mark.parametrize(("raw", "said"), [("-1", "=-1 is not between 0 and 19"), ("20", "=20 is not between 0 and 19"),
+                                           ("low", "='low' is not a valid int")])
+def test_a_span_export_niceness_out_of_range_is_a_clear_settings_error(raw: str, said: str) -> None:
+    with pytest.raises(ValueError, match=f"^AGENT_GATEWAY_SPAN_EXPORT_NICE{said}$"):
+        Settings.from_env({"AGENT_GATEWAY_SPAN_EXPORT_NICE": raw})
+
+
 def test_spans_encode_to_otlp_with_the_error_status_and_typed_values() -> None:
     exporter = InMemorySpanExporter()
     spans = Spans(SimpleSpanProcessor(exporter))
