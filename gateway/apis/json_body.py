@@ -99,10 +99,7 @@ def read(raw: bytes, repeated: str | None = None, recurring: Recurring | None = 
     messages are parsed."""
     if recurring is not None and repeated is not None and len(raw) >= RECURRING_MIN_BODY:
         with contextlib.suppress(msgspec.DecodeError, RecursionError):  # decode's path says what was wrong
-            members = _MEMBERS.decode(raw)
-            body = {name: recurring.elements(value) if name == repeated else recurring.member(value)
-                    for name, value in members.items()}
-            return Source(raw, body, members, recurring)
+            return Source(raw, *recurring.body(raw, repeated), recurring)
     return Source(raw, decode(raw))
 
 

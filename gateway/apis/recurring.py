@@ -4,10 +4,12 @@
     json_body.read(raw, "messages", memory)   the body, its conversation read through the memory
     memory.notes(message)                     what stages noted of a kept message (prefix.py: its own digest)
 
-A step re-sends the step before it plus a few messages. A conversation whose bytes start with those of one the
-memory holds (the step before) takes that one's parses and parses only what follows; any other is read element by
-element, each element found by the XXH3-128 digest of its bytes and taken only when its bytes are equal (an edit
-in the middle, a first sight). A collision costs a parse, never another message.
+A step re-sends the step before it plus a few messages. A body that is the step before's bytes with messages added
+at its conversation's end (every other member's bytes the same) is not scanned: its members are where they were,
+and only the added messages are parsed. Else the body's members are scanned, and a conversation whose bytes start
+with those of one the memory holds (the step before) takes that one's parses and parses only what follows; any
+other is read element by element, each element found by the XXH3-128 digest of its bytes and taken only when its
+bytes are equal (an edit in the middle, a first sight). A collision costs a parse, never another message.
 
 Kept values are shared by every body that sent their bytes, so nothing may edit one in place: the gateway's edits
 build new objects (tests/server/conftest.py checks every kept value after each server test).
@@ -16,7 +18,7 @@ build new objects (tests/server/conftest.py checks every kept value after each s
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -32,7 +34,10 @@ CANDIDATES = 8  # conversations kept under one head's digest at most (the newest
 
 _VALUE = msgspec.json.Decoder()
 _ELEMENTS = msgspec.json.Decoder(list[msgspec.Raw])
+# A body's top-level members as the bytes they were sent as: msgspec skips over each value without building it.
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _WHITESPACE = b" \t\r\n"
+_COMMA = ord(",")
 
 
 class Recurring:
@@ -40,8 +45,8 @@ class Recurring:
     each kept value: at most `max_bytes` of elements and as many of conversations, the least recently sent
     dropped first (0: nothing is kept)."""
 
-    __slots__ = ("_by_digest", "_by_head", "_by_id", "_conversations", "conversation_bytes", "kept_bytes",
-                 "max_bytes")
+    __slots__ = ("_by_digest", "_by_front", "_by_head", "_by_id", "_conversations", "conversation_bytes",
+                 "kept_bytes", "max_bytes")
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -50,26 +55,50 @@ class Recurring:
         self._by_id: dict[int, _Kept] = {}  # id(value): a value the memory holds (so its id is unique)
         self._conversations: OrderedDict[int, _Conversation] = OrderedDict()  # by id, least recently sent first
         self._by_head: dict[int, list[_Conversation]] = {}  # digest of a head -> its conversations, newest first
+        self._by_front: dict[int, list[_Conversation]] = {}  # digest of a body's first bytes -> its framed ones
+
+    def body(self, raw: bytes, repeated: str) -> tuple[dict[str, Any], dict[str, msgspec.Raw]]:
+        """A JSON object's values, its array member `repeated` read through the memory, and each member's bytes as
+        sent. msgspec's errors are raised as its decoders raise them (the caller's other parse names them)."""
+        found = self._body_continued(raw, repeated) if self.max_bytes > 0 else None
+        if found is not None:
+            return found
+        members = _MEMBERS.decode(raw)
+        body: dict[str, Any] = {}
+        conversation = None
+        for name, value in members.items():
+            if name == repeated:
+                body[name], conversation = self._elements(value)
+            else:
+                body[name] = self.member(value)
+        if conversation is not None and conversation.values:
+            self._frame(raw, members, repeated, conversation)
+        return body, members
 
     def elements(self, array: msgspec.Raw) -> Any:
         """An array member's value: what a kept conversation it continues holds, then each element its kept parse
         where there is one; any other JSON as parsed (for the body's check to name)."""
+        return self._elements(array)[0]
+
+    def _elements(self, array: msgspec.Raw) -> tuple[Any, _Conversation | None]:
+        """elements(), and the conversation the memory now keeps for it (None: none kept)."""
         data = bytes(array)  # a copy: `array` is a view of the whole body
         if self.max_bytes <= 0:
-            return _VALUE.decode(data)
+            return _VALUE.decode(data), None
         continued = self._continued(data)
         if continued is None:
             try:
                 raws = _ELEMENTS.decode(data)
             except msgspec.ValidationError:  # not an array
-                return _VALUE.decode(data)
+                return _VALUE.decode(data), None
             values = tuple(map(self.member, raws))
         else:
             earlier, raws = continued
             values = earlier.values + tuple(map(self.member, raws))
             self._drop_conversation(earlier)  # its session moved on: this one stands for it now
-        self._keep_conversation(_Conversation(data[:-1].rstrip(_WHITESPACE), values))
-        return list(values)  # the body's own list: a stage may build a new body on it
+        conversation = _Conversation(data[:-1].rstrip(_WHITESPACE), values)
+        kept = self._keep_conversation(conversation)
+        return list(values), conversation if kept else None  # the body's own list: a stage may build on it
 
     def member(self, raw: msgspec.Raw) -> Any:
         """The value of `raw`: kept, when it is long enough to recur as a dict or list."""
@@ -100,7 +129,7 @@ class Recurring:
     def kept(self) -> Iterator[tuple[bytes, Any]]:
         """Each kept value with its bytes: the elements, then the conversations (as lists)."""
         yield from ((bytes(kept.raw), kept.value) for kept in self._by_digest.values())
-        yield from ((c.head + b"]", list(c.values)) for c in self._conversations.values())
+        yield from ((bytes(c.head) + b"]", list(c.values)) for c in self._conversations.values())
 
     def _continued(self, data: bytes) -> tuple[_Conversation, list[msgspec.Raw]] | None:
         """The kept conversation `data` continues, and the raw elements it adds; None when it continues none."""
@@ -121,11 +150,68 @@ class Recurring:
                         return None
         return None
 
-    def _keep_conversation(self, conversation: _Conversation) -> None:
+    def _body_continued(self, raw: bytes, repeated: str) -> tuple[dict[str, Any], dict[str, msgspec.Raw]] | None:
+        """body() of a body that is a kept one's bytes with elements added at the end of its conversation (the
+        step before, plus this step's messages), without scanning it; None when it is not one."""
+        view = memoryview(raw)
+        for length in HEAD_LENGTHS:
+            if length >= len(raw):
+                continue
+            for earlier in self._by_front.get(xxhash.xxh3_64_intdigest(view[:length]), ()):
+                frame = earlier.frame
+                if frame is None or frame.repeated != repeated:
+                    continue
+                front, head, back = frame.front, earlier.head, frame.back
+                added_at, end = len(front) + len(head), len(raw) - len(back)
+                if end < added_at or not (raw.startswith(front) and raw.startswith(head, len(front))
+                                          and raw.endswith(back)):
+                    continue
+                added = _added(raw[added_at:end])
+                if added is None:
+                    return None
+                values = earlier.values + tuple(map(self.member, added))
+                self._drop_conversation(earlier)  # its session moved on: this one stands for it now
+                # Views of this body, not copies: it is all the memory keeps of its session (the step before's
+                # bytes are let go with it).
+                conversation = _Conversation(view[len(front):_before_whitespace(raw, end)], values)
+                frame = _Frame(view[:len(front)], view[end:], frame.places, repeated)
+                if self._keep_conversation(conversation):
+                    self._attach(conversation, frame, view)
+                return frame.read(view, list(values), self.member)
+        return None
+
+    def _frame(self, raw: bytes, members: dict[str, msgspec.Raw], repeated: str,
+               conversation: _Conversation) -> None:
+        """Keep where `raw`'s members sit around its conversation, for its next step to be read without a scan."""
+        places = _places(raw, members)
+        if places is None:  # a member's key written otherwise than msgspec writes it, or one sent twice
+            return
+        start, end = places[repeated]
+        size, view = len(raw), memoryview(raw)
+        self._attach(conversation, _Frame(view[:start], view[end - 1:], tuple(
+            (name, at, to) if at <= start else (name, at - size, to - size) for name, (at, to) in places.items()),
+            repeated), view)
+
+    def _attach(self, conversation: _Conversation, frame: _Frame, body: memoryview) -> None:
+        """Give a kept conversation the frame of the body it came in (its bytes counted with the conversation's),
+        found by the digest of the body's first bytes (its front, then the conversation)."""
+        length = next((n for n in HEAD_LENGTHS if n <= len(frame.front) + len(conversation.head)), None)
+        if length is None or id(conversation) not in self._conversations:
+            return
+        conversation.frame, conversation.front_key = frame, xxhash.xxh3_64_intdigest(body[:length])
+        self.conversation_bytes += frame.size
+        bucket = self._by_front.setdefault(conversation.front_key, [])
+        bucket.insert(0, conversation)
+        if len(bucket) > CANDIDATES:
+            self._drop_conversation(bucket[-1])
+        self._shrink()
+
+    def _keep_conversation(self, conversation: _Conversation) -> bool:
+        """Keep it, the least recently sent dropped past the bound; whether it is kept."""
         head = conversation.head
         length = next((n for n in HEAD_LENGTHS if n <= len(head)), None)
         if length is None or len(head) > self.max_bytes:  # too short to be found: parsed whole at no cost
-            return
+            return False
         conversation.key = xxhash.xxh3_64_intdigest(memoryview(head)[:length])
         bucket = self._by_head.setdefault(conversation.key, [])
         bucket.insert(0, conversation)
@@ -133,6 +219,10 @@ class Recurring:
             self._drop_conversation(bucket[-1])
         self._conversations[id(conversation)] = conversation
         self.conversation_bytes += len(head)
+        self._shrink()
+        return id(conversation) in self._conversations
+
+    def _shrink(self) -> None:
         while self.conversation_bytes > self.max_bytes:
             self._drop_conversation(next(iter(self._conversations.values())))
 
@@ -144,6 +234,12 @@ class Recurring:
         bucket.remove(conversation)
         if not bucket:
             del self._by_head[conversation.key]
+        if conversation.frame is not None:
+            self.conversation_bytes -= conversation.frame.size
+            framed = self._by_front[conversation.front_key]
+            framed.remove(conversation)
+            if not framed:
+                del self._by_front[conversation.front_key]
 
     def _keep(self, digest: int, kept: _Kept) -> None:
         size = len(kept.raw)
@@ -167,10 +263,103 @@ class _Kept:
 
 
 class _Conversation:
-    """An array as sent, without its closing bracket (and the whitespace before it), and its elements' values."""
+    """An array as sent, without its closing bracket (and the whitespace before it), and its elements' values; with
+    the frame of the body it came in, when that body's next step may be read without a scan."""
 
-    __slots__ = ("head", "key", "values")
+    __slots__ = ("frame", "front_key", "head", "key", "values")
 
-    def __init__(self, head: bytes, values: tuple[Any, ...]) -> None:
+    def __init__(self, head: bytes | memoryview, values: tuple[Any, ...]) -> None:
         self.head, self.values = head, values
         self.key = 0  # the digest of its head it is found by
+        self.frame: _Frame | None = None
+        self.front_key = 0  # the digest of its body's first bytes it is found by, with a frame
+
+
+class _Frame:
+    """A body around its conversation: the bytes before the conversation (`front`), those from its closing bracket
+    to the body's end (`back`), and where each member's bytes sit (offsets from the body's start for a member
+    before the conversation, negative ones from its end for one after it)."""
+
+    __slots__ = ("back", "front", "places", "repeated")
+
+    def __init__(self, front: memoryview, back: memoryview, places: tuple[tuple[str, int, int], ...],
+                 repeated: str) -> None:
+        self.front, self.back, self.places, self.repeated = front, back, places, repeated
+
+    @property
+    def size(self) -> int:
+        return len(self.front) + len(self.back)
+
+    def read(self, view: memoryview, conversation: list[Any],
+             member: Callable[[msgspec.Raw], Any]) -> tuple[dict[str, Any], dict[str, msgspec.Raw]]:
+        """The body's values and members' bytes, each member where the frame puts it (the conversation's end moved
+        with what was added)."""
+        repeated = self.repeated
+        body: dict[str, Any] = {}
+        members: dict[str, msgspec.Raw] = {}
+        size = len(view)
+        for name, at, to in self.places:
+            if name == repeated:
+                members[name] = msgspec.Raw(view[at:size - len(self.back) + 1])
+                body[name] = conversation
+            else:  # an offset below 0 counts from the body's end
+                members[name] = raw = msgspec.Raw(view[at + size if at < 0 else at:to + size if to < 0 else to])
+                body[name] = member(raw)  # kept by its bytes when long; a short one parsed again, never shared
+        return body, members
+
+
+def _added(rest: bytes) -> list[msgspec.Raw] | None:
+    """The elements that `rest` (what follows a kept conversation's last element, before its closing bracket)
+    adds: [] for none; None when it is not a comma and elements."""
+    rest = rest.strip(_WHITESPACE)
+    if not rest:
+        return []
+    if rest[0] != _COMMA:
+        return None
+    try:
+        return _ELEMENTS.decode(b"[" + rest[1:] + b"]")
+    except msgspec.DecodeError:
+        return None
+
+
+def _places(raw: bytes, members: dict[str, msgspec.Raw]) -> dict[str, tuple[int, int]] | None:
+    """Where each member's value sits in `raw`, read from its start: each key as msgspec writes it, each value the
+    bytes the scan gave; None when the object is written otherwise (an escaped key, a key sent twice)."""
+    at = _past_whitespace(raw, 0)
+    if raw[at:at + 1] != b"{":
+        return None
+    places: dict[str, tuple[int, int]] = {}
+    for index, (name, value) in enumerate(members.items()):
+        at = _past_whitespace(raw, at + 1 if index == 0 else at)
+        if index:
+            if raw[at:at + 1] != b",":
+                return None
+            at = _past_whitespace(raw, at + 1)
+        key = _KEY.encode(name)
+        if not raw.startswith(key, at):
+            return None
+        at = _past_whitespace(raw, at + len(key))
+        if raw[at:at + 1] != b":":
+            return None
+        at = _past_whitespace(raw, at + 1)
+        if not raw.startswith(value, at):
+            return None
+        places[name] = (at, at + len(value))
+        at += len(value)
+    at = _past_whitespace(raw, at if members else at + 1)
+    return places if raw[at:at + 1] == b"}" and _past_whitespace(raw, at + 1) == len(raw) else None
+
+
+def _before_whitespace(raw: bytes, end: int) -> int:
+    while end > 0 and raw[end - 1] in _WHITESPACE:
+        end -= 1
+    return end
+
+
+def _past_whitespace(raw: bytes, at: int) -> int:
+    while at < len(raw) and raw[at] in _WHITESPACE:
+        at += 1
+    return at
+
+
+_KEY = msgspec.json.Encoder()

@@ -72,7 +72,7 @@ def test_a_conversation_that_continues_a_kept_one_takes_its_parses_however_short
     assert len(memory) == 0  # each message under MIN_KEPT: none kept alone
     second = json_body.read(_raw(_conversation(302)), "messages", memory).body["messages"]
     assert all(a is b for a, b in zip(first, second[:300], strict=True))
-    assert second == _conversation(302) and memory.conversation_bytes < len(_raw(_conversation(302)))
+    assert second == _conversation(302) and memory.conversation_bytes <= len(_raw(_conversation(302)))
     again = json_body.read(_raw(_conversation(302)), "messages", memory).body["messages"]
     assert again == second and again is not second and again[301] is second[301]  # the same step again
 
@@ -88,6 +88,72 @@ def test_what_does_not_continue_a_kept_conversation_is_read_as_it_is(later: list
     json_body.read(_raw([*_conversation(300)[:-1], 12]), "messages", memory)  # ends on 12: [.., 1] is its prefix
     for spacing in ((",", ":"), (", ", ": ")):
         assert json_body.read(_raw(later, spacing), "messages", memory).body["messages"] == later
+
+
+def _read(raw: bytes, memory: Recurring) -> json_body.Source:
+    """json_body.read through the memory, checked against a plain parse and a scan of the members' bytes."""
+    source = json_body.read(raw, "messages", memory)
+    assert source.body == json.loads(raw)
+    members = source.members()
+    assert members is not None
+    assert {name: bytes(value) for name, value in members.items()} == {
+        name: bytes(value) for name, value in json_body._MEMBERS.decode(raw).items()}
+    return source
+
+
+class _CountingScan:
+    def __init__(self) -> None:
+        self.scans = 0
+
+    def decode(self, raw: bytes) -> Any:
+        self.scans += 1
+        return json_body._MEMBERS.decode(raw)
+
+
+def test_a_step_that_adds_messages_to_the_step_before_is_read_without_a_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its members sit where the step before's did: only the added messages are parsed, and each member still
+    reads as the bytes it was sent as (the deployment is sent those)."""
+    scan = _CountingScan()
+    monkeypatch.setattr(recurring, "_MEMBERS", scan)
+    memory = Recurring(8 << 20)
+    first, second, third = _steps()
+    one = _read(first, memory)
+    assert scan.scans == 1
+    two, three = _read(second, memory), _read(third, memory)
+    assert scan.scans == 1  # neither the second nor the third step scanned
+    assert all(a is b for a, b in zip(one.body["messages"], two.body["messages"], strict=False))
+    assert two.body["tools"] is one.body["tools"] and three.body["tools"] is one.body["tools"]
+    assert three.body["model"] == "auto" and memory.conversation_bytes <= len(third)
+    _read(second, memory)  # a step sent again (a client's retry): not a continuation of the third
+    assert scan.scans == 2
+
+
+@pytest.mark.parametrize("edit", [
+    lambda body: {**body, "max_tokens": 17},  # a member after the conversation changed
+    lambda body: {"model": "fast", **{k: v for k, v in body.items() if k != "model"}},  # one before it
+    lambda body: {**body, "stream": True},  # a member added at the end
+    lambda body: {k: v for k, v in body.items() if k != "max_tokens"},  # one dropped
+    lambda body: {**body, "messages": body["messages"][:-1]},  # the conversation rewound
+    lambda body: {**body, "messages": [*body["messages"][:-1], {"role": "user", "content": "edited"}]},
+])
+def test_a_step_that_changes_more_than_its_conversations_end_is_read_as_it_is(edit: Any) -> None:
+    memory = Recurring(8 << 20)
+    steps = agent_bodies.session(7, 40 * 1024, 2_000, steps=2)
+    _read(json.dumps(steps[0]).encode(), memory)
+    _read(json.dumps(edit(steps[1])).encode(), memory)
+    _read(json.dumps(steps[1]).encode(), memory)
+
+
+@pytest.mark.parametrize("raw", [
+    rb'{"mod\u0065l": "m", "messages": [' + b'{"role": "user", "content": "x"}, ' * 600 + b'1]}',  # an escaped key
+    b'{"model": "m", "model": "n", "messages": [' + b'{"role": "user", "content": "x"}, ' * 600 + b'1]}',  # twice
+    b'{"messages": [' + b'{"role": "user", "content": "x"}, ' * 600 + b'1], "pad": "p"}  ',  # no key before it
+])
+def test_a_body_written_otherwise_still_reads_as_decode_reads_it_step_after_step(raw: bytes) -> None:
+    memory = Recurring(8 << 20)
+    assert json_body.read(raw, "messages", memory).body == json.loads(raw)
+    longer = raw.replace(b"1]", b'1, {"role": "tool", "content": "y"}]')
+    assert json_body.read(longer, "messages", memory).body == json.loads(longer)
 
 
 def test_the_least_recently_sent_is_dropped_first() -> None:
@@ -154,4 +220,4 @@ def test_any_conversation_reads_as_decode_reads_it_step_after_step(
     steps = [head + messages, head + messages + added, head + messages[:cut] + added, head + messages + added]
     for step in steps:  # parsed, continued, rewound and edited, continued again
         raw = json.dumps({**others, "messages": step, "pad": pad}, indent=indent).encode()
-        assert json_body.read(raw, "messages", memory).body == json.loads(raw)
+        _read(raw, memory)
