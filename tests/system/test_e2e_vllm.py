@@ -365,6 +365,16 @@ def _wait_idle(pair: VllmPair, timeout_s: float = 120.0) -> None:
     _wait_for(idle, timeout_s)
 
 
+def _ready_in_gateway(gateway: Gateway, name: str) -> bool:
+    """Whether the gateway's own view of the deployment (its probes, scrapes and counts) is healthy and idle."""
+    request = urllib.request.Request(f"{gateway.url}/admin/deployments",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30.0) as response:
+        (found,) = [d for d in json.loads(response.read())["deployments"] if d["name"] == name]
+    return bool(found["healthy"]) and found["ejected_for_s"] == 0 and not found["requests_waiting"] \
+        and found["in_flight"] == 0
+
+
 def _explain(gateway: Gateway, request_id: str) -> Any:
     """The decision trail of a recent request, with the load it was decided on."""
     request = urllib.request.Request(f"{gateway.url}/admin/requests/{request_id}/explain",
@@ -702,8 +712,13 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
     same = _client(vllm_pair.hq.url + "/v1").chat.completions.create(
         model=vllm_pair.hq.served_model, messages=MESSAGES, **LONG_GREEDY)  # type: ignore[call-overload]
     assert same.choices[0].message.content == whole.choices[0].message.content  # the family's property
-    stream = client.chat.completions.create(model="fast", messages=MESSAGES, stream=True,
-                                            stream_options={"include_usage": True}, **LONG_GREEDY)
+    _wait_for(lambda: _ready_in_gateway(gateway, "fast"), 60.0)  # else it may send the call elsewhere
+    raw = client.chat.completions.with_raw_response.create(model="fast", messages=MESSAGES, stream=True,
+                                                           stream_options={"include_usage": True}, **LONG_GREEDY)
+    served = raw.headers.get("x-gateway-deployment")
+    assert served == "fast", (f"the gateway sent the call to {served}, not fast: "
+                              f"{_explain(gateway, raw.headers['x-request-id'])}")
+    stream = raw.parse()
     started = time.monotonic()
     parts: list[str] = []
     finishes, usage, killed_after_s = [], None, None
@@ -724,8 +739,9 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
     assert finishes == ["length"] and usage is not None and usage.completion_tokens == LONG_GREEDY["max_tokens"]
     resumed = _sum(_metrics(gateway.url), "gateway_stream_resumes_total", "from=fast", "to=hq", "outcome=resumed")
     print(f"fast answers in {fast_s:.1f} s; killed {killed_after_s:.2f} s into the stream")
-    assert resumed == 1, (f"no break to resume: fast's whole answer takes {fast_s:.1f} s unpaced, and it was "
-                          f"killed {killed_after_s:.2f} s into the stream, after it had sent its last event")
+    assert resumed == 1, (f"no break resumed: fast's whole answer takes {fast_s:.1f} s unpaced, and it was killed "
+                          f"{killed_after_s:.2f} s into the stream; the gateway's record: "
+                          f"{_explain(gateway, raw.headers['x-request-id']).get('served')}")
     # after the kill every call is answered by hq: failed over, or routed around fast once it is ejected
     for _ in range(3):
         reply = client.chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)
