@@ -6,15 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import pydantic_core
 
+from gateway.apis.recurring import MEMBERS, Recurring
 from gateway.errors import BadRequest
-
-if TYPE_CHECKING:
-    from gateway.apis.recurring import Recurring
 
 _BODY = msgspec.json.Decoder()
 
@@ -84,8 +82,7 @@ def encode(value: Any) -> bytes:
         return _COMPACT.encode(value).encode()
 
 
-# A body's top-level members as the bytes they were sent as: msgspec skips over each value without building it.
-_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_MEMBERS = MEMBERS  # one decoder of a body's members as sent: recurring.py's
 _RAW_ENCODER = msgspec.json.Encoder()
 _ABSENT = object()
 # Below this a body is parsed whole: one parse costs less than the scans that find what recurs.

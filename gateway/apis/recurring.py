@@ -35,7 +35,7 @@ CANDIDATES = 8  # conversations kept under one head's digest at most (the newest
 _VALUE = msgspec.json.Decoder()
 _ELEMENTS = msgspec.json.Decoder(list[msgspec.Raw])
 # A body's top-level members as the bytes they were sent as: msgspec skips over each value without building it.
-_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _WHITESPACE = b" \t\r\n"
 _COMMA = ord(",")
 
@@ -63,7 +63,7 @@ class Recurring:
         found = self._body_continued(raw, repeated) if self.max_bytes > 0 else None
         if found is not None:
             return found
-        members = _MEMBERS.decode(raw)
+        members = MEMBERS.decode(raw)
         body: dict[str, Any] = {}
         conversation = None
         for name, value in members.items():

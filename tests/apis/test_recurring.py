@@ -114,7 +114,7 @@ def test_a_step_that_adds_messages_to_the_step_before_is_read_without_a_scan(mon
     """Its members sit where the step before's did: only the added messages are parsed, and each member still
     reads as the bytes it was sent as (the deployment is sent those)."""
     scan = _CountingScan()
-    monkeypatch.setattr(recurring, "_MEMBERS", scan)
+    monkeypatch.setattr(recurring, "MEMBERS", scan)
     memory = Recurring(8 << 20)
     first, second, third = _steps()
     one = _read(first, memory)
