@@ -13,7 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench import agent_bodies
 from gateway import features
+from gateway.apis import json_body
+from gateway.apis.recurring import Recurring
 from gateway.features import LAST_USER_TEXT_CHARS, extract
 
 
@@ -342,3 +345,56 @@ def test_tools_kept_by_their_bytes_as_sent_count_as_encoding_them_does() -> None
         assert fresh == kept == extract(body, "chat")
         assert fresh.prompt_tokens > extract({**body, "tools": []}, "chat").prompt_tokens
     assert len(features._TOOL_TEXTS) == features.TOOL_TEXTS_KEPT
+
+
+# ---- a conversation the parse memory keeps: the walk goes on from the step before's tallies ----------------------
+
+_ROLES = ("system", "developer", "user", "user", "assistant", "assistant", "tool", "function", "critic")
+_TEXT = st.text(max_size=40) | st.sampled_from(
+    ["", "def f():\n    return 1", "prove the theorem", "self.x == 1", "∫ x dx", "x" * 5_000, "word " * 1_700])
+_CALL = st.fixed_dictionaries({"id": st.text(max_size=3), "type": st.just("function"),
+                               "function": st.fixed_dictionaries({"name": st.text(max_size=5), "arguments": _TEXT})})
+_DICT = st.fixed_dictionaries({"role": st.sampled_from(_ROLES), "content": _TEXT | st.none()},
+                              optional={"tool_calls": st.lists(_CALL, max_size=2)})
+_MESSAGE = st.one_of(_DICT, _DICT, _DICT, _DICT, st.integers() | st.none())  # a few elements that are no message
+_HEAD = [{"role": "system", "content": "s" * 300}] * 20  # long enough for the memory to find the conversation by
+
+
+def _read_through(memory: Recurring, messages: list[Any]) -> tuple[features.Features, bytes, bool]:
+    """The step's features read through the memory, its bytes, and whether its walk went on from the step before's."""
+    raw = json.dumps({"model": "m", "messages": messages, "pad": "p" * json_body.RECURRING_MIN_BODY}).encode()
+    sent = json_body.read(raw, "messages", memory)
+    conversation = sent.conversation
+    went_on = conversation is not None and features._WALKED in (conversation.earlier_notes or {})
+    return extract(sent.body, "chat", None, conversation), raw, went_on
+
+
+@pytest.mark.parametrize("walker", ["native", "python"])
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_MESSAGE, max_size=10), st.lists(_MESSAGE, min_size=1, max_size=4), st.integers(0, 10))
+def test_a_step_that_continues_a_kept_conversation_reads_as_a_fresh_parse_does(
+        walker: str, messages: list[Any], added: list[Any], cut: int) -> None:
+    saved = features.native
+    features.native = saved if walker == "native" else None
+    try:
+        memory = Recurring(1 << 20)
+        steps = [_HEAD + messages, _HEAD + messages + added, _HEAD + messages + added + added,
+                 _HEAD + messages[:cut] + added, _HEAD + messages[:cut] + added + messages]
+        for i, step in enumerate(steps):  # a first step, two continued, a rewound one, continued again
+            found, raw, went_on = _read_through(memory, step)
+            assert found == extract(json.loads(raw), "chat")
+            assert went_on or i not in (1, 2)  # the continued steps went on from the notes
+    finally:
+        features.native = saved
+
+
+def test_a_continued_step_walks_only_the_messages_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    memory = Recurring(8 << 20)
+    steps = agent_bodies.session(11, 60 * 1024, 3_000, steps=4)
+    walked = []
+    monkeypatch.setattr(features, "_message_text", lambda m: walked.append(m) or features.text_of(m.get("content")))
+    for i, step in enumerate(steps):
+        walked.clear()
+        assert _read_through(memory, step["messages"])[2] == (i >= 1)
+        if i >= 1:  # what the step before noted: the call and the result it adds
+            assert walked == step["messages"][len(steps[i - 1]["messages"]):]

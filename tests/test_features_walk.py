@@ -60,6 +60,9 @@ class Recording:
         self.walked.append(result is not None)
         return result
 
+    def markers(self, window: str) -> Any:
+        return self.walker.markers(window)
+
 
 def both(body: dict[str, Any]) -> tuple[Features, Features, bool]:
     """extract() through the C walk and through the Python walk, and whether the C walk read the messages."""
@@ -198,6 +201,15 @@ def test_markers_read_the_same_as_the_python_tests(texts: list[str]) -> None:
     and characters whose lower case is ASCII."""
     native, python, walked = both(chat(*({"role": "user", "content": text} for text in texts)))
     assert walked and native == python
+    window = features.scan_window(texts)  # the tests alone, on a window a continued step builds
+    assert features.native is not None
+    assert features.native.markers(window) == (features.has_code(window), features.has_math(window))
+
+
+def test_the_marker_tests_alone_take_a_str_only() -> None:
+    assert features.native is not None
+    with pytest.raises(TypeError, match="markers\\(\\) takes a str, got bytes"):
+        features.native.markers(b"self.x")  # type: ignore[arg-type]
 
 
 def test_the_prose_word_rule_hides_an_overlapping_marker_as_the_regex_does() -> None:

@@ -165,3 +165,5 @@ def test_the_features_walk_leaks_nothing() -> None:
     _no_leak(lambda: walker.walk(messages, 10_000, len, estimate_tokens), (messages, *messages))
     _no_leak(lambda: walker.walk(messages, 10_000, None, estimate_tokens), (messages,))
     _no_leak(lambda: walker.walk(odd, 10_000, len, estimate_tokens), (odd, odd[0]))
+    window = "\nWhat is f(3)? $x^2$\n∫ self.x"
+    _no_leak(lambda: walker.markers(window), (window,))

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pydantic_core
 
-from gateway.apis.recurring import MEMBERS, Recurring
+from gateway.apis.recurring import MEMBERS, Conversation, Recurring
 from gateway.errors import BadRequest
 
 _BODY = msgspec.json.Decoder()
@@ -108,11 +108,12 @@ class Source:
     tools' text is kept by them, without encoding them again. `recurring`: the memory the body's conversation
     was read through, if any (what other stages noted of its messages)."""
 
-    __slots__ = ("_members", "body", "raw", "recurring")
+    __slots__ = ("_members", "body", "conversation", "raw", "recurring")
 
     def __init__(self, raw: bytes, body: dict[str, Any], members: dict[str, msgspec.Raw] | None = None,
-                 recurring: Recurring | None = None) -> None:
+                 conversation: Conversation | None = None, recurring: Recurring | None = None) -> None:
         self.raw, self.body, self.recurring = raw, body, recurring
+        self.conversation = conversation  # the body's conversation as the memory keeps it (what stages note of it)
         self._members: dict[str, msgspec.Raw] | object | None = _ABSENT if members is None else members
 
     def members(self) -> dict[str, msgspec.Raw] | None:

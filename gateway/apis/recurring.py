@@ -3,6 +3,9 @@
     memory = Recurring(max_bytes)
     json_body.read(raw, "messages", memory)   the body, its conversation read through the memory
     memory.notes(message)                     what stages noted of a kept message (prefix.py: its own digest)
+    conversation.noted(messages)              what stages noted of the conversation this step continues, and a
+                                              place for what they note of this one (features, prefix.py: their
+                                              tallies through it, so a step costs them its new messages only)
 
 A step re-sends the step before it plus a few messages. A body that is the step before's bytes with messages added
 at its conversation's end (every other member's bytes the same) is not scanned: its members are where they were,
@@ -53,13 +56,14 @@ class Recurring:
         self.kept_bytes = self.conversation_bytes = 0
         self._by_digest: OrderedDict[int, _Kept] = OrderedDict()
         self._by_id: dict[int, _Kept] = {}  # id(value): a value the memory holds (so its id is unique)
-        self._conversations: OrderedDict[int, _Conversation] = OrderedDict()  # by id, least recently sent first
-        self._by_head: dict[int, list[_Conversation]] = {}  # digest of a head -> its conversations, newest first
-        self._by_front: dict[int, list[_Conversation]] = {}  # digest of a body's first bytes -> its framed ones
+        self._conversations: OrderedDict[int, Conversation] = OrderedDict()  # by id, least recently sent first
+        self._by_head: dict[int, list[Conversation]] = {}  # digest of a head -> its conversations, newest first
+        self._by_front: dict[int, list[Conversation]] = {}  # digest of a body's first bytes -> its framed ones
 
-    def body(self, raw: bytes, repeated: str) -> tuple[dict[str, Any], dict[str, msgspec.Raw]]:
-        """A JSON object's values, its array member `repeated` read through the memory, and each member's bytes as
-        sent. msgspec's errors are raised as its decoders raise them (the caller's other parse names them)."""
+    def body(self, raw: bytes, repeated: str) -> tuple[dict[str, Any], dict[str, msgspec.Raw], Conversation | None]:
+        """A JSON object's values, its array member `repeated` read through the memory, each member's bytes as
+        sent, and the conversation the memory keeps for `repeated` (None: none kept). msgspec's errors are raised
+        as its decoders raise them (the caller's other parse names them)."""
         found = self._body_continued(raw, repeated) if self.max_bytes > 0 else None
         if found is not None:
             return found
@@ -73,14 +77,14 @@ class Recurring:
                 body[name] = self.member(value)
         if conversation is not None and conversation.values:
             self._frame(raw, members, repeated, conversation)
-        return body, members
+        return body, members, conversation
 
     def elements(self, array: msgspec.Raw) -> Any:
         """An array member's value: what a kept conversation it continues holds, then each element its kept parse
         where there is one; any other JSON as parsed (for the body's check to name)."""
         return self._elements(array)[0]
 
-    def _elements(self, array: msgspec.Raw) -> tuple[Any, _Conversation | None]:
+    def _elements(self, array: msgspec.Raw) -> tuple[Any, Conversation | None]:
         """elements(), and the conversation the memory now keeps for it (None: none kept)."""
         data = bytes(array)  # a copy: `array` is a view of the whole body
         if self.max_bytes <= 0:
@@ -96,7 +100,8 @@ class Recurring:
             earlier, raws = continued
             values = earlier.values + tuple(map(self.member, raws))
             self._drop_conversation(earlier)  # its session moved on: this one stands for it now
-        conversation = _Conversation(data[:-1].rstrip(_WHITESPACE), values)
+        conversation = Conversation(data[:-1].rstrip(_WHITESPACE), values,
+                                    None if continued is None else continued[0])
         kept = self._keep_conversation(conversation)
         return list(values), conversation if kept else None  # the body's own list: a stage may build on it
 
@@ -131,7 +136,7 @@ class Recurring:
         yield from ((bytes(kept.raw), kept.value) for kept in self._by_digest.values())
         yield from ((bytes(c.head) + b"]", list(c.values)) for c in self._conversations.values())
 
-    def _continued(self, data: bytes) -> tuple[_Conversation, list[msgspec.Raw]] | None:
+    def _continued(self, data: bytes) -> tuple[Conversation, list[msgspec.Raw]] | None:
         """The kept conversation `data` continues, and the raw elements it adds; None when it continues none."""
         view = memoryview(data)
         for length in HEAD_LENGTHS:
@@ -150,7 +155,8 @@ class Recurring:
                         return None
         return None
 
-    def _body_continued(self, raw: bytes, repeated: str) -> tuple[dict[str, Any], dict[str, msgspec.Raw]] | None:
+    def _body_continued(self, raw: bytes,
+                        repeated: str) -> tuple[dict[str, Any], dict[str, msgspec.Raw], Conversation | None] | None:
         """body() of a body that is a kept one's bytes with elements added at the end of its conversation (the
         step before, plus this step's messages), without scanning it; None when it is not one."""
         view = memoryview(raw)
@@ -173,15 +179,16 @@ class Recurring:
                 self._drop_conversation(earlier)  # its session moved on: this one stands for it now
                 # Views of this body, not copies: it is all the memory keeps of its session (the step before's
                 # bytes are let go with it).
-                conversation = _Conversation(view[len(front):_before_whitespace(raw, end)], values)
+                conversation = Conversation(view[len(front):_before_whitespace(raw, end)], values, earlier)
                 frame = _Frame(view[:len(front)], view[end:], frame.places, repeated)
-                if self._keep_conversation(conversation):
+                kept = self._keep_conversation(conversation)
+                if kept:
                     self._attach(conversation, frame, view)
-                return frame.read(view, list(values), self.member)
+                return *frame.read(view, list(values), self.member), conversation if kept else None
         return None
 
     def _frame(self, raw: bytes, members: dict[str, msgspec.Raw], repeated: str,
-               conversation: _Conversation) -> None:
+               conversation: Conversation) -> None:
         """Keep where `raw`'s members sit around its conversation, for its next step to be read without a scan."""
         places = _places(raw, members)
         if places is None:  # a member's key written otherwise than msgspec writes it, or one sent twice
@@ -192,7 +199,7 @@ class Recurring:
             (name, at, to) if at <= start else (name, at - size, to - size) for name, (at, to) in places.items()),
             repeated), view)
 
-    def _attach(self, conversation: _Conversation, frame: _Frame, body: memoryview) -> None:
+    def _attach(self, conversation: Conversation, frame: _Frame, body: memoryview) -> None:
         """Give a kept conversation the frame of the body it came in (its bytes counted with the conversation's),
         found by the digest of the body's first bytes (its front, then the conversation)."""
         length = next((n for n in HEAD_LENGTHS if n <= len(frame.front) + len(conversation.head)), None)
@@ -206,7 +213,7 @@ class Recurring:
             self._drop_conversation(bucket[-1])
         self._shrink()
 
-    def _keep_conversation(self, conversation: _Conversation) -> bool:
+    def _keep_conversation(self, conversation: Conversation) -> bool:
         """Keep it, the least recently sent dropped past the bound; whether it is kept."""
         head = conversation.head
         length = next((n for n in HEAD_LENGTHS if n <= len(head)), None)
@@ -226,7 +233,7 @@ class Recurring:
         while self.conversation_bytes > self.max_bytes:
             self._drop_conversation(next(iter(self._conversations.values())))
 
-    def _drop_conversation(self, conversation: _Conversation) -> None:
+    def _drop_conversation(self, conversation: Conversation) -> None:
         if self._conversations.pop(id(conversation), None) is None:
             return
         self.conversation_bytes -= len(conversation.head)
@@ -262,17 +269,34 @@ class _Kept:
         self.notes: dict[str, Any] | None = None
 
 
-class _Conversation:
+class Conversation:
     """An array as sent, without its closing bracket (and the whitespace before it), and its elements' values; with
-    the frame of the body it came in, when that body's next step may be read without a scan."""
+    the frame of the body it came in, when that body's next step may be read without a scan, and what stages noted
+    of it and of the conversation it continues."""
 
-    __slots__ = ("frame", "front_key", "head", "key", "values")
+    __slots__ = ("earlier_length", "earlier_notes", "frame", "front_key", "head", "key", "notes", "values")
 
-    def __init__(self, head: bytes | memoryview, values: tuple[Any, ...]) -> None:
+    def __init__(self, head: bytes | memoryview, values: tuple[Any, ...], earlier: Conversation | None = None) -> None:
         self.head, self.values = head, values
         self.key = 0  # the digest of its head it is found by
         self.frame: _Frame | None = None
         self.front_key = 0  # the digest of its body's first bytes it is found by, with a frame
+        self.notes: dict[str, Any] = {}
+        # What was noted of the conversation this one continues (its first `earlier_length` values): only that is
+        # kept of it, not its values.
+        self.earlier_notes = earlier.notes if earlier is not None else None
+        self.earlier_length = len(earlier.values) if earlier is not None else 0
+
+    def noted(self, elements: Any) -> tuple[dict[str, Any], dict[str, Any] | None, int] | None:
+        """For a stage that tallies the conversation element by element, when `elements` are its values (as the
+        body it came in holds them): where to note this conversation's tallies (for the step that continues it),
+        what was noted of the conversation it continues, and how many of the first elements that one covers.
+        None when `elements` are others (a view the gateway built, an edit): the stage then walks them whole.
+        A note must be a function of the values alone: another body that sends the same bytes reads it."""
+        values = self.values
+        if type(elements) is not list or len(elements) != len(values) or elements != list(values):
+            return None
+        return self.notes, self.earlier_notes, self.earlier_length
 
 
 class _Frame:

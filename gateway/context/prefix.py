@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import xxhash
 
 from gateway.apis import json_body
-from gateway.apis.recurring import Recurring
+from gateway.apis.recurring import Conversation, Recurring
 
 MAX_LINKS = 1024  # a chain longer than this keeps its first links: a prediction then says less, never wrong
 TOOLS_ROLE = "tools"  # the first link: the tool definitions the chat template renders before the messages
@@ -67,17 +67,20 @@ def after_warming(record: SessionPrefixes, deployment: str, warmed: Chain) -> Se
 
 
 def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: memoryview | None = None,
-             recurring: Recurring | None = None) -> Chain:
+             recurring: Recurring | None = None, conversation: Conversation | None = None) -> Chain:
     """The chat view's prompt as links (its tools, then each message); the tokens through each link are
     `prompt_tokens` shared out by the size of what each link hashed (a deployment's exact figure replaces
     them once it has served the prompt: `rescaled`). `tools_sent`: the tools' bytes as the client sent them
     (json_body.Source), hashed as they are rather than encoded again. `recurring`: the memory the messages were
-    parsed through, where each message's own digest is noted once for every step that re-sends it."""
-    digests, sizes = _digests(view, tools_sent, recurring)
+    parsed through, where each message's own digest is noted once for every step that re-sends it;
+    `conversation`: the one it keeps for them, where the links through the step before are noted (a step then
+    hashes only the messages it adds)."""
+    hashed = _hashed(view, tools_sent, recurring, conversation)
+    digests, sizes = hashed.digests, hashed.sizes
     if not digests:
         return ()
     total = sizes[-1] or 1
-    return _links(map(_HEX, digests), [prompt_tokens * size // total for size in sizes])
+    return _links(digests, [prompt_tokens * size // total for size in sizes])
 
 
 def _links(digests: Iterable[str], tokens: Iterable[int]) -> Chain:
@@ -89,29 +92,52 @@ _HEX = "{:016x}".format
 _MAPPING = (dict, Mapping)  # a parsed body's objects are dicts: checked first, without the ABC's own check
 _TOOLS_SEED = xxhash.xxh3_64_intdigest(TOOLS_ROLE)  # the tools' link: seeded apart from any message's
 _NOTE = "prefix.own"  # a message's own digest and size, noted in the parse memory
+_HASHED = "prefix.hashed"  # a conversation's links, noted in the parse memory
 
 
-def _digests(view: Mapping[str, Any], tools_sent: memoryview | None,
-             recurring: Recurring | None) -> tuple[list[int], list[int]]:
+class _Hashed(NamedTuple):
+    """A prompt's links as hashed: each one's digest (hex) and the size of what the prompt hashed through it; with
+    where the hashing stands after them, for a step that adds messages."""
+
+    tools: int | None  # the tools' link's digest (None: the call offers no tools), which seeds every message's
+    digests: list[str]
+    sizes: list[int]
+    digest: int  # the last link's, as an int
+    through: int  # the size hashed through the last link
+
+
+def _hashed(view: Mapping[str, Any], tools_sent: memoryview | None, recurring: Recurring | None,
+            conversation: Conversation | None) -> _Hashed:
     """Each link's digest and the size of what the prompt hashed through it: the tools' JSON (when the call
     offers tools), then each message. A message's link hashes its own digest (its fields hashed one after the
     other) seeded with the link before, so it stands for the whole prompt through it; its own digest depends on
-    the message alone, so a message the client re-sends is hashed once (noted in `recurring`). XXH3: the links
-    predict a cache, so a collision costs a wrong prediction, never data; a cryptographic hash took several times
-    as long on an agent's 100-200 KB step, as did joining a message's fields into one text to hash."""
-    digests: list[int] = []
+    the message alone, so a message the client re-sends is hashed once (noted in `recurring`), and the links of
+    the step a conversation continues are taken from its notes when they were seeded by the same tools.
+    XXH3: the links predict a cache, so a collision costs a wrong prediction, never data; a cryptographic hash
+    took several times as long on an agent's 100-200 KB step, as did joining a message's fields into one text."""
+    digests: list[str] = []
     sizes: list[int] = []
     digest = through = 0
+    tools_digest = None
     tools = view.get("tools")
     if tools:
         piece = tools_sent if tools_sent is not None else _json(tools)
-        digest = _hash(piece, _TOOLS_SEED)
+        tools_digest = digest = _hash(piece, _TOOLS_SEED)
         through = len(piece)
-        digests.append(digest)
+        digests.append(_HEX(digest))
         sizes.append(through)
     messages = view.get("messages")
+    if not isinstance(messages, list):
+        return _Hashed(tools_digest, digests, sizes, digest, through)
+    end = MAX_LINKS - len(digests)  # the messages that get links
+    start = 0
+    noted = conversation.noted(messages) if conversation is not None else None
+    earlier = noted[1].get(_HASHED) if noted is not None and noted[1] is not None else None
+    if earlier is not None and earlier.tools == tools_digest:
+        start = min(noted[2], end)  # type: ignore[index]  # noted is set where earlier is
+        digests, sizes, digest, through = list(earlier.digests), list(earlier.sizes), earlier.digest, earlier.through
     notes_of = recurring.notes if recurring is not None else _no_notes
-    for message in messages[:MAX_LINKS - len(digests)] if isinstance(messages, list) else ():
+    for message in messages[start:end]:
         if isinstance(message, _MAPPING):
             notes = notes_of(message)
             own = notes.get(_NOTE) if notes is not None else None
@@ -121,9 +147,12 @@ def _digests(view: Mapping[str, Any], tools_sent: memoryview | None,
                     notes[_NOTE] = own
             digest = xxhash.xxh3_64_intdigest(own[0], digest)
             through += own[1]
-            digests.append(digest)
+            digests.append(_HEX(digest))
             sizes.append(through)
-    return digests, sizes
+    hashed = _Hashed(tools_digest, digests, sizes, digest, through)
+    if noted is not None:
+        noted[0][_HASHED] = hashed  # its lists are never changed: the step that continues it copies them
+    return hashed
 
 
 def _no_notes(value: Any) -> None:

@@ -65,7 +65,8 @@ class Call:
             sent = self.sent
             tools_sent = sent.member_as_sent("tools", self.view.get("tools")) if sent is not None else None
             self._prompt = chain_of(self.view, prompt_tokens_with_template(self.features), tools_sent,
-                                    sent.recurring if sent is not None else None)
+                                    sent.recurring if sent is not None else None,
+                                    sent.conversation if sent is not None else None)
         return self._prompt
 
 

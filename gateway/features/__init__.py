@@ -2,12 +2,14 @@
 
 The optional C extension gateway.native._features_walk walks the common chat shape (str contents) when it built: in the
 running gateway the Python walk cost ~25 µs a small request in cache misses. The Python walk here is its reference
-and the path for every other shape.
+and the path for every other shape. An agent's step re-sends the step before it: where the parse memory keeps its
+conversation, the walk goes on from the tallies noted through the step before, over the messages it adds only.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import math
@@ -15,12 +17,13 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic_core
 import xxhash
 
 from gateway.apis.chat.wire import output_cap
+from gateway.apis.recurring import Conversation
 from gateway.features.token_pieces import Encoding, PieceCounter
 from gateway.native import features_walk as _features_walk  # None: the Python walk reads every request
 
@@ -330,28 +333,45 @@ def has_math(window: str) -> bool:
     return False
 
 
-@dataclass(slots=True)
-class _Tally:
-    """Running totals while walking the messages of one request."""
+class _Walked(NamedTuple):
+    """The chat walk's tallies through some messages: where it goes on from over the messages that follow (a
+    conversation's notes keep it for the step that continues it)."""
 
-    system_tokens: int = 0
-    history_tokens: int = 0
-    last_user_tokens: int = 0
-    message_count: int = 0
-    user_turns: int = 0
-    tool_result_turns: int = 0
-    prior_answers: int = 0
-    last_user_text: str = ""
+    exact_chars_left: int
+    exact: bool
+    system_tokens: int
+    other_tokens: int  # every other message's: the history's and the last user message's
+    last_user_tokens: int
+    last_user_text: str
+    message_count: int
+    user_turns: int
+    tool_result_turns: int
+    assistants: int
+    prior_answers: int  # the assistant turns before the last user turn
+    newest: tuple[str, ...]  # the newest non-system texts, newest first: as many as a marker window reads
 
 
-def extract(body: Mapping[str, Any], endpoint: str, tools_sent: memoryview | None = None) -> Features:
+_START = _Walked(EXACT_CHARS_TOTAL, True, 0, 0, 0, "", 0, 0, 0, 0, 0, ())
+_WALKED = "features.walked"  # a conversation's _Walked, noted in the parse memory
+
+
+def extract(body: Mapping[str, Any], endpoint: str, tools_sent: memoryview | None = None,
+            conversation: Conversation | None = None) -> Features:
     """Features of a JSON-decoded request body; never raises on odd-but-valid shapes. `tools_sent`: the body's
     tools as the client sent them, when it sent them as `body` holds them (their text is then kept by those
-    bytes: an agent sends the same 10-50 KB of schemas at every step)."""
+    bytes: an agent sends the same 10-50 KB of schemas at every step). `conversation`: the parse memory's of the
+    body's messages, where the walk's tallies are noted for the step that continues it."""
     if not isinstance(body, _MAPPING):
         body = {}
     counter = _Counter()
-    walk = _walk_natively(native, body, counter) if endpoint == "chat" and native is not None else None
+    walk = None
+    if endpoint == "chat":
+        messages = body.get("messages")
+        noted = conversation.noted(messages) if conversation is not None else None
+        if noted is not None:
+            walk = _walk_conversation(messages, noted, counter)
+        elif native is not None:
+            walk = _walk_natively(native, messages, counter)
     if walk is None:
         walk = _walk(body, endpoint, counter)
     system, history, last_user, message_count, user_turns, tool_results, prior_answers, last_text, code, math = walk
@@ -387,11 +407,11 @@ def extract(body: Mapping[str, Any], endpoint: str, tools_sent: memoryview | Non
     )
 
 
-def _walk_natively(walker: _features_walk.Walker, body: Mapping[str, Any], counter: _Counter) -> Walk | None:
+def _walk_natively(walker: _features_walk.Walker, messages: Any, counter: _Counter) -> Walk | None:
     """The C walk of a chat's messages (the counter then stands where the Python walk would leave it), or None
     for a shape it leaves to the Python walk."""
     count = count_exact if counter.encoding is not None else None
-    walked = walker.walk(body.get("messages"), counter.exact_chars_left, count, estimate_tokens)
+    walked = walker.walk(messages, counter.exact_chars_left, count, estimate_tokens)
     if walked is None:
         return None
     walk, counter.exact_chars_left, counter.exact = walked
@@ -401,39 +421,94 @@ def _walk_natively(walker: _features_walk.Walker, body: Mapping[str, Any], count
 def _walk(body: Mapping[str, Any], endpoint: str, counter: _Counter) -> Walk:
     """The Python walk: the C walk's reference, and the path for every shape and endpoint it leaves."""
     if endpoint == "chat":
-        tally, scan_texts = _tally_chat(body, counter)
-    else:
-        tally, scan_texts = _tally_prompts(body.get("input" if endpoint == "embeddings" else "prompt"), counter)
-    window = scan_window(scan_texts)
-    return (tally.system_tokens, tally.history_tokens, tally.last_user_tokens, tally.message_count, tally.user_turns,
-            tally.tool_result_turns, tally.prior_answers, tally.last_user_text, has_code(window), has_math(window))
+        messages = body.get("messages")
+        return _walk_chat(_START, messages if isinstance(messages, list) else [], counter)[0]
+    return _walk_prompts(body.get("input" if endpoint == "embeddings" else "prompt"), counter)
 
 
-def _tally_chat(body: Mapping[str, Any], counter: _Counter) -> tuple[_Tally, list[str]]:
-    """Token totals by part of the conversation, and the non-system texts newest first."""
-    raw = body.get("messages")
-    messages = [m for m in raw if isinstance(m, _MAPPING)] if isinstance(raw, list) else []
-    roles = [m.get("role") for m in messages]
-    last_user = max((i for i, role in enumerate(roles) if role == "user"), default=-1)
-    tally = _Tally(message_count=len(messages), user_turns=roles.count("user"))
-    tally.tool_result_turns = sum(1 for role in roles if role in ("tool", "function"))
-    tally.prior_answers = roles[: max(last_user, 0)].count("assistant")
-    scan_texts: list[str] = []
-    for i, (message, role) in enumerate(zip(messages, roles, strict=True)):
+def _walk_conversation(messages: Any, noted: tuple[dict[str, Any], dict[str, Any] | None, int],
+                       counter: _Counter) -> Walk:
+    """The walk of a conversation the parse memory keeps (`Conversation.noted`), its tallies noted for the step
+    that continues it: from those noted through the step it continues, over the messages it adds; a first step
+    (or a rewound one) is walked whole."""
+    own, earlier_notes, earlier_length = noted
+    earlier = earlier_notes.get(_WALKED) if earlier_notes is not None else None
+    if earlier is not None:
+        walk, own[_WALKED] = _walk_chat(earlier, messages[earlier_length:], counter)
+        return walk
+    found = _walk_natively(native, messages, counter) if native is not None else None
+    if found is None:
+        walk, own[_WALKED] = _walk_chat(_START, messages, counter)
+        return walk
+    own[_WALKED] = _walked_after(found, messages, counter)
+    return found
+
+
+def _walk_chat(start: _Walked, messages: list[Any], counter: _Counter) -> tuple[Walk, _Walked]:
+    """The chat walk from `start` (the tallies through the messages before these) over `messages`: the walk of
+    them all, and its tallies through them. A later user turn moves the one before it into the history."""
+    counter.exact_chars_left, counter.exact = start.exact_chars_left, counter.exact and start.exact
+    (_, _, system, other, last_user, last_text, count, user_turns, tool_results, assistants, prior_answers,
+     newest) = start
+    added: list[str] = []  # the non-system texts, oldest first
+    for message in messages:
+        if not isinstance(message, _MAPPING):
+            continue
+        role = message.get("role")
         text = _message_text(message)
         tokens = counter.count(text)
+        count += 1
         if role in ("system", "developer"):
-            tally.system_tokens += tokens
+            system += tokens
             continue
-        if i == last_user:
-            tally.last_user_tokens = tokens
-            tally.last_user_text = text
-        else:
-            tally.history_tokens += tokens
-        scan_texts.append(text)
-    scan_texts.reverse()
-    return tally, scan_texts
+        other += tokens
+        added.append(text)
+        if role == "user":
+            user_turns += 1
+            last_user, last_text, prior_answers = tokens, text, assistants
+        elif role == "assistant":
+            assistants += 1
+        elif role in ("tool", "function"):
+            tool_results += 1
+    added.reverse()
+    newest = _window_texts(itertools.chain(added, newest))
+    code, math = _markers(scan_window(newest))
+    walked = _Walked(counter.exact_chars_left, counter.exact, system, other, last_user, last_text, count, user_turns,
+                     tool_results, assistants, prior_answers, newest)
+    return (system, other - last_user, last_user, count, user_turns, tool_results, prior_answers, last_text, code,
+            math), walked
 
+
+def _walked_after(walk: Walk, messages: list[Any], counter: _Counter) -> _Walked:
+    """The tallies through `messages` of their whole walk: its figures, with what it does not return (the assistant
+    turns, the newest texts) read from the messages."""
+    system, history, last_user, count, user_turns, tool_results, prior_answers, last_text, _, _ = walk
+    assistants = sum(1 for m in messages if isinstance(m, _MAPPING) and m.get("role") == "assistant")
+    newest = _window_texts(_message_text(m) for m in reversed(messages)
+                           if isinstance(m, _MAPPING) and m.get("role") not in ("system", "developer"))
+    return _Walked(counter.exact_chars_left, counter.exact, system, history + last_user, last_user, last_text, count,
+                   user_turns, tool_results, assistants, prior_answers, newest)
+
+
+def _window_texts(texts: Iterable[str]) -> tuple[str, ...]:
+    """The texts (newest first) as far as a marker window reads them, the last one cut where the window ends: all
+    that a later step's window can read of them, whatever it adds in front."""
+    kept: list[str] = []
+    budget = MARKER_SCAN_CHARS
+    for text in texts:
+        if budget <= 0:
+            break
+        kept.append(text if len(text) <= budget else text[:budget])
+        budget -= len(kept[-1])
+    return tuple(kept)
+
+
+def _markers(window: str) -> tuple[bool, bool]:
+    """has_code and has_math of a window: the C walk's tests when it built (the Python ones cost ~70 µs on a whole
+    window that holds no marker)."""
+    if native is not None:
+        return native.markers(window)
+    return has_code(window), has_math(window)
 
 def _message_text(message: Mapping[str, Any]) -> str:
     """What the model reads of one message: its text, and an assistant's tool calls."""
@@ -444,20 +519,18 @@ def _message_text(message: Mapping[str, Any]) -> str:
     return f"{text}\n{calls}" if text and calls else text or calls
 
 
-def _tally_prompts(prompt: Any, counter: _Counter) -> tuple[_Tally, list[str]]:
+def _walk_prompts(prompt: Any, counter: _Counter) -> Walk:
     """Completions/embeddings input: a string, a list of strings, or token ids (counted as given)."""
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     items = prompt if isinstance(prompt, list) else []
     counts = [_prompt_tokens(item, counter) for item in items]
     texts = [item for item in items if isinstance(item, str)]
-    tally = _Tally()
-    if counts:
-        tally.last_user_tokens = counts[-1]
-        tally.history_tokens = sum(counts[:-1])
-        tally.last_user_text = items[-1] if isinstance(items[-1], str) else ""
     texts.reverse()
-    return tally, texts
+    window = scan_window(texts)
+    last_text = items[-1] if counts and isinstance(items[-1], str) else ""
+    return (0, sum(counts[:-1]), counts[-1] if counts else 0, 0, 0, 0, 0, last_text, has_code(window),
+            has_math(window))
 
 
 def _prompt_tokens(item: Any, counter: _Counter) -> int:

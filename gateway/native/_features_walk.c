@@ -579,6 +579,25 @@ Walker_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* The marker tests alone, on a window a walk that goes on from an earlier step's tallies built (features.py). */
+static PyObject *
+Walker_markers(PyObject *self, PyObject *window)
+{
+    const Walker *walker = (const Walker *)self;
+    if (!PyUnicode_Check(window)) {
+        return PyErr_Format(PyExc_TypeError, "markers() takes a str, got %.200s", Py_TYPE(window)->tp_name);
+    }
+    if (ready(window) < 0) {
+        return NULL;
+    }
+    int code = has_code(walker, window);
+    int math = has_math(walker, window);
+    if (math < 0) {
+        return NULL;
+    }
+    return Py_BuildValue("(OO)", code ? Py_True : Py_False, math ? Py_True : Py_False);
+}
+
 /* ---- building a Walker ---------------------------------------------------------------------------------------- */
 
 static void
@@ -698,6 +717,8 @@ static PyMethodDef Walker_methods[] = {
      "walk(messages, exact_chars_left, count, estimate) -> ((system_tokens, history_tokens, last_user_tokens, "
      "message_count, user_turns, tool_result_turns, prior_answers, last_user_text, has_code, has_math), "
      "exact_chars_left, exact), or None for a shape left to the Python walk."},
+    {"markers", (PyCFunction)Walker_markers, METH_O,
+     "markers(window) -> (has_code, has_math): the walk's marker tests on a window built elsewhere."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,3 +29,5 @@ class Walker:
     ) -> tuple[_Walk, int, bool] | None:
         """The walk, the exact-count budget left and whether every count was exact; None when `messages` is not a
         list of the shape it reads (dicts of str roles and str or absent contents), left to the Python walk."""
+    def markers(self, window: str, /) -> tuple[bool, bool]:
+        """has_code and has_math of a window built elsewhere (features.scan_window's)."""

@@ -128,6 +128,32 @@ def test_a_step_that_adds_messages_to_the_step_before_is_read_without_a_scan(mon
     assert scan.scans == 2
 
 
+def test_a_step_reads_what_stages_noted_of_the_step_it_continues_and_nothing_else() -> None:
+    memory = Recurring(8 << 20)
+    first, second, third = _steps()
+    one = _read(first, memory)
+    assert one.conversation is not None
+    own, earlier, length = one.conversation.noted(one.body["messages"]) or ({}, None, -1)
+    assert earlier is None and length == 0  # a first step: nothing before it
+    own["tally"] = len(one.body["messages"])
+    two = _read(second, memory)
+    assert two.conversation is not None
+    noted = two.conversation.noted(two.body["messages"])
+    assert noted is not None and noted[1:] == ({"tally": len(one.body["messages"])}, len(one.body["messages"]))
+    noted[0]["tally"] = len(two.body["messages"])
+    messages = two.body["messages"]
+    edited = {**messages[-1], "content": "edited"}
+    for other in ([*messages[:-1], edited], messages[:-1], [*messages, messages[-1]], tuple(messages)):
+        assert two.conversation.noted(other) is None  # a view the gateway built, an edit: walked whole
+    assert two.conversation.noted([*messages[:-1], {**messages[-1]}]) is not None  # equal values: equal tallies
+    three = _read(third, memory)
+    assert three.conversation is not None
+    assert (three.conversation.noted(three.body["messages"]) or ())[1:] == ({"tally": len(messages)}, len(messages))
+    retried = _read(second, memory)  # a client's retry of the second step: no step before it is kept
+    assert retried.conversation is not None
+    assert (retried.conversation.noted(retried.body["messages"]) or ((), (), ()))[1] is None
+
+
 @pytest.mark.parametrize("edit", [
     lambda body: {**body, "max_tokens": 17},  # a member after the conversation changed
     lambda body: {"model": "fast", **{k: v for k, v in body.items() if k != "model"}},  # one before it

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench import agent_bodies
 from gateway.apis import json_body
 from gateway.apis.json_body import Source
 from gateway.apis.recurring import Recurring
+from gateway.context import prefix
 from gateway.context.prefix import (
     NO_PREFIXES,
     Link,
@@ -167,3 +169,47 @@ def test_messages_read_through_the_parse_memory_link_as_their_copies_do_step_aft
     digests = [link.digest for link in chain_of(edited, 1000, None, memory)]
     assert digests[:4] == [link.digest for link in noted[:4]]  # an edit parts the chain where it is, only there
     assert digests[4] != noted[4].digest
+
+
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": st.text(max_size=20) | st.none()},
+    optional={"tool_call_id": st.text(max_size=3), "tool_calls": st.lists(st.fixed_dictionaries(
+        {"id": st.text(max_size=3), "function": st.fixed_dictionaries({"name": st.text(max_size=4),
+                                                                       "arguments": st.text(max_size=30)})}),
+        max_size=2)}) | st.integers()
+_LONG = {"role": "system", "content": "s" * 300}  # a conversation the memory finds by its head (4 KB at least)
+
+
+def _through_memory(memory: Recurring, messages: list[Any], tools: Any) -> tuple[Any, Source]:
+    raw = json.dumps({"messages": messages, "tools": tools, "pad": "p" * json_body.RECURRING_MIN_BODY}).encode()
+    sent = json_body.read(raw, "messages", memory)
+    tools_sent = sent.member_as_sent("tools", sent.body.get("tools"))
+    return chain_of(sent.body, 5000, tools_sent, memory, sent.conversation), sent
+
+
+@given(st.lists(_MESSAGE, max_size=8), st.lists(_MESSAGE, min_size=1, max_size=3), st.integers(0, 8),
+       st.sampled_from([None, [], TOOLS, [{"type": "function", "function": {"name": "grep"}}]]))
+def test_a_step_that_continues_a_kept_conversation_links_as_a_fresh_parse_does(
+        messages: list[Any], added: list[Any], cut: int, other_tools: Any) -> None:
+    memory = Recurring(1 << 20)
+    head = [_LONG] * 16
+    steps = [(head + messages, TOOLS), (head + messages + added, TOOLS), (head + messages + added * 2, other_tools),
+             (head + messages[:cut] + added, TOOLS), (head + messages[:cut] + added * 2, TOOLS)]
+    for messages_sent, tools in steps:  # continued, continued with other tools, rewound, continued
+        chain, sent = _through_memory(memory, messages_sent, tools)
+        assert chain == chain_of(json.loads(sent.raw), 5000, sent.member_as_sent("tools", sent.body.get("tools")))
+
+
+def test_a_continued_step_hashes_only_the_messages_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    memory = Recurring(8 << 20)
+    steps = agent_bodies.session(5, 60 * 1024, 3_000, steps=4)
+    linked: list[str] = []
+    hex_of = prefix._HEX
+    monkeypatch.setattr(prefix, "_HEX", lambda digest: linked.append(hex_of(digest)) or linked[-1])
+    for i, step in enumerate(steps):
+        linked.clear()
+        chain, _ = _through_memory(memory, step["messages"], step["tools"])
+        assert len(chain) == 1 + len(step["messages"])  # the tools' link, then one per message
+        added = len(step["messages"]) - len(steps[i - 1]["messages"]) if i else len(step["messages"])
+        assert len(linked) == 1 + added  # the tools' link is hashed at every step: they may have changed
+        assert linked == [link.digest for link in (chain[:1] + chain[-added:])]

@@ -45,7 +45,9 @@ class OpenAIAdapter:
         return body
 
     def features(self, view: Mapping[str, Any], sent: json_body.Source | None = None) -> Features:
-        return extract(view, self.endpoint, sent.member_as_sent("tools", view.get("tools")) if sent else None)
+        if sent is None:
+            return extract(view, self.endpoint)
+        return extract(view, self.endpoint, sent.member_as_sent("tools", view.get("tools")), sent.conversation)
 
     def upstream_body(self, body: dict[str, Any], served_model: str, cap_tokens: int | None,
                       source: json_body.Source | None = None) -> tuple[bytes, bool]:
