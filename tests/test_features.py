@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from bench import agent_bodies
 from gateway import features
 from gateway.apis import json_body
-from gateway.apis.recurring import Recurring
+from gateway.apis.recurring import Recurring, resume
 from gateway.features import LAST_USER_TEXT_CHARS, extract
 
 
@@ -365,7 +365,7 @@ def _read_through(memory: Recurring, messages: list[Any]) -> tuple[features.Feat
     raw = json.dumps({"model": "m", "messages": messages, "pad": "p" * json_body.RECURRING_MIN_BODY}).encode()
     sent = json_body.read(raw, "messages", memory)
     conversation = sent.conversation
-    went_on = conversation is not None and features._WALKED in (conversation.earlier_notes or {})
+    went_on = resume(conversation, sent.body["messages"], features._WALKED)[0] is not None
     return extract(sent.body, "chat", None, conversation), raw, went_on
 
 

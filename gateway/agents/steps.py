@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.agents.tool_outcomes import Verdict, judge
+from gateway.apis.recurring import Conversation, resume
 
 MAX_MESSAGES = 200
 # Longer arguments are compared as written: re-encoding megabytes per call would cost more than it tells.
 MAX_CANONICAL_CHARS = 65_536
 # JSON bodies hold dicts: isinstance tests dict first, and only anything else reaches the Mapping ABC's slow check.
 _MAPPING = (dict, Mapping)
+_ASSISTANTS = "steps.assistants"  # a conversation's assistant turns, noted in the parse memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,17 +42,34 @@ class AgentStep:
                 "repeated_calls": self.repeated_calls}
 
 
-def read_step(body: Mapping[str, Any]) -> AgentStep | None:
-    """The agent step of a chat body, or None when it carries no messages."""
+def read_step(body: Mapping[str, Any], conversation: Conversation | None = None) -> AgentStep | None:
+    """The agent step of a chat body, or None when it carries no messages. `conversation`: the parse memory's of
+    the messages, where their assistant turns are counted (a step that continues one counts those it adds)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return None
     recent = [m for m in messages[-MAX_MESSAGES:] if isinstance(m, _MAPPING)]
     if not recent:
         return None
-    assistant_turns = sum(1 for m in recent if m.get("role") == "assistant")
     failed, verdicts = _tool_error(recent)
-    return AgentStep(assistant_turns + 1, _turn(recent), failed, _repeats(recent), verdicts)
+    return AgentStep(_assistant_turns(messages, recent, conversation) + 1, _turn(recent), failed, _repeats(recent),
+                     verdicts)
+
+
+def _assistant_turns(messages: list[Any], recent: list[Mapping[str, Any]], conversation: Conversation | None) -> int:
+    """The assistant turns among the recent messages: all of them while there are at most MAX_MESSAGES, counted
+    on from the step before's count where the parse memory noted it."""
+    if len(messages) > MAX_MESSAGES:
+        return _assistants(recent)
+    earlier, start, noting = resume(conversation, messages, _ASSISTANTS)
+    turns = (earlier or 0) + _assistants(messages[start:])
+    if noting is not None:
+        noting[_ASSISTANTS] = turns
+    return turns
+
+
+def _assistants(messages: list[Any]) -> int:
+    return sum(1 for m in messages if isinstance(m, _MAPPING) and m.get("role") == "assistant")
 
 
 def _turn(messages: Sequence[Mapping[str, Any]]) -> str:

@@ -3,9 +3,9 @@
     memory = Recurring(max_bytes)
     json_body.read(raw, "messages", memory)   the body, its conversation read through the memory
     memory.notes(message)                     what stages noted of a kept message (prefix.py: its own digest)
-    conversation.noted(messages)              what stages noted of the conversation this step continues, and a
-                                              place for what they note of this one (features, prefix.py: their
-                                              tallies through it, so a step costs them its new messages only)
+    resume(conversation, messages, key)       what a stage noted under `key` of the step this one continues, where
+                                              to go on from, and where to note this step's (the features, the
+                                              prompt's chain, the body's check: a step costs them its new messages)
 
 A step re-sends the step before it plus a few messages. A body that is the step before's bytes with messages added
 at its conversation's end (every other member's bytes the same) is not scanned: its members are where they were,
@@ -287,16 +287,6 @@ class Conversation:
         self.earlier_notes = earlier.notes if earlier is not None else None
         self.earlier_length = len(earlier.values) if earlier is not None else 0
 
-    def noted(self, elements: Any) -> tuple[dict[str, Any], dict[str, Any] | None, int] | None:
-        """For a stage that tallies the conversation element by element, when `elements` are its values (as the
-        body it came in holds them): where to note this conversation's tallies (for the step that continues it),
-        what was noted of the conversation it continues, and how many of the first elements that one covers.
-        None when `elements` are others (a view the gateway built, an edit): the stage then walks them whole.
-        A note must be a function of the values alone: another body that sends the same bytes reads it."""
-        values = self.values
-        if type(elements) is not list or len(elements) != len(values) or elements != list(values):
-            return None
-        return self.notes, self.earlier_notes, self.earlier_length
 
 
 class _Frame:
@@ -387,3 +377,19 @@ def _past_whitespace(raw: bytes, at: int) -> int:
 
 
 _KEY = msgspec.json.Encoder()
+
+
+def resume(conversation: Conversation | None, elements: Any, key: str) -> tuple[Any, int, dict[str, Any] | None]:
+    """For a stage that tallies a conversation element by element, when `elements` are the values of the
+    conversation the memory keeps for them: what the stage noted under `key` of the conversation this one continues
+    (None: nothing), how many of the first elements that note covers (0 without one), and where to note this one's
+    tally for the step that continues it. (None, 0, None) when `elements` are others (a view the gateway built, an
+    edit): the stage walks them whole and notes nothing. Equal values give equal tallies, so a note must be a
+    function of the values alone."""
+    if conversation is None:
+        return None, 0, None
+    values = conversation.values
+    if type(elements) is not list or len(elements) != len(values) or elements != list(values):
+        return None, 0, None
+    earlier = conversation.earlier_notes.get(key) if conversation.earlier_notes is not None else None
+    return earlier, conversation.earlier_length if earlier is not None else 0, conversation.notes

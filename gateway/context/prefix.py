@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import xxhash
 
 from gateway.apis import json_body
-from gateway.apis.recurring import Conversation, Recurring
+from gateway.apis.recurring import Conversation, Recurring, resume
 
 MAX_LINKS = 1024  # a chain longer than this keeps its first links: a prediction then says less, never wrong
 TOOLS_ROLE = "tools"  # the first link: the tool definitions the chat template renders before the messages
@@ -130,12 +130,12 @@ def _hashed(view: Mapping[str, Any], tools_sent: memoryview | None, recurring: R
     if not isinstance(messages, list):
         return _Hashed(tools_digest, digests, sizes, digest, through)
     end = MAX_LINKS - len(digests)  # the messages that get links
-    start = 0
-    noted = conversation.noted(messages) if conversation is not None else None
-    earlier = noted[1].get(_HASHED) if noted is not None and noted[1] is not None else None
+    earlier, start, noting = resume(conversation, messages, _HASHED)
     if earlier is not None and earlier.tools == tools_digest:
-        start = min(noted[2], end)  # type: ignore[index]  # noted is set where earlier is
+        start = min(start, end)
         digests, sizes, digest, through = list(earlier.digests), list(earlier.sizes), earlier.digest, earlier.through
+    else:
+        start = 0  # the first step, or other tools seed every link
     notes_of = recurring.notes if recurring is not None else _no_notes
     for message in messages[start:end]:
         if isinstance(message, _MAPPING):
@@ -150,8 +150,8 @@ def _hashed(view: Mapping[str, Any], tools_sent: memoryview | None, recurring: R
             digests.append(_HEX(digest))
             sizes.append(through)
     hashed = _Hashed(tools_digest, digests, sizes, digest, through)
-    if noted is not None:
-        noted[0][_HASHED] = hashed  # its lists are never changed: the step that continues it copies them
+    if noting is not None:
+        noting[_HASHED] = hashed  # its lists are never changed: the step that continues it copies them
     return hashed
 
 

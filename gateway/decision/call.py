@@ -74,6 +74,6 @@ def read_call(policy: Policy, endpoint: str, body: dict[str, Any], view: Mapping
               features: Features, headers: Mapping[str, str], tenant: str | None, chain: str | None = None,
               context: Managed | None = None, masking: Masking | None = None, sent: Source | None = None) -> Call:
     """The call of a request body: its agent step read from the view when a rule of the policy reads it."""
-    step = read_step(view) if policy.reads_steps else None
+    step = read_step(view, sent.conversation if sent is not None else None) if policy.reads_steps else None
     return Call(policy, endpoint, body, view, body_bytes, features, headers, tenant, step, chain, context, masking,
                 sent)

@@ -23,7 +23,7 @@ import pydantic_core
 import xxhash
 
 from gateway.apis.chat.wire import output_cap
-from gateway.apis.recurring import Conversation
+from gateway.apis.recurring import Conversation, resume
 from gateway.features.token_pieces import Encoding, PieceCounter
 from gateway.native import features_walk as _features_walk  # None: the Python walk reads every request
 
@@ -364,14 +364,7 @@ def extract(body: Mapping[str, Any], endpoint: str, tools_sent: memoryview | Non
     if not isinstance(body, _MAPPING):
         body = {}
     counter = _Counter()
-    walk = None
-    if endpoint == "chat":
-        messages = body.get("messages")
-        noted = conversation.noted(messages) if conversation is not None else None
-        if noted is not None:
-            walk = _walk_conversation(messages, noted, counter)
-        elif native is not None:
-            walk = _walk_natively(native, messages, counter)
+    walk = _walk_conversation(body.get("messages"), conversation, counter) if endpoint == "chat" else None
     if walk is None:
         walk = _walk(body, endpoint, counter)
     system, history, last_user, message_count, user_turns, tool_results, prior_answers, last_text, code, math = walk
@@ -426,17 +419,17 @@ def _walk(body: Mapping[str, Any], endpoint: str, counter: _Counter) -> Walk:
     return _walk_prompts(body.get("input" if endpoint == "embeddings" else "prompt"), counter)
 
 
-def _walk_conversation(messages: Any, noted: tuple[dict[str, Any], dict[str, Any] | None, int],
-                       counter: _Counter) -> Walk:
-    """The walk of a conversation the parse memory keeps (`Conversation.noted`), its tallies noted for the step
-    that continues it: from those noted through the step it continues, over the messages it adds; a first step
-    (or a rewound one) is walked whole."""
-    own, earlier_notes, earlier_length = noted
-    earlier = earlier_notes.get(_WALKED) if earlier_notes is not None else None
+def _walk_conversation(messages: Any, conversation: Conversation | None, counter: _Counter) -> Walk | None:
+    """A chat's walk where the parse memory keeps its conversation, its tallies noted for the step that continues
+    it: from those noted through the step it continues, over the messages it adds; a first step (or a rewound one,
+    or a view the gateway built) is walked whole, by the C walk where it reads the shape. None: left to `_walk`."""
+    earlier, start, own = resume(conversation, messages, _WALKED)
     if earlier is not None:
-        walk, own[_WALKED] = _walk_chat(earlier, messages[earlier_length:], counter)
+        walk, own[_WALKED] = _walk_chat(earlier, messages[start:], counter)  # type: ignore[index]  # own is set
         return walk
     found = _walk_natively(native, messages, counter) if native is not None else None
+    if own is None:
+        return found
     if found is None:
         walk, own[_WALKED] = _walk_chat(_START, messages, counter)
         return walk

@@ -66,9 +66,9 @@ def links_of(call: Call, endpoint: str) -> tuple[list[bytes] | list[str], list[P
     call for the session caches too), whose links fall where the parts do, one for the tools and one a message;
     else (a completion's prompts, a chain cut at its MAX_LINKS) a chain of the parts, returned with them."""
     if endpoint == "chat":
-        tools, messages = call.view.get("tools"), call.view.get("messages")
-        count = (1 if isinstance(tools, list) and tools else 0) + sum(
-            1 for m in (messages if isinstance(messages, list) else ()) if isinstance(m, Mapping))
+        tools = call.view.get("tools")
+        # the features counted the view's messages (those that are objects) as the chain links them
+        count = (1 if isinstance(tools, list) and tools else 0) + call.features.message_count
         shared = call.prompt
         if len(shared) == count:  # else tools of another type, or more messages than MAX_LINKS
             return [link.digest for link in shared], None

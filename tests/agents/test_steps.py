@@ -8,7 +8,10 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.agents.steps import AgentStep, canonical, read_step
+from bench import agent_bodies
+from gateway.agents.steps import _ASSISTANTS, MAX_MESSAGES, AgentStep, canonical, read_step
+from gateway.apis import json_body
+from gateway.apis.recurring import Recurring, resume
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 ASK = {"role": "user", "content": "Book me a table for two."}
@@ -146,3 +149,16 @@ def test_an_anthropic_tool_result_that_says_it_is_no_error_is_none_whatever_its_
     assert [r.ok for r in tool_results(view["messages"], keep=False)] == [True]
     del body["messages"][2]["content"][0]["is_error"]  # no flag: the words' shape decides
     assert read_step(messages.view(body)).tool_error  # type: ignore[union-attr]
+
+
+def test_a_continued_step_counts_its_assistant_turns_on_from_the_step_before() -> None:
+    memory = Recurring(8 << 20)
+    long_run = [SYSTEM, ASK, *[m for i in range(110) for m in (_call("ls", {"i": i}, f"c{i}"), _result("ok", f"c{i}"))]]
+    sessions = [agent_bodies.session(4, 60 * 1024, 3_000, steps=4),
+                [{"messages": long_run[:n], "pad": "p" * 20_000} for n in (180, 200, 202, 222)]]  # past MAX_MESSAGES
+    for steps in sessions:
+        for i, step in enumerate(steps):
+            sent = json_body.read(json.dumps(step).encode(), "messages", memory)
+            went_on = resume(sent.conversation, sent.body["messages"], _ASSISTANTS)[0] is not None
+            assert read_step(sent.body, sent.conversation) == read_step(json.loads(json.dumps(step)))
+            assert went_on == (i > 0) or len(step["messages"]) > MAX_MESSAGES  # past it: the recent ones counted

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bench import agent_bodies
 from gateway.apis import json_body, recurring
-from gateway.apis.recurring import Recurring
+from gateway.apis.recurring import Recurring, resume
 from gateway.errors import BadRequest
 
 
@@ -128,30 +128,29 @@ def test_a_step_that_adds_messages_to_the_step_before_is_read_without_a_scan(mon
     assert scan.scans == 2
 
 
-def test_a_step_reads_what_stages_noted_of_the_step_it_continues_and_nothing_else() -> None:
+def test_a_step_resumes_what_a_stage_noted_of_the_step_it_continues_and_nothing_else() -> None:
     memory = Recurring(8 << 20)
     first, second, third = _steps()
     one = _read(first, memory)
-    assert one.conversation is not None
-    own, earlier, length = one.conversation.noted(one.body["messages"]) or ({}, None, -1)
-    assert earlier is None and length == 0  # a first step: nothing before it
-    own["tally"] = len(one.body["messages"])
+    earlier, start, noting = resume(one.conversation, one.body["messages"], "tally")
+    assert earlier is None and start == 0 and noting is not None  # a first step: nothing before it
+    noting["tally"] = len(one.body["messages"])
     two = _read(second, memory)
-    assert two.conversation is not None
-    noted = two.conversation.noted(two.body["messages"])
-    assert noted is not None and noted[1:] == ({"tally": len(one.body["messages"])}, len(one.body["messages"]))
-    noted[0]["tally"] = len(two.body["messages"])
     messages = two.body["messages"]
+    earlier, start, noting = resume(two.conversation, messages, "tally")
+    assert (earlier, start) == (len(one.body["messages"]), len(one.body["messages"])) and noting is not None
+    assert resume(two.conversation, messages, "other") == (None, 0, noting)  # what no stage noted: from the start
+    noting["tally"] = len(messages)
     edited = {**messages[-1], "content": "edited"}
     for other in ([*messages[:-1], edited], messages[:-1], [*messages, messages[-1]], tuple(messages)):
-        assert two.conversation.noted(other) is None  # a view the gateway built, an edit: walked whole
-    assert two.conversation.noted([*messages[:-1], {**messages[-1]}]) is not None  # equal values: equal tallies
+        assert resume(two.conversation, other, "tally") == (None, 0, None)  # a view the gateway built, an edit
+    equal = [*messages[:-1], {**messages[-1]}]  # other objects of equal values: their tallies are equal
+    assert resume(two.conversation, equal, "tally")[0] == len(one.body["messages"])
+    assert resume(None, messages, "tally") == (None, 0, None)
     three = _read(third, memory)
-    assert three.conversation is not None
-    assert (three.conversation.noted(three.body["messages"]) or ())[1:] == ({"tally": len(messages)}, len(messages))
+    assert resume(three.conversation, three.body["messages"], "tally")[:2] == (len(messages), len(messages))
     retried = _read(second, memory)  # a client's retry of the second step: no step before it is kept
-    assert retried.conversation is not None
-    assert (retried.conversation.noted(retried.body["messages"]) or ((), (), ()))[1] is None
+    assert resume(retried.conversation, retried.body["messages"], "tally")[:2] == (None, 0)
 
 
 @pytest.mark.parametrize("edit", [

@@ -35,7 +35,7 @@ class OpenAIAdapter:
 
     def parse(self, raw: bytes, recurring: Recurring | None = None) -> json_body.Source:
         sent = json_body.read(raw, "messages" if self.endpoint == "chat" else None, recurring)
-        chat_wire.check(sent.body, self.endpoint)
+        chat_wire.check(sent.body, self.endpoint, sent.conversation)
         return sent
 
     def manage_context(self, body: dict[str, Any]) -> tuple[dict[str, Any], Managed | None]:

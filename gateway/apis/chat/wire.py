@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.apis.json_body import Source, encode_edited, expect
+from gateway.apis.recurring import Conversation, resume
 from gateway.apis.usage import Usage, cached_of, reported_usage
 from gateway.errors import BadRequest, GatewayError
 
@@ -24,16 +25,20 @@ DONE_EVENT = b"data: [DONE]\n\n"
 TALLY_KEPT_BYTES = 256 * 1024
 
 
-def check(body: dict[str, Any], endpoint: str) -> None:
-    """Check the fields the gateway itself reads; every other field passes through untouched."""
+def check(body: dict[str, Any], endpoint: str, conversation: Conversation | None = None) -> None:
+    """Check the fields the gateway itself reads; every other field passes through untouched. `conversation`: the
+    parse memory's of the messages, where their check is noted (a step that continues one checks what it adds)."""
     expect(body, "model", str, required=True)
     if endpoint == "chat":
         messages = expect(body, "messages", list, required=True)
         if not messages:
             raise BadRequest("'messages' must contain at least one message", param="messages")
-        for i, message in enumerate(messages):
+        _, start, noting = resume(conversation, messages, _CHECKED)
+        for i, message in enumerate(messages[start:], start):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise BadRequest(f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]")
+        if noting is not None:
+            noting[_CHECKED] = True
     elif endpoint == "completions":
         expect(body, "prompt", (str, list), required=True)
     else:
@@ -45,6 +50,7 @@ def check(body: dict[str, Any], endpoint: str) -> None:
                 raise BadRequest(f"'{name}' must be at least 1, got {value}", param=name)
 
 
+_CHECKED = "chat.checked"  # a conversation's messages passed the check, noted in the parse memory
 # The optional fields the gateway reads, in the order they are checked; the integers are counts, at least 1.
 _OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "stream": bool, "stream_options": dict, "tools": list, "max_tokens": int, "max_completion_tokens": int, "n": int,
