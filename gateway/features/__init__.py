@@ -300,14 +300,7 @@ def bound_text(text: str) -> str:
 
 def scan_window(texts: Iterable[str]) -> str:
     """The first MARKER_SCAN_CHARS characters of the texts, joined: what the marker tests read."""
-    windows: list[str] = []
-    budget = MARKER_SCAN_CHARS
-    for text in texts:
-        if budget <= 0:
-            break
-        windows.append(text if len(text) <= budget else text[:budget])
-        budget -= len(windows[-1])
-    return "\n" + "\n".join(windows)  # a leading newline lets "\ndef " match on the first line
+    return "\n" + "\n".join(_window_texts(texts))  # a leading newline lets "\ndef " match on the first line
 
 
 def has_code(window: str) -> bool:
@@ -465,7 +458,7 @@ def _walk_chat(start: _Walked, messages: list[Any], counter: _Counter) -> tuple[
             tool_results += 1
     added.reverse()
     newest = _window_texts(itertools.chain(added, newest))
-    code, math = _markers(scan_window(newest))
+    code, math = _markers("\n" + "\n".join(newest))  # scan_window's: the texts are cut to it already
     walked = _Walked(counter.exact_chars_left, counter.exact, system, other, last_user, last_text, count, user_turns,
                      tool_results, assistants, prior_answers, newest)
     return (system, other - last_user, last_user, count, user_turns, tool_results, prior_answers, last_text, code,
@@ -484,8 +477,8 @@ def _walked_after(walk: Walk, messages: list[Any], counter: _Counter) -> _Walked
 
 
 def _window_texts(texts: Iterable[str]) -> tuple[str, ...]:
-    """The texts (newest first) as far as a marker window reads them, the last one cut where the window ends: all
-    that a later step's window can read of them, whatever it adds in front."""
+    """The texts (newest first) as far as a marker window reads them, the last one cut where the window ends: the
+    window's pieces, and all that a later step's window can read of them, whatever it adds in front."""
     kept: list[str] = []
     budget = MARKER_SCAN_CHARS
     for text in texts:
