@@ -46,7 +46,8 @@ _COMMA = ord(",")
 class Recurring:
     """Conversations and long members of request bodies, kept parsed by their bytes, with what stages noted of
     each kept value: at most `max_bytes` of elements and as many of conversations, the least recently sent
-    dropped first (0: nothing is kept)."""
+    dropped first (0: nothing is kept). The bound counts bytes as sent; what stages note beside them is not
+    counted (a conversation's notes are ~100 bytes a message, most of it the prompt chain's link digests)."""
 
     __slots__ = ("_by_digest", "_by_front", "_by_head", "_by_id", "_conversations", "conversation_bytes",
                  "kept_bytes", "max_bytes")
