@@ -164,7 +164,8 @@ class Recurring:
         for length in HEAD_LENGTHS:
             if length >= len(raw):
                 continue
-            for earlier in self._by_front.get(xxhash.xxh3_64_intdigest(view[:length]), ()):
+            front_key = xxhash.xxh3_64_intdigest(view[:length])
+            for earlier in self._by_front.get(front_key, ()):
                 frame = earlier.frame
                 if frame is None or frame.repeated != repeated:
                     continue
@@ -182,9 +183,9 @@ class Recurring:
                 # bytes are let go with it).
                 conversation = Conversation(view[len(front):_before_whitespace(raw, end)], values, earlier)
                 frame = _Frame(view[:len(front)], view[end:], frame.places, repeated)
-                kept = self._keep_conversation(conversation)
+                kept = self._keep_conversation(conversation, earlier)
                 if kept:
-                    self._attach(conversation, frame, view)
+                    self._attach(conversation, frame, view, (length, front_key))
                 return *frame.read(view, list(values), self.member), conversation if kept else None
         return None
 
@@ -200,13 +201,19 @@ class Recurring:
             (name, at, to) if at <= start else (name, at - size, to - size) for name, (at, to) in places.items()),
             repeated), view)
 
-    def _attach(self, conversation: Conversation, frame: _Frame, body: memoryview) -> None:
+    def _attach(self, conversation: Conversation, frame: _Frame, body: memoryview,
+                hashed: tuple[int, int] | None = None) -> None:
         """Give a kept conversation the frame of the body it came in (its bytes counted with the conversation's),
-        found by the digest of the body's first bytes (its front, then the conversation)."""
+        found by the digest of the body's first bytes (its front, then the conversation); `hashed`: a length and
+        the digest of the body's bytes up to it, already taken (the lookup that found the step before)."""
         length = next((n for n in HEAD_LENGTHS if n <= len(frame.front) + len(conversation.head)), None)
         if length is None or id(conversation) not in self._conversations:
             return
-        conversation.frame, conversation.front_key = frame, xxhash.xxh3_64_intdigest(body[:length])
+        conversation.frame = frame
+        if hashed is not None and hashed[0] == length:
+            conversation.front_key = hashed[1]
+        else:
+            conversation.front_key = xxhash.xxh3_64_intdigest(body[:length])
         self.conversation_bytes += frame.size
         bucket = self._by_front.setdefault(conversation.front_key, [])
         bucket.insert(0, conversation)
@@ -214,13 +221,17 @@ class Recurring:
             self._drop_conversation(bucket[-1])
         self._shrink()
 
-    def _keep_conversation(self, conversation: Conversation) -> bool:
-        """Keep it, the least recently sent dropped past the bound; whether it is kept."""
+    def _keep_conversation(self, conversation: Conversation, earlier: Conversation | None = None) -> bool:
+        """Keep it, the least recently sent dropped past the bound; whether it is kept. `earlier`: the kept one whose
+        bytes its head starts with (the step before), whose digest of its first bytes serves when it has them all."""
         head = conversation.head
         length = next((n for n in HEAD_LENGTHS if n <= len(head)), None)
         if length is None or len(head) > self.max_bytes:  # too short to be found: parsed whole at no cost
             return False
-        conversation.key = xxhash.xxh3_64_intdigest(memoryview(head)[:length])
+        if earlier is not None and len(earlier.head) >= length:  # its digest was taken at the longest length it
+            conversation.key = earlier.key                          # holds, which is this one then
+        else:
+            conversation.key = xxhash.xxh3_64_intdigest(memoryview(head)[:length])
         bucket = self._by_head.setdefault(conversation.key, [])
         bucket.insert(0, conversation)
         if len(bucket) > CANDIDATES:

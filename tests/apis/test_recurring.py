@@ -169,6 +169,27 @@ def test_a_step_that_changes_more_than_its_conversations_end_is_read_as_it_is(ed
     _read(json.dumps(steps[1]).encode(), memory)
 
 
+@pytest.mark.parametrize("size", [40 * 1024, 70 * 1024])  # its head's digest taken at one length, or past one
+def test_a_continued_step_is_found_by_its_conversation_when_a_member_changes_the_step_after(
+        monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """A step read without a scan is kept under the digests its next steps are found by: the body's first bytes
+    (taken by the lookup that found the step before) and its conversation's (the step before's, when it holds as
+    many bytes), whichever path the next step takes."""
+    scan = _CountingScan()
+    monkeypatch.setattr(recurring, "MEMBERS", scan)
+    memory = Recurring(8 << 20)
+    steps = agent_bodies.session(9, size, 2_000, steps=4)
+    third = [_read(json.dumps(step).encode(), memory) for step in steps[:3]][-1]
+    assert scan.scans == 1  # the second and third steps were read without a scan
+    noting = resume(third.conversation, third.body["messages"], "mark")[2]
+    assert noting is not None
+    noting["mark"] = "the third step's"
+    changed = _read(json.dumps({**steps[3], "max_tokens": 99}).encode(), memory)  # scanned, then found by its head
+    assert scan.scans == 2
+    assert resume(changed.conversation, changed.body["messages"], "mark")[:2] == (
+        "the third step's", len(third.body["messages"]))  # it continued the third step's conversation
+
+
 @pytest.mark.parametrize("raw", [
     rb'{"mod\u0065l": "m", "messages": [' + b'{"role": "user", "content": "x"}, ' * 600 + b'1]}',  # an escaped key
     b'{"model": "m", "model": "n", "messages": [' + b'{"role": "user", "content": "x"}, ' * 600 + b'1]}',  # twice
