@@ -91,6 +91,7 @@ class Recurring:
         if self.max_bytes <= 0:
             return _VALUE.decode(data), None
         continued = self._continued(data)
+        earlier: Conversation | None = None
         if continued is None:
             try:
                 raws = _ELEMENTS.decode(data)
@@ -101,9 +102,8 @@ class Recurring:
             earlier, raws = continued
             values = earlier.values + tuple(map(self.member, raws))
             self._drop_conversation(earlier)  # its session moved on: this one stands for it now
-        conversation = Conversation(data[:-1].rstrip(_WHITESPACE), values,
-                                    None if continued is None else continued[0])
-        kept = self._keep_conversation(conversation)
+        conversation = Conversation(data[:-1].rstrip(_WHITESPACE), values, earlier)
+        kept = self._keep_conversation(conversation, earlier)
         return list(values), conversation if kept else None  # the body's own list: a stage may build on it
 
     def member(self, raw: msgspec.Raw) -> Any:

@@ -458,7 +458,7 @@ def _walk_chat(start: _Walked, messages: list[Any], counter: _Counter) -> tuple[
             tool_results += 1
     added.reverse()
     newest = _window_texts(itertools.chain(added, newest))
-    code, math = _markers("\n" + "\n".join(newest))  # scan_window's: the texts are cut to it already
+    code, math = _markers(scan_window(newest))
     walked = _Walked(counter.exact_chars_left, counter.exact, system, other, last_user, last_text, count, user_turns,
                      tool_results, assistants, prior_answers, newest)
     return (system, other - last_user, last_user, count, user_turns, tool_results, prior_answers, last_text, code,
@@ -495,6 +495,7 @@ def _markers(window: str) -> tuple[bool, bool]:
     if native is not None:
         return native.markers(window)
     return has_code(window), has_math(window)
+
 
 def _message_text(message: Mapping[str, Any]) -> str:
     """What the model reads of one message: its text, and an assistant's tool calls."""
