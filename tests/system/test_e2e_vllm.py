@@ -590,20 +590,37 @@ async def test_codex_and_claude_code_complete_a_turn_through_the_gateway(
 
 
 GREEDY = {"temperature": 0, "max_tokens": 300, "extra_body": {"ignore_eos": True}}
-# The SIGKILL must land before fast has sent its last event. Fast's 2,000 greedy tokens take 1.7-3.5 s (its ngram
-# drafts accepted more as the random model loops), and a CI run once found the client only 2 events in when fast
-# had already sent them all. So until the kill, fast runs 1 ms of every 10 (Throttled): its answer would take
-# 17-35 s, and the kill, KILL_AFTER_EVENTS in, lands mid-answer whatever the machine's scheduling did.
+# The SIGKILL must land before fast has sent its last event. Fast's 2,000 greedy tokens take 1.7-3.5 s, most of it
+# the API server's streaming, not the tiny model's steps: a CI run once found the client only 2 events in when fast
+# had already sent them all, and another, with the whole server paced, found the same (a starved API server merges
+# the engine's outputs into one late event). So until the kill only fast's engine is paced, 1 ms of every 10
+# (Throttled): the API server streams each step as it comes, and the kill, KILL_AFTER_EVENTS in, lands mid-answer.
 LONG_GREEDY = {**GREEDY, "max_tokens": 2000}
 KILL_AFTER_EVENTS = 2
 
 
-class Throttled:
-    """A process group paced by SIGSTOP and SIGCONT: it runs run_s of every period_s until stop() (left
-    running), as `cpulimit` paces a process. Bounded: it lets the group run for good after limit_s."""
+def group_members(pgid: int) -> list[int]:
+    """The processes of group pgid but its leader (for a vLLM server: the engine core and its helpers)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == pgid:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended while we looked
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:  # the fields after the name: state, ppid, pgrp
+            members.append(int(entry.name))
+    return members
 
-    def __init__(self, pgid: int, run_s: float = 0.001, period_s: float = 0.01, limit_s: float = 120.0) -> None:
-        self._pgid, self._run_s, self._period_s, self._limit_s = pgid, run_s, period_s, limit_s
+
+class Throttled:
+    """Processes paced by SIGSTOP and SIGCONT: they run run_s of every period_s until stop() (left running), as
+    `cpulimit` paces a process. Bounded: it lets them run for good after limit_s."""
+
+    def __init__(self, pids: list[int], run_s: float = 0.001, period_s: float = 0.01, limit_s: float = 120.0) -> None:
+        assert pids, "nothing to pace"
+        self._pids, self._run_s, self._period_s, self._limit_s = pids, run_s, period_s, limit_s
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._pace, name="throttle", daemon=True)
 
@@ -618,19 +635,21 @@ class Throttled:
         self._stopped.set()
         self._thread.join()
 
+    def _signal(self, sig: signal.Signals) -> None:
+        for pid in self._pids:
+            with contextlib.suppress(ProcessLookupError):  # it was killed: nothing left to pace
+                os.kill(pid, sig)
+
     def _pace(self) -> None:
         deadline = time.monotonic() + self._limit_s
-        try:
-            while time.monotonic() < deadline:
-                os.killpg(self._pgid, signal.SIGSTOP)
-                if self._stopped.wait(self._period_s - self._run_s):
-                    break
-                os.killpg(self._pgid, signal.SIGCONT)
-                if self._stopped.wait(self._run_s):
-                    break
-            os.killpg(self._pgid, signal.SIGCONT)
-        except ProcessLookupError:  # the group was killed: nothing left to pace
-            pass
+        while time.monotonic() < deadline:
+            self._signal(signal.SIGSTOP)
+            if self._stopped.wait(self._period_s - self._run_s):
+                break
+            self._signal(signal.SIGCONT)
+            if self._stopped.wait(self._run_s):
+                break
+        self._signal(signal.SIGCONT)
 
 
 # Prompts whose greedy answers are searched, in order, for every kind of break point: which answer of a random
@@ -737,6 +756,7 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
         model=vllm_pair.hq.served_model, messages=MESSAGES, **LONG_GREEDY)  # type: ignore[call-overload]
     assert same.choices[0].message.content == whole.choices[0].message.content  # the family's property
     _wait_for(lambda: _ready_in_gateway(gateway, "fast"), 60.0)  # else it may send the call elsewhere
+    paced = group_members(vllm_pair.fast.pid)
     raw = client.chat.completions.with_raw_response.create(model="fast", messages=MESSAGES, stream=True,
                                                            stream_options={"include_usage": True}, **LONG_GREEDY)
     served = raw.headers.get("x-gateway-deployment")
@@ -745,8 +765,8 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
     stream = raw.parse()
     started = time.monotonic()
     parts: list[str] = []
-    finishes, usage, killed_after_s = [], None, None
-    with Throttled(vllm_pair.fast.pid) as throttled:
+    finishes, usage, killed_after_s, shown = [], None, None, 0
+    with Throttled(paced) as throttled:
         for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
@@ -755,16 +775,18 @@ def test_killing_fast_mid_answer_is_finished_by_hq_exactly_then_hq_answers(
                 if choice.finish_reason:
                     finishes.append(choice.finish_reason)
             if killed_after_s is None and len(parts) >= KILL_AFTER_EVENTS:
-                killed_after_s = time.monotonic() - started
+                killed_after_s, shown = time.monotonic() - started, len("".join(parts))
                 throttled.stop()
                 os.killpg(vllm_pair.fast.pid, signal.SIGKILL)  # mid-answer: fast has more to say
     assert killed_after_s is not None
     assert "".join(parts) == whole.choices[0].message.content  # no text repeated or missing
     assert finishes == ["length"] and usage is not None and usage.completion_tokens == LONG_GREEDY["max_tokens"]
     resumed = _sum(_metrics(gateway.url), "gateway_stream_resumes_total", "from=fast", "to=hq", "outcome=resumed")
-    print(f"fast answers in {fast_s:.1f} s; killed {killed_after_s:.2f} s into the stream")
+    print(f"fast answers in {fast_s:.1f} s; killed {killed_after_s:.2f} s into the stream, {shown} characters "
+          f"shown, its engine's {len(paced)} processes paced")
     assert resumed == 1, (f"no break resumed: fast's whole answer takes {fast_s:.1f} s unpaced, and it was killed "
-                          f"{killed_after_s:.2f} s into the stream; the gateway's record: "
+                          f"{killed_after_s:.2f} s into the stream, the client holding {shown} of "
+                          f"{len(whole.choices[0].message.content or '')} characters; the gateway's record: "
                           f"{_explain(gateway, raw.headers['x-request-id']).get('served')}")
     # after the kill every call is answered by hq: failed over, or routed around fast once it is ejected
     for _ in range(3):
