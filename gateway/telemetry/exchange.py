@@ -288,8 +288,11 @@ class Exchange:
             metrics.count_summarized(self.endpoint, *self.summarized)
         if self.retrieved is not None:
             metrics.context_retrieved_tokens.labels(self.endpoint).inc(self.retrieved[1])
-        if self.step is not None:
-            self.step.finished(self, status, elapsed_s, ttft_s, spans, end_ns)
+        step, self.step = self.step, None
+        if step is not None:
+            # handed over: the step keeps the exchange (its span is recorded with the step), and no longer the
+            # other way round: a cycle of the two would outlive the request until the collector's next pass
+            step.finished(self, status, elapsed_s, ttft_s, spans, end_ns)
         elif spans is not None:
             self.record_span(spans, status, ttft_s, end_ns)
 

@@ -3,6 +3,7 @@ spikes steered, spans carrying the session; real aiohttp servers, fake deploymen
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -66,6 +67,25 @@ async def test_an_agent_run_is_recorded_step_by_step_without_its_text(stack: Sta
     assert status == 200 and listed["object"] == "list"
     assert [(s["session_id"], s["steps"]) for s in listed["data"]] == [("run-1", 4)]
     assert set(listed["data"][0]) == SUMMARY_FIELDS
+
+
+async def test_a_recorded_step_is_freed_without_the_cyclic_collector(stack: Stack) -> None:
+    """Once recorded, a step and its exchange are freed by their reference counts: a cycle of the two (each
+    request's, at agent sizes) would wait for the collector, whose passes then stall requests for milliseconds."""
+    def pending() -> list[agent_steps.PendingStep]:
+        return [o for o in gc.get_objects() if isinstance(o, agent_steps.PendingStep)]
+
+    gc.collect()
+    gc.disable()
+    try:
+        async with stack.client() as client:
+            await Agent(client, "freed", stream=True).run(2)
+            await Agent(client, "freed-whole").run(2)
+        await recorded(_base(stack), "freed", 2)
+        await recorded(_base(stack), "freed-whole", 2)
+        await until(lambda: not pending(), timeout_s=5.0, what="every recorded step freed")
+    finally:
+        gc.enable()
 
 
 async def test_streamed_tool_calls_are_accumulated_like_whole_ones(stack: Stack) -> None:
