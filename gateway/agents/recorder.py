@@ -49,7 +49,7 @@ QUEUE_MAX = 20_000  # steps waiting for the flusher; beyond this they are droppe
 KEPT_BYTES_MAX = 32 * 1024 * 1024  # tool-call bytes the queue keeps for the flusher; beyond, read when queued
 BATCH_MAX = 2_000  # steps one flush takes; the rest wait for the next, which follows at once
 RECENT_STEPS = 50  # a session's steps the flusher reads to judge a new one (loop windows, rework)
-SLICE_S = 0.001  # the flusher's work between two yields to the event loop: what a request may wait for it
+SLICE_S = 0.0002  # the flusher's work between two yields to the event loop: about what a request may wait for it
 
 
 @dataclass(slots=True)
