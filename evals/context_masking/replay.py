@@ -30,7 +30,7 @@ from evals.session_cache.replay import (
 )
 from gateway.context.eviction import EvictRule, Turns, boundary
 from gateway.context.masking import MaskRule, frontier
-from gateway.context.prefix import Chain, common_tokens
+from gateway.context.prefix import EMPTY_CHAIN, Chain, common_tokens
 from gateway.context.summaries import continuation_prompt
 from gateway.decision.agent_compaction import FIT_RULES, FIT_TURNS
 from gateway.features import count_tokens
@@ -208,8 +208,8 @@ class Sizes:
 def measure_session(messages: list[list[Any]], rule: MaskRule | None, sizes: Sizes, window: int | None,
                     evict: EvictRule | None = None) -> None:
     """One session's steps, as sent and as received by `rule` and `evict` (None: neither), into `sizes`."""
-    before_sent: Chain = ()
-    before_got: Chain = ()
+    before_sent: Chain = EMPTY_CHAIN
+    before_got: Chain = EMPTY_CHAIN
     keep_last = rule.keep_last if rule is not None else 0
     sizes.sessions += 1
     for index, _ in steps_of(messages):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.context.prefix import (
+    EMPTY_CHAIN,
     NO_PREFIXES,
     Chain,
     Link,
@@ -89,7 +90,7 @@ def chain_of_record(messages: list[list[Any]]) -> Chain:
         digest = hashlib.blake2b(digest + text_hash.encode(), digest_size=8).digest()
         through += tokens + TEMPLATE_TOKENS_PER_MESSAGE
         links.append(Link(digest.hex(), through))
-    return tuple(links)
+    return Chain.of(links)
 
 
 @dataclass
@@ -130,7 +131,7 @@ def replay_session(policy: Policy, session: dict[str, Any], model: str, tally: T
     before and this one (a summary of old turns), prefilled on fast, which holds its prompt after it."""
     messages = session["messages"]
     record: SessionPrefixes = NO_PREFIXES
-    previous: Chain = ()
+    previous: Chain = EMPTY_CHAIN
     tally.sessions += 1
     prefill_rate = dict(policy.switch.prefill_ms_per_1k_tokens) if policy.switch else {}
     for index, output_tokens in steps_of(messages):
@@ -170,7 +171,7 @@ def _side_call(policy: Policy, tally: Tally, record: SessionPrefixes, prompt: Ch
     """A summary written on fast between two steps: what fast lacks of its prompt prefilled, its tokens priced."""
     name = SIDE_DEPLOYMENT if SIDE_DEPLOYMENT in policy.deployments else policy.default
     total = prompt[-1].tokens
-    uncached = total - common_tokens(record.served.get(name, ()), prompt)
+    uncached = total - common_tokens(record.served.get(name, EMPTY_CHAIN), prompt)
     tally.side_calls += 1
     tally.side_prompt_tokens += total
     tally.prompt_tokens += total

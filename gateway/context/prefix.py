@@ -14,10 +14,9 @@ prompts up to there, whatever came later.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import xxhash
 
@@ -29,14 +28,61 @@ TOOLS_ROLE = "tools"  # the first link: the tool definitions the chat template r
 
 
 class Link(NamedTuple):
-    """One message of a prompt. A named tuple: a chain is built per request, one link per message (tens to
-    hundreds), and a frozen dataclass sets each field through object.__setattr__."""
+    """One message of a prompt, as a chain shows it (`Chain.of`, `chain[i]`, iterating one)."""
 
     digest: str  # hex; hashes this message and every link before it
     tokens: int  # the prompt's tokens through this message
 
 
-Chain = tuple[Link, ...]
+class Chain:
+    """A prompt's links: `digests[i]` (hex) hashes message i and every link before it, `tokens[i]` counts the
+    prompt's tokens through it. Two lists, not a tuple a link: a chain is built per request, one link per message
+    (hundreds on an agent's step), then rescaled once served, and the rescaled chain shares the digests. Neither
+    list is changed once the chain holds it."""
+
+    __slots__ = ("digests", "tokens")
+
+    def __init__(self, digests: list[str] | None = None, tokens: list[int] | None = None) -> None:
+        self.digests: list[str] = digests if digests is not None else []
+        self.tokens: list[int] = tokens if tokens is not None else []
+        if len(self.digests) != len(self.tokens):
+            raise ValueError(f"a chain of {len(self.digests)} digests and {len(self.tokens)} token counts")
+
+    @classmethod
+    def of(cls, links: Iterable[tuple[str, int]]) -> Chain:
+        pairs = list(links)
+        return cls([digest for digest, _ in pairs], [tokens for _, tokens in pairs])
+
+    @property
+    def total(self) -> int:
+        """The prompt's tokens (through its last link); 0 for a chain of none."""
+        return self.tokens[-1] if self.tokens else 0
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    @overload
+    def __getitem__(self, index: int) -> Link: ...
+    @overload
+    def __getitem__(self, index: slice) -> Chain: ...
+    def __getitem__(self, index: int | slice) -> Link | Chain:
+        if isinstance(index, slice):
+            return Chain(self.digests[index], self.tokens[index])
+        return Link(self.digests[index], self.tokens[index])
+
+    def __iter__(self) -> Iterator[Link]:
+        return map(Link, self.digests, self.tokens)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Chain) and self.digests == other.digests and self.tokens == other.tokens
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Chain.of({list(self)!r})"
+
+
+EMPTY_CHAIN = Chain()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +124,9 @@ def chain_of(view: Mapping[str, Any], prompt_tokens: int, tools_sent: memoryview
     hashed = _hashed(view, tools_sent, recurring, conversation)
     digests, sizes = hashed.digests, hashed.sizes
     if not digests:
-        return ()
+        return EMPTY_CHAIN
     total = sizes[-1] or 1
-    return _links(digests, [prompt_tokens * size // total for size in sizes])
-
-
-def _links(digests: Iterable[str], tokens: Iterable[int]) -> Chain:
-    # tuple.__new__ builds each named tuple in C: a chain is built per request, one link per message.
-    return tuple(map(tuple.__new__, repeat(Link), zip(digests, tokens, strict=False)))
+    return Chain(digests, [prompt_tokens * size // total for size in sizes])  # the digests are never changed
 
 
 _HEX = "{:016x}".format
@@ -204,14 +245,17 @@ def _json(value: Any) -> bytes:
     return json_body.encode(value)  # compact; a lone surrogate, which JSON text may carry, escaped
 
 
-def common_tokens(kept: Sequence[Link], prompt: Sequence[Link]) -> int:
+def common_tokens(kept: Chain, prompt: Chain) -> int:
     """The tokens of `kept` (what a deployment holds) through the last link the prompt shares with it: 0 when
     the two part at the first link. Links hash their whole past, so the walk stops at the first difference."""
+    held, wanted = kept.digests, prompt.digests
+    if held and wanted[:len(held)] == held:  # a step that continues the one kept: compared in C
+        return kept.tokens[-1]
     through = 0
-    for held, wanted in zip(kept, prompt, strict=False):
-        if held.digest != wanted.digest:
+    for index, digest in enumerate(held[:len(wanted)]):
+        if digest != wanted[index]:
             break
-        through = held.tokens
+        through = kept.tokens[index]
     return through
 
 
@@ -219,21 +263,23 @@ def rescaled(prompt: Chain, prompt_tokens: int) -> Chain:
     """The chain with its token counts scaled to `prompt_tokens` (the deployment's own count of the prompt)."""
     if not prompt or prompt_tokens <= 0:
         return prompt
-    estimated = prompt[-1].tokens or 1
-    return _links((link.digest for link in prompt), [link.tokens * prompt_tokens // estimated for link in prompt])
+    estimated = prompt.total or 1
+    return Chain(prompt.digests, [tokens * prompt_tokens // estimated for tokens in prompt.tokens])
 
 
-def encode(chain: Sequence[Link]) -> str:
+def encode(chain: Chain) -> str:
     """`digest:tokens,...`: the chain as the store keeps it."""
-    return ",".join(f"{link.digest}:{link.tokens}" for link in chain)
+    return ",".join(map("{}:{}".format, chain.digests, chain.tokens))
 
 
 def decode(text: str) -> Chain:
     """A stored chain; links that do not read as `digest:tokens` end it (what is before them still holds)."""
-    links: list[Link] = []
+    digests: list[str] = []
+    tokens: list[int] = []
     for item in text.split(",") if text else ():
-        digest, _, tokens = item.partition(":")
-        if not digest or not tokens.isdigit():
+        digest, _, count = item.partition(":")
+        if not digest or not count.isdigit():
             break
-        links.append(Link(digest, int(tokens)))
-    return tuple(links)
+        digests.append(digest)
+        tokens.append(int(count))
+    return Chain(digests, tokens)

@@ -102,7 +102,7 @@ def session_cache(record: SessionPrefixes, prompt: Chain) -> SessionCache:
     """This prompt's SessionCache from the session's record: what each deployment served it last, matched
     link by link against the prompt (the live gateway and every offline replay build it here)."""
     cached = {name: common_tokens(chain, prompt) for name, chain in record.served.items()}
-    return SessionCache(prompt[-1].tokens if prompt else 0, cached, record.home, record.stay, record.warmed)
+    return SessionCache(prompt.total, cached, record.home, record.stay, record.warmed)
 
 
 def expected_next(switch: SwitchPolicy, wanted: str, weighed: Weighed, chosen: str, trail: list[str]) -> str | None:

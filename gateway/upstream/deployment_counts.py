@@ -71,7 +71,7 @@ def links_of(call: Call, endpoint: str) -> tuple[list[bytes] | list[str], list[P
         count = (1 if isinstance(tools, list) and tools else 0) + call.features.message_count
         shared = call.prompt
         if len(shared) == count:  # else tools of another type, or more messages than MAX_LINKS
-            return [link.digest for link in shared], None
+            return shared.digests, None
     prompt = list(parts(call.view, endpoint))
     return chain(prompt), prompt
 

@@ -15,8 +15,9 @@ from gateway.apis.json_body import Source
 from gateway.apis.recurring import Recurring
 from gateway.context import prefix
 from gateway.context.prefix import (
+    EMPTY_CHAIN,
     NO_PREFIXES,
-    Link,
+    Chain,
     after_serving,
     chain_of,
     common_tokens,
@@ -59,6 +60,19 @@ def test_a_deployment_holds_the_prompt_up_to_where_the_chains_part(
     assert [a.digest for a in held[:shared_links]] == [b.digest for b in wanted[:shared_links]]
 
 
+@pytest.mark.parametrize(("kept", "prompt", "through"), [
+    ("ab", "abcd", 2), ("abcd", "abcd", 4), ("abcd", "ab", 2), ("abcd", "abxd", 2), ("abc", "xbc", 0), ("", "ab", 0),
+    ("ab", "", 0),
+])
+def test_the_tokens_held_are_those_through_the_last_link_both_chains_share(kept: str, prompt: str,
+                                                                          through: int) -> None:
+    """Whether the kept chain is all in the prompt (compared at once) or the two part somewhere (walked)."""
+    def chain(links: str, each: int) -> Chain:
+        return Chain.of((digest, each * (i + 1)) for i, digest in enumerate(links))
+
+    assert common_tokens(chain(kept, 10), chain(prompt, 7)) == 10 * through
+
+
 def test_other_tools_part_the_chains_at_once() -> None:
     assert common_tokens(chain_of(view(SYSTEM, TASK), 100), chain_of(view(SYSTEM, TASK, tools=None), 100)) == 0
 
@@ -76,7 +90,8 @@ def test_a_chain_rescaled_to_the_deployments_count_ends_at_it() -> None:
     chain = chain_of(view(SYSTEM, TASK, CALL, RESULT), 1000)
     scaled = rescaled(chain, 2200)
     assert scaled[-1].tokens == 2200 and [x.digest for x in scaled] == [x.digest for x in chain]
-    assert rescaled(chain, 0) == chain and rescaled((), 10) == ()
+    assert rescaled(chain, 0) == chain and rescaled(EMPTY_CHAIN, 10) == EMPTY_CHAIN
+    assert scaled.digests is chain.digests  # shared, not copied
 
 
 @pytest.mark.parametrize("text", ["", "ab12:10", "ab12:10,cd34:25"])
@@ -85,7 +100,7 @@ def test_a_chain_reads_back_as_stored(text: str) -> None:
 
 
 def test_a_damaged_stored_chain_keeps_what_is_before_the_damage() -> None:
-    assert decode("ab:10,cd:x,ef:30") == (Link("ab", 10),)
+    assert decode("ab:10,cd:x,ef:30") == Chain.of([("ab", 10)])
 
 
 @pytest.mark.parametrize(("steps", "home", "stay"), [
@@ -97,9 +112,9 @@ def test_a_damaged_stored_chain_keeps_what_is_before_the_damage() -> None:
 def test_the_record_follows_where_the_steps_went(steps: list[str], home: str, stay: int) -> None:
     record = NO_PREFIXES
     for n, deployment in enumerate(steps):
-        record = after_serving(record, deployment, (Link(f"d{n}", n),))
+        record = after_serving(record, deployment, Chain.of([(f"d{n}", n)]))
     assert (record.home, record.stay) == (home, stay)
-    assert record.served[steps[-1]] == (Link(f"d{len(steps) - 1}", len(steps) - 1),)
+    assert record.served[steps[-1]] == Chain.of([(f"d{len(steps) - 1}", len(steps) - 1)])
 
 
 def test_the_tools_as_sent_are_hashed_as_they_are() -> None:
@@ -212,4 +227,4 @@ def test_a_continued_step_hashes_only_the_messages_it_adds(monkeypatch: pytest.M
         assert len(chain) == 1 + len(step["messages"])  # the tools' link, then one per message
         added = len(step["messages"]) - len(steps[i - 1]["messages"]) if i else len(step["messages"])
         assert len(linked) == 1 + added  # the tools' link is hashed at every step: they may have changed
-        assert linked == [link.digest for link in (chain[:1] + chain[-added:])]
+        assert linked == [*chain.digests[:1], *chain.digests[-added:]]

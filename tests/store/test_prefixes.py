@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.context.prefix import NO_PREFIXES, Link, SessionPrefixes
+from gateway.context.prefix import NO_PREFIXES, Chain, SessionPrefixes
 from gateway.store.prefixes import MemoryPrefixStore, PrefixStore, RedisPrefixStore, prefixes_key
 from tests.fixtures.redis_server import RedisServer
 
-ONE = (Link("aa", 100), Link("bb", 900))
-TWO = (Link("aa", 100), Link("bb", 900), Link("cc", 1500))
+ONE = Chain.of([("aa", 100), ("bb", 900)])
+TWO = Chain.of([("aa", 100), ("bb", 900), ("cc", 1500)])
 
 
 class Clock:
