@@ -300,7 +300,6 @@ class Conversation:
         self.earlier_length = len(earlier.values) if earlier is not None else 0
 
 
-
 class _Frame:
     """A body around its conversation: the bytes before the conversation (`front`), those from its closing bracket
     to the body's end (`back`), and where each member's bytes sit (offsets from the body's start for a member

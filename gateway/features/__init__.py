@@ -417,8 +417,8 @@ def _walk_conversation(messages: Any, conversation: Conversation | None, counter
     it: from those noted through the step it continues, over the messages it adds; a first step (or a rewound one,
     or a view the gateway built) is walked whole, by the C walk where it reads the shape. None: left to `_walk`."""
     earlier, start, own = resume(conversation, messages, _WALKED)
-    if earlier is not None:
-        walk, own[_WALKED] = _walk_chat(earlier, messages[start:], counter)  # type: ignore[index]  # own is set
+    if earlier is not None and own is not None:  # resume gives a note only with a place for this one's
+        walk, own[_WALKED] = _walk_chat(earlier, messages[start:], counter)
         return walk
     found = _walk_natively(native, messages, counter) if native is not None else None
     if own is None:
