@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.reliability [--groups faults,memory,agents] [--slow-clients 500]
         [--header-timeout-s 2] [--slow-readers 200] [--slow-read-kib 215] [--rounds 10] [--round-streams 1000]
 
-    .venv/bin/python -m bench.reliability --groups rounds --rounds 5   # RSS after each round of 1,000 streams
+    .venv/bin/python -m bench.reliability --groups rounds --rounds 5   # RSS after each round of 1,000 streams,
+                                                                      # the gateway's beside the minimal proxy's
 
 `fast` is a fake deployment that fails on cue (fakes/openai_upstream.py --faults, picked per request by the
 x-fake-fault header), `hq` one that always answers: the policy sends `auto` to fast and fails over to hq.
@@ -265,9 +266,9 @@ async def memory(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         rows = [await memory_faults.slow_readers(http, gw, args.slow_readers, args.slow_read_kib, args.slow_read_s)]
     rig.stop([gw.pid])
-    gw = rig.gateway("rounds", policy, {})
-    rows.append(await memory_faults.stream_rounds(gw, args.rounds, args.round_streams))
-    rig.stop([gw.pid])
+    gw, yardstick = rig.gateway("rounds", policy, {}), rig.minimal_proxy(ports[0])
+    rows.append(await memory_faults.stream_rounds(gw, yardstick, args.rounds, args.round_streams))
+    rig.stop([gw.pid, yardstick.pid])
     gw = rig.gateway("headers", policy, {})
     rows.append(await memory_faults.padded_headers(gw, 200))
     rig.stop([gw.pid])
@@ -276,9 +277,9 @@ async def memory(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> 
 
 async def rounds(args: argparse.Namespace, rig: Rig, ports: tuple[int, int]) -> list[Row]:
     """The memory group's rounds of concurrent streams alone, on a fresh gateway, RSS after every round."""
-    gw = rig.gateway("rounds", memory_faults.POLICY.format(fast=ports[0]), {})
-    row = await memory_faults.stream_rounds(gw, args.rounds, args.round_streams, every_round=True)
-    rig.stop([gw.pid])
+    gw, yardstick = rig.gateway("rounds", memory_faults.POLICY.format(fast=ports[0]), {}), rig.minimal_proxy(ports[0])
+    row = await memory_faults.stream_rounds(gw, yardstick, args.rounds, args.round_streams, every_round=True)
+    rig.stop([gw.pid, yardstick.pid])
     return [row]
 
 

@@ -91,6 +91,14 @@ class Rig:
         wait_ready(port)
         return Gateway(f"http://127.0.0.1:{port}", pid, log)
 
+    def minimal_proxy(self, upstream_port: int) -> Gateway:
+        """The yardstick (bench/minimal_proxy.py) in front of a deployment, read like a gateway (url, pid, RSS)."""
+        port = free_port()
+        pid = self.start([sys.executable, "-m", "bench.minimal_proxy", str(port), f"http://127.0.0.1:{upstream_port}"],
+                         self.folder / "minimal-proxy.log")
+        wait_ready(port)
+        return Gateway(f"http://127.0.0.1:{port}", pid, self.folder / "minimal-proxy.log")
+
     def stop(self, pids: Collection[int] | None = None) -> None:
         """Stop these processes (all of the run's when None), by PID: SIGTERM, then SIGKILL after 10 s."""
         procs = [proc for proc in self.procs if pids is None or proc.pid in pids]
