@@ -84,20 +84,22 @@ class Rig:
         return fast, hq
 
     def gateway(self, name: str, policy: str, env: dict[str, str]) -> Gateway:
-        path, port, log = self.folder / f"{name}.yaml", free_port(), self.folder / f"{name}.log"
+        path = self.folder / f"{name}.yaml"
         path.write_text(policy)
-        argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port)]
-        pid = self.start(argv, log, {"AGENT_GATEWAY_LOG_LEVEL": "WARNING", **env})
-        wait_ready(port)
-        return Gateway(f"http://127.0.0.1:{port}", pid, log)
+        return self._serving(name, ["gateway", "serve", "--policy", str(path), "--port", "{port}"],
+                             {"AGENT_GATEWAY_LOG_LEVEL": "WARNING", **env})
 
     def minimal_proxy(self, upstream_port: int) -> Gateway:
         """The yardstick (bench/minimal_proxy.py) in front of a deployment, read like a gateway (url, pid, RSS)."""
-        port = free_port()
-        pid = self.start([sys.executable, "-m", "bench.minimal_proxy", str(port), f"http://127.0.0.1:{upstream_port}"],
-                         self.folder / "minimal-proxy.log")
+        return self._serving("minimal-proxy", ["bench.minimal_proxy", "{port}", f"http://127.0.0.1:{upstream_port}"])
+
+    def _serving(self, name: str, module_argv: list[str], env: dict[str, str] | None = None) -> Gateway:
+        """`python -m` these arguments ("{port}" in them: a free port), once it listens; its output in name.log."""
+        port, log = free_port(), self.folder / f"{name}.log"
+        argv = [sys.executable, "-m", *(arg.replace("{port}", str(port)) for arg in module_argv)]
+        pid = self.start(argv, log, env)
         wait_ready(port)
-        return Gateway(f"http://127.0.0.1:{port}", pid, self.folder / "minimal-proxy.log")
+        return Gateway(f"http://127.0.0.1:{port}", pid, log)
 
     def stop(self, pids: Collection[int] | None = None) -> None:
         """Stop these processes (all of the run's when None), by PID: SIGTERM, then SIGKILL after 10 s."""
