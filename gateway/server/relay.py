@@ -126,7 +126,7 @@ async def _relay_stream(
     response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
     await response.prepare(request)
     part: StreamReader | resume.Splice = reader
-    transcript = resume.Transcript() if plan is not None and plan.blocked is None else None
+    transcript = plan.keep_transcript(state.transcripts) if plan is not None else None
     progress: resume.Progress | None = None
     finished = False
     try:
@@ -141,7 +141,7 @@ async def _relay_stream(
                 deployments.record_failure(reply.deployment)
                 if plan is None:
                     raise
-                progress = progress or resume.read_back(adapter.endpoint, call.body, transcript, plan.blocked)
+                progress = progress or _read_back(adapter, call, transcript, plan)
                 if progress.finished:
                     await response.write(resuming.end_finished(request, plan, progress, reply, part))
                     finished = True
@@ -213,6 +213,16 @@ def _taken(chunk: bytes, tap: list[bytes] | None, transcript: resume.Transcript 
     if tap is not None:
         tap.append(chunk)
     return chunk
+
+
+def _read_back(adapter: Adapter, call: Call, transcript: resume.Transcript | None,
+               plan: resuming.Plan) -> resume.Progress:
+    """What the client was sent, read from the stream's transcript, whose bytes are then let go: the splice that
+    follows extends its progress itself."""
+    progress = resume.read_back(adapter.endpoint, call.body, transcript, plan.blocked)
+    if transcript is not None:
+        transcript.release()
+    return progress
 
 
 def _release(reply: upstream.Reply, progress: resume.Progress, ex: Exchange, metrics: Metrics) -> None:

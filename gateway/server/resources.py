@@ -25,6 +25,7 @@ from gateway.policy.model import Policy
 from gateway.server.evictions import Evictions
 from gateway.server.offload import Offload
 from gateway.server.policy_file import PolicyFile
+from gateway.server.resume_splice import TranscriptMemory
 from gateway.server.retrieval import Library
 from gateway.server.session_caches import SessionCaches
 from gateway.server.settings import Settings
@@ -139,12 +140,14 @@ class AppState:
         "stores",
         "traffic",
         "trajectories",
+        "transcripts",
         "warmups",
     )
 
     settings: Settings
     recent: Recent
     recurring: Recurring  # agents' conversations parsed once: each step re-sends the steps before it
+    transcripts: TranscriptMemory  # what streams hold for a resume to read back, all of them together
     traffic: TrafficWindows  # readings of the request counters, for /admin/deployments
     seal: Seal  # seals and opens the compaction items clients send back
     pool: Pool  # the one pool of connections to the deployments
@@ -169,6 +172,7 @@ class AppState:
     def __init__(self, settings: Settings, recent: Recent, traffic: TrafficWindows, seal: Seal) -> None:
         self.settings, self.recent, self.traffic, self.seal = settings, recent, traffic, seal
         self.recurring = Recurring(settings.recurring_bytes)
+        self.transcripts = TranscriptMemory(settings.resume_memory_bytes)
 
 
 STATE = web.AppKey("state", AppState)

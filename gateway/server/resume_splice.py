@@ -162,25 +162,69 @@ def blocked_by_request(api: str, body: Mapping[str, Any]) -> str | None:
     return None
 
 
+class TranscriptMemory:
+    """The stream bytes every transcript of the process holds together, at most `max_bytes`: a stream's own limit
+    bounds one stream, and this bounds them all, where many clients reading long streams slowly would each hold
+    up to MAX_TRANSCRIPT_BYTES. A stream that finds it full is not resumed (its break ends with the error event,
+    as before resumption); the streams already kept stay resumable."""
+
+    __slots__ = ("held", "max_bytes")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.held = max_bytes, 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.max_bytes:
+            return False
+        self.held += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+
+
+TOO_LONG = "the answer is too long to read back"
+MEMORY_FULL = "the gateway's memory for resumes was full (AGENT_GATEWAY_RESUME_MEMORY_BYTES)"
+
+
 class Transcript:
-    """A stream's bytes as the deployment sent them, kept for a resume to read back; past MAX_TRANSCRIPT_BYTES it
-    lets them go (a resume is then refused), so a long stream costs no more memory than a short one's limit."""
+    """A stream's bytes as the deployment sent them, kept for a resume to read back; past MAX_TRANSCRIPT_BYTES, or
+    where the process's `memory` for transcripts is full, it lets them go (a resume is then refused, `why_not` says
+    why), so a long stream costs no more memory than a short one's limit. `release` gives its bytes back to the
+    memory (the stream ended, or a resume read them back)."""
 
-    __slots__ = ("chunks", "size", "whole")
+    __slots__ = ("chunks", "kept", "memory", "size", "why_not")
 
-    def __init__(self) -> None:
+    def __init__(self, memory: TranscriptMemory | None = None) -> None:
         self.chunks: list[bytes] = []
-        self.size = 0
-        self.whole = True
+        self.size = self.kept = 0  # the stream's bytes; those held (taken from the memory)
+        self.memory = memory
+        self.why_not: str | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.why_not is None
 
     def add(self, chunk: bytes) -> None:
-        if not self.whole:
+        if self.why_not is not None:
             return
         self.size += len(chunk)
         if self.size > MAX_TRANSCRIPT_BYTES:
-            self.whole, self.chunks = False, []
+            self._let_go(TOO_LONG)
+        elif self.memory is not None and not self.memory.take(len(chunk)):
+            self._let_go(MEMORY_FULL)
         else:
             self.chunks.append(chunk)
+            self.kept += len(chunk)
+
+    def release(self) -> None:
+        if self.memory is not None:
+            self.memory.give_back(self.kept)
+        self.chunks, self.kept = [], 0
+
+    def _let_go(self, why: str) -> None:
+        self.release()
+        self.why_not = why
 
 
 def read_back(api: str, body: Mapping[str, Any], transcript: Transcript | None, blocked: str | None) -> Progress:
@@ -188,9 +232,11 @@ def read_back(api: str, body: Mapping[str, Any], transcript: Transcript | None, 
     progress = Progress(api, blocked=blocked)
     if blocked is not None:
         return progress
-    if transcript is None or not transcript.whole:
-        progress.block("the answer is too long to read back")
+    why_not = TOO_LONG if transcript is None else transcript.why_not
+    if why_not is not None:
+        progress.block(why_not)
         return progress
+    assert transcript is not None
     streamed, _ = chat_wire.split_events(b"".join(transcript.chunks))
     if api == "responses":
         for event in streamed:

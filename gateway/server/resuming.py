@@ -44,8 +44,18 @@ class Plan:
     asks_token_ids: bool
     client_wants_usage: bool = True
     sending: contextlib.ExitStack | None = None  # keeps each sibling's in-flight count while it streams
+    transcript: resume.Transcript | None = None  # the stream's bytes, for a resume to read back
+
+    def keep_transcript(self, memory: resume.TranscriptMemory) -> resume.Transcript | None:
+        """The stream's transcript, its bytes taken from the process's `memory` until `close` (None: a blocked
+        plan reads nothing back)."""
+        if self.blocked is None:
+            self.transcript = resume.Transcript(memory)
+        return self.transcript
 
     def close(self) -> None:
+        if self.transcript is not None:
+            self.transcript.release()
         if self.sending is not None:
             self.sending.close()
 

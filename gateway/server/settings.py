@@ -24,6 +24,8 @@ class Settings:
     classifier_model: str = ""  # empty: the packaged default model
     explain_memory: int = 2048  # recent requests whose decision trail /admin/requests/{id}/explain can show
     recurring_bytes: int = 8 * 1024 * 1024  # conversation messages kept parsed by their bytes (apis/recurring.py)
+    # streams' bytes kept, all streams together, for a resume to read back (server/resume_splice.py TranscriptMemory)
+    resume_memory_bytes: int = 64 * 1024 * 1024
     log_level: str = "INFO"
     workers: int = 1
     redis_url: str = ""  # the shared store when the policy names none (rollout states, arms, shadow pairs)

@@ -46,6 +46,29 @@ def test_a_transcript_lets_go_of_a_stream_past_its_limit_and_a_resume_is_then_re
     assert blocked == "the answer is too long to read back"
 
 
+def test_transcripts_share_the_processs_memory_and_one_that_finds_it_full_lets_go_of_its_own() -> None:
+    piece = _chat("x" * 100)
+    memory = resume.TranscriptMemory(3 * len(piece))
+    first, second = resume.Transcript(memory), resume.Transcript(memory)
+    first.add(piece)
+    first.add(piece)
+    second.add(piece)
+    assert memory.held == 3 * len(piece) and first.whole and second.whole
+    second.add(piece)  # past the memory: the stream that asked lets go of all it held, the other keeps its own
+    assert not second.whole and second.chunks == [] and memory.held == 2 * len(piece)
+    second.add(piece)  # let go for good: its stream is not resumed, even with room again
+    assert memory.held == 2 * len(piece)
+    assert resume.read_back("chat", {"messages": HELLO}, second, None).blocked == resume.MEMORY_FULL
+    assert resume.read_back("chat", {"messages": HELLO}, first, None).text == ["x" * 100, "x" * 100]
+    first.release()
+    first.release()  # the stream's end after a resume that read it back: nothing given back twice
+    assert memory.held == 0
+    third = resume.Transcript(memory)
+    for _ in range(3):
+        third.add(piece)
+    assert third.whole and memory.held == 3 * len(piece)
+
+
 def test_the_token_ids_the_gateway_asked_for_never_reach_the_client() -> None:
     chunk = _chat("a", ids=[7], prompt_token_ids=[1, 2, 3])
     stripped = resume.strip_token_ids(chunk)

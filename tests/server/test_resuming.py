@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestServer
 
 from fakes.greedy_vllm import ANSWER_WORDS, PROMPT_IDS, Break, GreedyFake, word
 from gateway.server.settings import Settings
+from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, policy_yaml
 
 WHOLE = "".join(word(i) for i in range(ANSWER_WORDS))
@@ -45,7 +46,7 @@ class Pair:
 async def make_pair(
     aiohttp_server: Callable[..., Any], gateway_server: Callable[[Settings], Any], tmp_path: Path
 ) -> Callable[..., Any]:
-    async def make(extra: str = "", **overrides: str) -> Pair:
+    async def make(extra: str = "", settings: dict[str, Any] | None = None, **overrides: str) -> Pair:
         fast, hq = GreedyFake("fake-fast"), GreedyFake("fake-hq")
         fast_url = str((await aiohttp_server(fast.app())).make_url("")).rstrip("/")
         hq_url = str((await aiohttp_server(hq.app())).make_url("")).rstrip("/")
@@ -54,8 +55,8 @@ async def make_pair(
         # holds the loop for about 0.5 s (more on a loaded machine; asyncio debug shows it), which can take the
         # gateway's connection to hq past the shared test policy's 1 s connect timeout.
         path.write_text(policy_yaml(hq_url, fast_url, extra, connect_s=10, **overrides))
-        settings = Settings(policy=str(path), admin_token=ADMIN_TOKEN, policy_poll_s=0.1)
-        return Pair(fast, hq, await gateway_server(settings))
+        made = Settings(policy=str(path), admin_token=ADMIN_TOKEN, policy_poll_s=0.1, **(settings or {}))
+        return Pair(fast, hq, await gateway_server(made))
 
     return make
 
@@ -191,6 +192,33 @@ async def test_a_break_after_the_answers_end_is_ended_by_the_gateway_not_an_erro
                        "total_tokens": len(PROMPT_IDS) + ANSWER_WORDS}] if wants_usage else [])
     assert not pair.hq.received  # nothing to continue
     assert 'gateway_stream_resumes_total{from="fast",outcome="ended",to="none"} 1.0' in await pair.metrics()
+
+
+async def test_a_stream_that_finds_the_resume_memory_full_is_not_resumed_and_says_so(make_pair: Any) -> None:
+    pair: Pair = await make_pair(settings={"resume_memory_bytes": 1})  # no stream's first chunk fits
+    pair.fast.faults.append(Break(after=3))
+    events = await _error_stream(pair, {"model": "fast", "messages": HELLO, "stream": True})
+    assert "error" in events[-1] and _text(events[:-1]) == word(0) + word(1)
+    assert "not resumed: the gateway's memory for resumes was full" in events[-1]["error"]["message"]
+    assert not pair.hq.received
+    assert 'gateway_stream_resumes_total{from="fast",outcome="refused",to="none"} 1.0' in await pair.metrics()
+
+
+async def test_every_stream_gives_its_transcript_back_to_the_resume_memory(make_pair: Any) -> None:
+    from gateway.server.resources import STATE
+
+    pair: Pair = await make_pair()
+    memory = pair.gateway.app[STATE].transcripts
+    body = {"model": "fast", "messages": HELLO, "stream": True}
+    assert _text(await _chat_events(pair, body)) == WHOLE  # whole
+    pair.fast.faults.append(Break(after=5))
+    assert _text(await _chat_events(pair, body)) == WHOLE  # broken, read back, finished by hq
+    pair.fast.faults.append(Break(after=3))
+    pair.hq.refuse = True
+    assert "error" in (await _error_stream(pair, body))[-1]  # broken, read back, the continuation refused
+    async with aiohttp.ClientSession() as http, http.post(pair.base_url + "/chat/completions", json=body) as resp:
+        await resp.content.readline()  # the client leaves after the first event
+    await until(lambda: memory.held == 0, what="every transcript's bytes given back")
 
 
 async def test_resume_off_in_the_policy_ends_with_the_error_event(make_pair: Any) -> None:
