@@ -33,3 +33,19 @@ async def _explain(stack: Stack, request_id: str) -> Any:
                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
             assert resp.status == 200, await resp.text()
             return await resp.json()
+
+
+async def test_consecutive_decisions_share_the_snapshots_they_read_alike(stack: Stack) -> None:
+    ids = []
+    async with stack.client() as client:
+        for _ in range(2):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="auto", messages=HELLO, extra_headers={"x-priority": "high"})
+            ids.append(raw.headers["x-request-id"])
+    recent = stack.gateway.app[STATE].recent
+    first, second = recent.get(ids[0]), recent.get(ids[1])
+    assert first is not None and second is not None
+    # one copy of what two decisions read alike: the policy's headers, the failover order, the trail
+    assert second.ctx.headers is first.ctx.headers and dict(second.ctx.headers) == {"x-priority": "high"}
+    assert second.served.attempts is first.served.attempts and second.served.reasons is first.served.reasons
+    assert second.ctx.share_thresholds is first.ctx.share_thresholds
