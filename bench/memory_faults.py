@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from bench.rig import HELLO, Gateway, Row, gather, settled
+from gateway.server.settings import Settings
 
 PIECE_BYTES = 4096  # what a slow reader takes off its socket at a time
 RCVBUF_BYTES = 32 * 1024  # its socket's receive buffer (Linux doubles it)
@@ -105,10 +106,12 @@ async def slow_readers(
     per_reader_kib = (peak.peak_mib - before) * 1024 / n
     # What one slow reader may cost the gateway at its peak: the relay's bound (upstream/client.py's high-water
     # mark and read size, aiohttp's write buffer: ~200 KiB) plus the stream tally (openai.StreamTally keeps
-    # up to 256 KiB of a stream, to estimate its tokens should no usage chunk come).
-    budget_kib = 512
+    # up to 256 KiB of a stream, to estimate its tokens should no usage chunk come); and, shared among them, the
+    # streams' transcripts for resumes (one bound for all streams: AGENT_GATEWAY_RESUME_MEMORY_BYTES).
+    budget_kib = 512 + Settings().resume_memory_bytes / 1024 / n
     return Row(f"{n} slow readers of a 4 MiB stream ({read_kib} KiB each over {seconds:g} s)", n,
-               f"peak RSS < {budget_kib} KiB a reader over the start; within 16 MiB of it after they left",
+               f"peak RSS < 512 KiB a reader, plus the resume memory's share ({budget_kib - 512:.0f} KiB), over "
+               "the start; within 16 MiB of it after they left",
                f"{read}/{n} read it; RSS {before:.0f} -> peak {peak.peak_mib:.0f} ({per_reader_kib:.0f} KiB a "
                f"reader) -> after {after:.0f} MiB", read == n and left and per_reader_kib < budget_kib
                and after - before < 16)
