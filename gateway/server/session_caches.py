@@ -22,14 +22,14 @@ from gateway.context.prefix import NO_PREFIXES, Chain, rescaled
 from gateway.decision.call import Call
 from gateway.decision.switch import SessionCache, session_cache
 from gateway.store.contract import StoreError, StoreFault
-from gateway.store.prefixes import PrefixStore
+from gateway.store.prefixes import PrefixStore, Served
 from gateway.telemetry import metrics as t
 from gateway.telemetry.exchange import Exchange
 
 log = logging.getLogger(__name__)
 
 BLOCK_TOKENS = 16  # vLLM caches whole blocks: a prediction this close to the report is right
-MAX_WRITES = 1_000  # background writes in flight; beyond, a step's record is dropped (and logged)
+MAX_WAITING = 1_000  # served steps waiting to be written; beyond, a step's record is dropped (and logged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,9 @@ class SessionCaches:
 
     def __init__(self, store: PrefixStore, metrics: t.Metrics) -> None:
         self.store, self.metrics = store, metrics
-        self._writes: set[asyncio.Task[None]] = set()
+        # Written in batches by one task at a time: a task and a store call per step cost more than the write.
+        self._waiting: list[Served] = []
+        self._writing: asyncio.Task[None] | None = None
 
     async def sighting(self, call: Call) -> Sighting | None:
         """The step's sighting when the policy prices switches and the call belongs to a session."""
@@ -84,13 +86,13 @@ class SessionCaches:
                 cache.prompt_tokens, {name: cache.cached.get(name, 0) for name in call.policy.deployments},
                 reported_cached_tokens(usage), cache.home if cache.home not in (None, deployment) else None,
                 tuple(sorted(cache.warmed)))
-        if len(self._writes) >= MAX_WRITES:
-            log.warning("session caches: %d writes in flight; this step's record is dropped", len(self._writes))
+        if len(self._waiting) >= MAX_WAITING:
+            log.warning("session caches: %d writes waiting; this step's record is dropped", len(self._waiting))
             return
         chain = rescaled(sighting.prompt, usage.prompt_tokens)
-        task = asyncio.create_task(self._write(sighting, deployment, chain, switch.ttl_s))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        self._waiting.append(Served(sighting.tenant, sighting.session_id, deployment, chain, switch.ttl_s))
+        if self._writing is None:
+            self._writing = asyncio.get_running_loop().create_task(self._write())
 
     def _count(self, cache: SessionCache, deployment: str, predicted: int, usage: Usage, ex: Exchange) -> None:
         series = self.metrics.caches
@@ -111,13 +113,20 @@ class SessionCaches:
             # the prompt it has just prefilled, which is what it holds now.
             series.misses.labels(deployment).inc()
 
-    async def _write(self, sighting: Sighting, deployment: str, chain: Chain, ttl_s: int) -> None:
+    async def _write(self) -> None:
+        """Write the waiting steps in order, all that wait at a time, until none wait."""
         try:
-            await self.store.served(sighting.tenant, sighting.session_id, deployment, chain, ttl_s)
-        except (StoreError, StoreFault) as exc:
-            log.warning("session caches: the record of a served step could not be written: %s", exc)
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    await self.store.served_many(batch)
+                except (StoreError, StoreFault) as exc:
+                    log.warning("session caches: the record of %d served steps could not be written: %s",
+                                len(batch), exc)
+        finally:
+            self._writing = None
 
     async def close(self) -> None:
-        """Let the writes in flight finish (each bounded by the store's own timeout)."""
-        if self._writes:
-            await asyncio.gather(*self._writes, return_exceptions=True)
+        """Let the waiting writes finish (each batch bounded by the store's own timeout)."""
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)

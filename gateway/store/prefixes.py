@@ -4,6 +4,8 @@
     served(tenant, session_id, deployment, chain, ttl_s)   `deployment` served this prompt: its chain replaces
                                                            that deployment's, the session's home and stay
                                                            follow (context/prefix.after_serving), atomically
+    served_many([Served(...), ...])                        as many served steps, in order, each atomic (one
+                                                           round trip to Redis for them all)
     warmed(tenant, session_id, deployment, chain, ttl_s)   a warm-up made `deployment` prefill this prompt: its
                                                            chain replaces that deployment's, home and stay stay
                                                            (context/prefix.after_warming)
@@ -17,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from gateway.context.prefix import (
     NO_PREFIXES,
@@ -59,9 +61,20 @@ return 1
 """
 
 
+class Served(NamedTuple):
+    """One served step, as `served` takes it."""
+
+    tenant: str
+    session_id: str
+    deployment: str
+    chain: Chain
+    ttl_s: int
+
+
 class PrefixStore(Protocol):
     async def prefixes(self, tenant: str, session_id: str) -> SessionPrefixes: ...
     async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None: ...
+    async def served_many(self, steps: Sequence[Served]) -> None: ...
     async def warmed(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None: ...
     async def close(self) -> None: ...
 
@@ -97,8 +110,15 @@ class RedisPrefixStore(RedisStore):
         return read_record(fields or {})
 
     async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
-        key = prefixes_key(self.prefix, tenant, session_id)
-        await self._run(self._served(keys=[key], args=[deployment, encode(chain), int(ttl_s)]))
+        await self.served_many([Served(tenant, session_id, deployment, chain, ttl_s)])
+
+    async def served_many(self, steps: Sequence[Served]) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:  # each script is atomic on its own
+            for step in steps:
+                key = prefixes_key(self.prefix, step.tenant, step.session_id)
+                await self._served(keys=[key], args=[step.deployment, encode(step.chain), int(step.ttl_s)],
+                                   client=pipe)
+            await self._run(pipe.execute())
 
     async def warmed(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
         key = prefixes_key(self.prefix, tenant, session_id)
@@ -113,6 +133,9 @@ class MemoryPrefixStore:
         self._max, self._clock = max_sessions, clock
 
     async def prefixes(self, tenant: str, session_id: str) -> SessionPrefixes:
+        return self._current(tenant, session_id)
+
+    def _current(self, tenant: str, session_id: str) -> SessionPrefixes:
         found = self._records.get((tenant, session_id))
         if found is None:
             return NO_PREFIXES
@@ -122,12 +145,14 @@ class MemoryPrefixStore:
         return found[1]
 
     async def served(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
-        self._keep(tenant, session_id, after_serving(await self.prefixes(tenant, session_id), deployment, chain),
-                   ttl_s)
+        await self.served_many([Served(tenant, session_id, deployment, chain, ttl_s)])
+
+    async def served_many(self, steps: Sequence[Served]) -> None:
+        for tenant, session_id, deployment, chain, ttl_s in steps:
+            self._keep(tenant, session_id, after_serving(self._current(tenant, session_id), deployment, chain), ttl_s)
 
     async def warmed(self, tenant: str, session_id: str, deployment: str, chain: Chain, ttl_s: int) -> None:
-        self._keep(tenant, session_id, after_warming(await self.prefixes(tenant, session_id), deployment, chain),
-                   ttl_s)
+        self._keep(tenant, session_id, after_warming(self._current(tenant, session_id), deployment, chain), ttl_s)
 
     def _keep(self, tenant: str, session_id: str, record: SessionPrefixes, ttl_s: int) -> None:
         self._records[(tenant, session_id)] = (self._clock() + ttl_s, record)

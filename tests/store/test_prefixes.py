@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.context.prefix import NO_PREFIXES, Chain, SessionPrefixes
-from gateway.store.prefixes import MemoryPrefixStore, PrefixStore, RedisPrefixStore, prefixes_key
+from gateway.store.prefixes import MemoryPrefixStore, PrefixStore, RedisPrefixStore, Served, prefixes_key
 from tests.fixtures.redis_server import RedisServer
 
 ONE = Chain.of([("aa", 100), ("bb", 900)])
@@ -49,6 +49,17 @@ async def test_each_deployment_keeps_the_last_prompt_it_served_and_the_home_foll
     # another session, another tenant: their own records
     assert await store.prefixes("t", "s2") == NO_PREFIXES
     assert await store.prefixes("u", "s1") == NO_PREFIXES
+
+
+async def test_a_batch_of_served_steps_is_recorded_in_order_as_one_at_a_time_would(store: PrefixStore) -> None:
+    await store.served_many([Served("t", "s1", "fast", ONE, 3600), Served("t", "s2", "hq", ONE, 3600),
+                             Served("t", "s1", "fast", TWO, 3600), Served("t", "s1", "hq", TWO, 3600),
+                             Served("u", "s1", "fast", ONE, 3600)])
+    assert await store.prefixes("t", "s1") == SessionPrefixes({"fast": TWO, "hq": TWO}, "hq", 1)
+    assert await store.prefixes("t", "s2") == SessionPrefixes({"hq": ONE}, "hq", 1)
+    assert await store.prefixes("u", "s1") == SessionPrefixes({"fast": ONE}, "fast", 1)
+    await store.served_many([])  # nothing waiting: nothing written
+    assert await store.prefixes("t", "s3") == NO_PREFIXES
 
 
 async def test_a_warm_up_replaces_the_deployments_chain_and_leaves_the_home(store: PrefixStore) -> None:
