@@ -40,6 +40,7 @@ _ELEMENTS = msgspec.json.Decoder(list[msgspec.Raw])
 # A body's top-level members as the bytes they were sent as: msgspec skips over each value without building it.
 MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _WHITESPACE = b" \t\r\n"
+_PARSE = object()  # a framed member that is parsed at each step (one too short for the memory to keep)
 _COMMA = ord(",")
 
 
@@ -77,7 +78,7 @@ class Recurring:
             else:
                 body[name] = self.member(value)
         if conversation is not None and conversation.values:
-            self._frame(raw, members, repeated, conversation)
+            self._frame(raw, members, body, repeated, conversation)
         return body, members, conversation
 
     def elements(self, array: msgspec.Raw) -> Any:
@@ -117,7 +118,7 @@ class Recurring:
             return kept.value
         value = _VALUE.decode(raw)
         if kept is None and isinstance(value, (dict, list)):
-            self._keep(digest, _Kept(msgspec.Raw(bytes(raw)), value))  # a copy: `raw` is a view of the whole body
+            self._keep(digest, _Kept(msgspec.Raw(bytes(raw)), value, digest))  # a copy: `raw` views the whole body
         return value
 
     def notes(self, value: Any) -> dict[str, Any] | None:
@@ -128,6 +129,16 @@ class Recurring:
         if kept.notes is None:
             kept.notes = {}
         return kept.notes
+
+    def _holds(self, value: Any) -> bool:
+        kept = self._by_id.get(id(value))
+        return kept is not None and kept.value is value
+
+    def _touch(self, value: Any) -> None:
+        """A kept value sent again: the most recently sent now (as `member` finding it would have made it)."""
+        kept = self._by_id.get(id(value))
+        if kept is not None and kept.value is value:
+            self._by_digest.move_to_end(kept.digest)
 
     def __len__(self) -> int:
         return len(self._by_digest)
@@ -182,14 +193,14 @@ class Recurring:
                 # Views of this body, not copies: it is all the memory keeps of its session (the step before's
                 # bytes are let go with it).
                 conversation = Conversation(view[len(front):_before_whitespace(raw, end)], values, earlier)
-                frame = _Frame(view[:len(front)], view[end:], frame.places, repeated)
+                frame = _Frame(view[:len(front)], view[end:], frame.places, repeated, frame.values)
                 kept = self._keep_conversation(conversation, earlier)
                 if kept:
                     self._attach(conversation, frame, view, (length, front_key))
-                return *frame.read(view, list(values), self.member), conversation if kept else None
+                return *frame.read(view, list(values), self.member, self._touch), conversation if kept else None
         return None
 
-    def _frame(self, raw: bytes, members: dict[str, msgspec.Raw], repeated: str,
+    def _frame(self, raw: bytes, members: dict[str, msgspec.Raw], body: dict[str, Any], repeated: str,
                conversation: Conversation) -> None:
         """Keep where `raw`'s members sit around its conversation, for its next step to be read without a scan."""
         places = _places(raw, members)
@@ -199,7 +210,7 @@ class Recurring:
         size, view = len(raw), memoryview(raw)
         self._attach(conversation, _Frame(view[:start], view[end - 1:], tuple(
             (name, at, to) if at <= start else (name, at - size, to - size) for name, (at, to) in places.items()),
-            repeated), view)
+            repeated, tuple(body[name] if self._holds(body[name]) else _PARSE for name in places)), view)
 
     def _attach(self, conversation: Conversation, frame: _Frame, body: memoryview,
                 hashed: tuple[int, int] | None = None) -> None:
@@ -274,10 +285,10 @@ class Recurring:
 
 
 class _Kept:
-    __slots__ = ("notes", "raw", "value")
+    __slots__ = ("digest", "notes", "raw", "value")
 
-    def __init__(self, raw: msgspec.Raw, value: Any) -> None:
-        self.raw, self.value = raw, value
+    def __init__(self, raw: msgspec.Raw, value: Any, digest: int) -> None:
+        self.raw, self.value, self.digest = raw, value, digest
         self.notes: dict[str, Any] | None = None
 
 
@@ -305,31 +316,40 @@ class _Frame:
     to the body's end (`back`), and where each member's bytes sit (offsets from the body's start for a member
     before the conversation, negative ones from its end for one after it)."""
 
-    __slots__ = ("back", "front", "places", "repeated")
+    __slots__ = ("back", "front", "places", "repeated", "values")
 
     def __init__(self, front: memoryview, back: memoryview, places: tuple[tuple[str, int, int], ...],
-                 repeated: str) -> None:
+                 repeated: str, values: tuple[Any, ...]) -> None:
         self.front, self.back, self.places, self.repeated = front, back, places, repeated
+        # Each member's kept value, where the memory kept it (long), else _PARSE: a body whose front and back are
+        # this frame's bytes sends the same bytes for each, so a kept one is neither hashed nor compared again.
+        self.values = values
 
     @property
     def size(self) -> int:
         return len(self.front) + len(self.back)
 
-    def read(self, view: memoryview, conversation: list[Any],
-             member: Callable[[msgspec.Raw], Any]) -> tuple[dict[str, Any], dict[str, msgspec.Raw]]:
+    def read(self, view: memoryview, conversation: list[Any], member: Callable[[msgspec.Raw], Any],
+             touch: Callable[[Any], None]) -> tuple[dict[str, Any], dict[str, msgspec.Raw]]:
         """The body's values and members' bytes, each member where the frame puts it (the conversation's end moved
-        with what was added)."""
+        with what was added); a kept member's value as the frame holds it (`touch`ed as sent again), any other
+        parsed again, never shared."""
         repeated = self.repeated
         body: dict[str, Any] = {}
         members: dict[str, msgspec.Raw] = {}
         size = len(view)
-        for name, at, to in self.places:
+        for (name, at, to), kept in zip(self.places, self.values, strict=True):
             if name == repeated:
                 members[name] = msgspec.Raw(view[at:size - len(self.back) + 1])
                 body[name] = conversation
-            else:  # an offset below 0 counts from the body's end
-                members[name] = raw = msgspec.Raw(view[at + size if at < 0 else at:to + size if to < 0 else to])
-                body[name] = member(raw)  # kept by its bytes when long; a short one parsed again, never shared
+                continue
+            # an offset below 0 counts from the body's end
+            members[name] = raw = msgspec.Raw(view[at + size if at < 0 else at:to + size if to < 0 else to])
+            if kept is _PARSE:
+                body[name] = member(raw)
+            else:
+                touch(kept)
+                body[name] = kept
         return body, members
 
 

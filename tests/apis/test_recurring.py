@@ -128,6 +128,25 @@ def test_a_step_that_adds_messages_to_the_step_before_is_read_without_a_scan(mon
     assert scan.scans == 2
 
 
+def test_a_continued_steps_long_members_are_the_kept_values_neither_hashed_nor_compared_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The frame's bytes around the conversation are the step before's, so its tools (10-50 KB of schemas on an
+    agent's step) are taken as kept; they still count as sent again (the least recently sent go first)."""
+    memory = Recurring(8 << 20)
+    first, second, third = _steps()
+    one = _read(first, memory)
+    tools = one.members()["tools"]  # type: ignore[index]
+    hashed: list[bytes] = []
+    digest = recurring.xxhash.xxh3_128_intdigest
+    monkeypatch.setattr(recurring.xxhash, "xxh3_128_intdigest", lambda data: hashed.append(bytes(data)) or digest(data))
+    two, three = _read(second, memory), _read(third, memory)
+    assert two.body["tools"] is one.body["tools"] and three.body["tools"] is one.body["tools"]
+    assert hashed and bytes(tools) not in hashed  # the added messages were, the tools were not
+    newest = next(reversed(memory._by_digest.values())).value
+    assert newest is one.body["tools"]  # sent again after the third step's messages: the most recently sent
+
+
 def test_a_step_resumes_what_a_stage_noted_of_the_step_it_continues_and_nothing_else() -> None:
     memory = Recurring(8 << 20)
     first, second, third = _steps()
