@@ -134,6 +134,7 @@ _MAPPING = (dict, Mapping)  # a parsed body's objects are dicts: checked first, 
 _TOOLS_SEED = xxhash.xxh3_64_intdigest(TOOLS_ROLE)  # the tools' link: seeded apart from any message's
 _NOTE = "prefix.own"  # a message's own digest and size, noted in the parse memory
 _HASHED = "prefix.hashed"  # a conversation's links, noted in the parse memory
+_TOOLS_NOTE = "prefix.tools"  # the tools' link (digest, size), noted on their parse in the parse memory
 
 
 class _Hashed(NamedTuple):
@@ -162,9 +163,8 @@ def _hashed(view: Mapping[str, Any], tools_sent: memoryview | None, recurring: R
     tools_digest = None
     tools = view.get("tools")
     if tools:
-        piece = tools_sent if tools_sent is not None else _json(tools)
-        tools_digest = digest = _hash(piece, _TOOLS_SEED)
-        through = len(piece)
+        tools_digest, through = _tools_link(tools, tools_sent, recurring)
+        digest = tools_digest
         digests.append(_HEX(digest))
         sizes.append(through)
     messages = view.get("messages")
@@ -198,6 +198,20 @@ def _hashed(view: Mapping[str, Any], tools_sent: memoryview | None, recurring: R
 
 def _no_notes(value: Any) -> None:
     return None
+
+
+def _tools_link(tools: Any, tools_sent: memoryview | None, recurring: Recurring | None) -> tuple[int, int]:
+    """The tools' link: the digest of their JSON and its size. Hashed as sent, it is noted on the tools' parse
+    while `recurring` keeps it (the parse stands for those very bytes): an agent re-sends the same 10-50 KB of
+    schemas at every step."""
+    notes = recurring.notes(tools) if recurring is not None and tools_sent is not None else None
+    found: tuple[int, int] | None = notes.get(_TOOLS_NOTE) if notes is not None else None
+    if found is None:
+        piece = tools_sent if tools_sent is not None else _json(tools)
+        found = (_hash(piece, _TOOLS_SEED), len(piece))
+        if notes is not None:
+            notes[_TOOLS_NOTE] = found
+    return found
 
 
 def _message_digest(message: Mapping[str, Any]) -> tuple[bytes, int]:

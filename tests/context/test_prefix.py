@@ -219,12 +219,16 @@ def test_a_continued_step_hashes_only_the_messages_it_adds(monkeypatch: pytest.M
     memory = Recurring(8 << 20)
     steps = agent_bodies.session(5, 60 * 1024, 3_000, steps=4)
     linked: list[str] = []
-    hex_of = prefix._HEX
+    hex_of, hash_of = prefix._HEX, prefix._hash
+    tools_hashed: list[int] = []
     monkeypatch.setattr(prefix, "_HEX", lambda digest: linked.append(hex_of(digest)) or linked[-1])
+    monkeypatch.setattr(prefix, "_hash", lambda data, seed: (seed == prefix._TOOLS_SEED and tools_hashed.append(1))
+                        or hash_of(data, seed))
     for i, step in enumerate(steps):
         linked.clear()
         chain, _ = _through_memory(memory, step["messages"], step["tools"])
         assert len(chain) == 1 + len(step["messages"])  # the tools' link, then one per message
         added = len(step["messages"]) - len(steps[i - 1]["messages"]) if i else len(step["messages"])
-        assert len(linked) == 1 + added  # the tools' link is hashed at every step: they may have changed
+        assert len(linked) == 1 + added  # the tools' link, then the added messages'
         assert linked == [*chain.digests[:1], *chain.digests[-added:]]
+    assert len(tools_hashed) == 1  # the same schemas at every step: hashed at the first, noted on their parse
