@@ -123,21 +123,22 @@ class Recurring:
 
     def notes(self, value: Any) -> dict[str, Any] | None:
         """What stages noted of `value` while the memory holds it (a dict to add to), else None."""
-        kept = self._by_id.get(id(value))
-        if kept is None or kept.value is not value:
+        kept = self._kept(value)
+        if kept is None:
             return None
         if kept.notes is None:
             kept.notes = {}
         return kept.notes
 
-    def _holds(self, value: Any) -> bool:
+    def _kept(self, value: Any) -> _Kept | None:
+        """The memory's entry of `value`, while it holds that very object."""
         kept = self._by_id.get(id(value))
-        return kept is not None and kept.value is value
+        return kept if kept is not None and kept.value is value else None
 
     def _touch(self, value: Any) -> None:
         """A kept value sent again: the most recently sent now (as `member` finding it would have made it)."""
-        kept = self._by_id.get(id(value))
-        if kept is not None and kept.value is value:
+        kept = self._kept(value)
+        if kept is not None:
             self._by_digest.move_to_end(kept.digest)
 
     def __len__(self) -> int:
@@ -210,7 +211,7 @@ class Recurring:
         size, view = len(raw), memoryview(raw)
         self._attach(conversation, _Frame(view[:start], view[end - 1:], tuple(
             (name, at, to) if at <= start else (name, at - size, to - size) for name, (at, to) in places.items()),
-            repeated, tuple(body[name] if self._holds(body[name]) else _PARSE for name in places)), view)
+            repeated, tuple(body[name] if self._kept(body[name]) else _PARSE for name in places)), view)
 
     def _attach(self, conversation: Conversation, frame: _Frame, body: memoryview,
                 hashed: tuple[int, int] | None = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
@@ -56,9 +56,6 @@ class Remembered:
     context_notes: dict[str, Any] | None = None  # what the policy's summaries and retrieval did to its prompt
 
 
-_T = TypeVar("_T")
-
-
 class Recent:
     """The last N live decisions, for `/admin/requests/{id}/explain`.
 
@@ -78,8 +75,8 @@ class Recent:
         # own: the last 2,048 requests' could hold gigabytes.
         last = self._items[next(reversed(self._items))] if self._items else None
         if last is not None:  # neither is changed after its decision: the previous entry's copies serve
-            ctx = _sharing(ctx, last.ctx, _SNAPSHOTS)
-            served = _sharing(served, last.served, ("attempts", "reasons"))
+            _share(ctx, last.ctx, _SNAPSHOTS)
+            _share(served, last.served, ("attempts", "reasons"))
         self._items[request_id] = Remembered(call.policy, call.features, ctx, served,
                                              context=None if call.context is None else call.context.without_body(),
                                              masking=None if call.masking is None else call.masking.without_originals(),
@@ -105,15 +102,14 @@ class Recent:
 _SNAPSHOTS = ("headers", "load", "in_flight", "share_thresholds", "fits")
 
 
-def _sharing(kept: _T, last: _T, names: tuple[str, ...]) -> _T:
-    """kept, each of these fields holding last's value where the two are equal. Set in place: an equal value
-    reads the same to whoever holds `kept` (the request's own stages are done with it), and a copy of the whole
-    object per request cost more than the comparisons."""
+def _share(kept: object, last: object, names: tuple[str, ...]) -> None:
+    """Each of these fields of `kept` made to hold last's value where the two are equal. Set in place: an equal
+    value reads the same to whoever holds `kept` (the request's own stages are done with it), and a copy of the
+    whole object per request cost more than the comparisons."""
     for name in names:
         theirs = getattr(last, name)
         if getattr(kept, name) == theirs:
             setattr(kept, name, theirs)
-    return kept
 
 
 class AppState:

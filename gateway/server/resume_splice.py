@@ -193,11 +193,11 @@ class Transcript:
     why), so a long stream costs no more memory than a short one's limit. `release` gives its bytes back to the
     memory (the stream ended, or a resume read them back)."""
 
-    __slots__ = ("chunks", "kept", "memory", "size", "why_not")
+    __slots__ = ("chunks", "memory", "size", "why_not")
 
     def __init__(self, memory: TranscriptMemory | None = None) -> None:
         self.chunks: list[bytes] = []
-        self.size = self.kept = 0  # the stream's bytes; those held (taken from the memory)
+        self.size = 0  # the bytes held (taken from the memory)
         self.memory = memory
         self.why_not: str | None = None
 
@@ -208,19 +208,18 @@ class Transcript:
     def add(self, chunk: bytes) -> None:
         if self.why_not is not None:
             return
-        self.size += len(chunk)
-        if self.size > MAX_TRANSCRIPT_BYTES:
+        if self.size + len(chunk) > MAX_TRANSCRIPT_BYTES:
             self._let_go(TOO_LONG)
         elif self.memory is not None and not self.memory.take(len(chunk)):
             self._let_go(MEMORY_FULL)
         else:
             self.chunks.append(chunk)
-            self.kept += len(chunk)
+            self.size += len(chunk)
 
     def release(self) -> None:
         if self.memory is not None:
-            self.memory.give_back(self.kept)
-        self.chunks, self.kept = [], 0
+            self.memory.give_back(self.size)
+        self.chunks, self.size = [], 0
 
     def _let_go(self, why: str) -> None:
         self.release()
