@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ from typing import Any
 import yaml
 
 from bench import agent_bodies
-from bench.proxy_bench import PY, ROOT, cpu_s, free_port, start, wait_ready
+from bench.proxy_bench import PY, ROOT, free_port, measure, start, wait_ready
 
 
 def _no_switch(policy: dict[str, Any]) -> None:
@@ -73,24 +71,17 @@ def rung_policies(source: dict[str, Any], upstream: str) -> list[tuple[str, dict
     return rungs
 
 
-def _load(port: int, pid: int, body: str, concurrency: int, duration_s: float) -> tuple[float, float]:
-    """CPU µs a request and req/s of one run of the load against the process `pid` listening on `port`."""
-    before = cpu_s([pid])
-    out = subprocess.run([PY, "-m", "bench.loadgen", "--url", f"http://127.0.0.1:{port}/v1/chat/completions",
-                          "--duration-s", str(duration_s), "--concurrency", str(concurrency), "--body", body],
-                         cwd=ROOT, capture_output=True, text=True, timeout=duration_s * 4 + 60, check=True)
-    found = json.loads(out.stdout)
-    return (cpu_s([pid]) - before) / max(found["requests"], 1) * 1e6, found["rps"]
-
-
 def _measure(argv: list[str], env: dict[str, str] | None, port: int, args: argparse.Namespace) -> tuple[float, float]:
     """Start the process, warm it with one run of the load, measure the next, stop it."""
     proc = start(argv, env=env)
     try:
         wait_ready(port)
         time.sleep(1.0)  # the first health probes
-        _load(port, proc.pid, args.body, args.concurrency, min(args.duration_s, 2.0))
-        return _load(port, proc.pid, args.body, args.concurrency, args.duration_s)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        load = ["--concurrency", str(args.concurrency), "--body", args.body]
+        measure(url, load, min(args.duration_s, 2.0), proc.pid)
+        figures = measure(url, load, args.duration_s, proc.pid)
+        return figures["cpu_us_per_req"], figures["rps"]
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
