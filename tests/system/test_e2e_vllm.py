@@ -593,8 +593,11 @@ GREEDY = {"temperature": 0, "max_tokens": 300, "extra_body": {"ignore_eos": True
 # The SIGKILL must land before fast has sent its last event. Fast's 2,000 greedy tokens take 1.7-3.5 s, most of it
 # the API server's streaming, not the tiny model's steps: a CI run once found the client only 2 events in when fast
 # had already sent them all, and another, with the whole server paced, found the same (a starved API server merges
-# the engine's outputs into one late event). So until the kill only fast's engine is paced, 1 ms of every 10
-# (Throttled): the API server streams each step as it comes, and the kill, KILL_AFTER_EVENTS in, lands mid-answer.
+# the engine's outputs into one late event). So until the kill only fast's engine is paced (Throttled): the API
+# server streams each step as it comes, and the kill, KILL_AFTER_EVENTS in, lands mid-answer. 1 ms of every 100: the
+# tiny model's steps are so short that at 1 ms of every 10 the engine still outran the API server (the answer took
+# about as long as unpaced, and a CI run found it all sent when the client had 2 events); at 1 in 100 the engine, not
+# the API server, sets the pace, several times slower than unpaced, and the first events come long before its end.
 LONG_GREEDY = {**GREEDY, "max_tokens": 2000}
 KILL_AFTER_EVENTS = 2
 
@@ -618,7 +621,7 @@ class Throttled:
     """Processes paced by SIGSTOP and SIGCONT: they run run_s of every period_s until stop() (left running), as
     `cpulimit` paces a process. Bounded: it lets them run for good after limit_s."""
 
-    def __init__(self, pids: list[int], run_s: float = 0.001, period_s: float = 0.01, limit_s: float = 120.0) -> None:
+    def __init__(self, pids: list[int], run_s: float = 0.001, period_s: float = 0.1, limit_s: float = 120.0) -> None:
         assert pids, "nothing to pace"
         self._pids, self._run_s, self._period_s, self._limit_s = pids, run_s, period_s, limit_s
         self._stopped = threading.Event()
