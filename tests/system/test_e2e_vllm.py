@@ -337,10 +337,13 @@ async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gat
             await _until(lambda: _sum(_metrics(gateway.url), "gateway_deployment_requests_waiting",
                                       "deployment=fast") >= 3, 60.0)
             # The queue can drain between a scrape and a decision: judge the decision by the load it saw.
-            # A decision that saw hq unhealthy (its probe missed a 5 s timeout on the busy cores: once in a run
-            # here) may not spill there either: only one that saw both is judged.
+            # A decision that saw hq unhealthy (its probe missed a 5 s timeout on the busy cores) may not spill
+            # there either: only one that saw both is judged, and each is sent once the gateway sees hq healthy
+            # (a CI run's five decisions, each waiting on fast, all saw it unhealthy).
             seen_by_decisions = []
             for _ in range(5):
+                await _until(lambda: _ready_in_gateway(gateway, "hq"), 60.0,
+                             what=lambda: f"the gateway to see hq healthy; its log: {_health_log(gateway)}")
                 raw, request_id = await _decided(client)
                 seen = await asyncio.to_thread(_explain, gateway, request_id)
                 waiting, hq_healthy = seen["load"]["fast"]["requests_waiting"], seen["load"]["hq"]["healthy"]
@@ -351,7 +354,7 @@ async def test_deep_queue_on_fast_spills_to_hq(vllm_pair: VllmPair, gateway: Gat
             else:
                 now_waiting = _sum(_metrics(fast.url), "vllm:num_requests_waiting")
                 pytest.fail(f"no decision of 5 saw fast's queue deep and hq healthy: they saw {seen_by_decisions}; "
-                            f"vLLM counts {now_waiting} waiting on fast now")
+                            f"vLLM counts {now_waiting} waiting on fast now; the gateway's log: {_health_log(gateway)}")
             served = seen["served"]
             # The live decision, with its trail: a red run says which step (a session's preference, the agent's
             # redirect, an exclusion of hq) kept the call on fast, or that hq was chosen and failed over.
@@ -407,9 +410,20 @@ def _explain(gateway: Gateway, request_id: str) -> Any:
         return json.loads(response.read())
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
-    """Poll a blocking condition off the event loop (the flood's clients run on it)."""
-    await until(lambda: asyncio.to_thread(condition), timeout_s, every_s=0.2, tolerate=SCRAPE_ERRORS)
+async def _until(condition: Callable[[], bool], timeout_s: float, what: Callable[[], str] | None = None) -> None:
+    """Poll a blocking condition off the event loop (the flood's clients run on it); `what` names it if it fails."""
+    try:
+        await until(lambda: asyncio.to_thread(condition), timeout_s, every_s=0.2, tolerate=SCRAPE_ERRORS)
+    except pytest.fail.Exception as exc:
+        if what is None:
+            raise
+        pytest.fail(f"{exc} ({what()})")
+
+
+def _health_log(gateway: Gateway) -> list[str]:
+    """The gateway's last lines about its deployments' health (probes failing or passing again, ejections)."""
+    lines = gateway.log.read_text(errors="replace").splitlines()
+    return [line for line in lines if "health check" in line or "ejected" in line][-10:]
 
 
 # --- the agents' own APIs through the gateway -------------------------------------------------------------
