@@ -85,7 +85,10 @@ async def run(request: web.Request, adapter: Adapter) -> web.StreamResponse:
         response = await answer(request, adapter, call, decision, caps, asked, compacted)
         status = response.status
         if asked is None and compacted is None:  # else the gateway rewrote or answered the prompt sighted
-            served(app, adapter, call, decision, sighting, ex, request.get(EVICTED))
+            # Once the answer is written (aiohttp writes a whole answer after the handler returns): a client
+            # waits for its answer, not for these records. Before the exchange's own record, which reads them.
+            asyncio.get_running_loop().call_soon(served, app, adapter, call, decision, sighting, ex,
+                                                 request.get(EVICTED))
         return response
     except GatewayError as exc:
         status = exc.status

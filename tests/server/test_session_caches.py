@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
+from gateway.server.session_caches import SessionCaches
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import ADMIN_TOKEN, Stack, metric
 
@@ -79,6 +81,21 @@ async def test_a_session_moves_when_the_reason_outweighs_the_price(make_stack: A
     assert await run(stack, short, "short", ids) == ["hq", "hq", "fast", "fast", "hq", "hq", "fast"]
     explained = await explain(stack, ids[4])
     assert any(line.startswith("switch: moves to hq: hq would prefill ") for line in explained), explained
+
+
+async def test_a_fault_in_the_served_steps_record_does_not_cost_the_client_its_answer(
+    make_stack: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a served step leaves in the session's record is noted once its answer is written: a bug there is
+    logged, and the client still gets the answer the deployment generated (and the tenant is charged for)."""
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug in the record of a served step")
+
+    monkeypatch.setattr(SessionCaches, "served", broken)
+    stack: Stack = await make_stack(rules=RULES, extra=SWITCH)
+    assert len(await run(stack, ["ok", "ok"], "faulty")) == 3  # each step answered (a 500 would raise)
+    assert await metric(stack.gateway, "gateway_requests_total", status="200") == 3
+    await until(lambda: "a bug in the record of a served step" in caplog.text, what="the bug logged")
 
 
 async def explain(stack: Stack, request_id: str) -> list[str]:
