@@ -1,8 +1,9 @@
 """What a request asks for, read from its features: the task cues the classifier weighs across kinds of task.
 
 The optional C extension gateway.native._ask_cues reads an ASCII ask when it built: inside the running gateway
-the Python reading cost ~16 µs of CPU per request (cache misses across the small objects it makes and walks);
-read_ask_text here is the reference the extension is tested against, and reads every other ask.
+the Python reading cost a request a noticeable share of its CPU (cache misses across the small objects it makes and
+walks; docs/performance.md, 'Why the code is shaped so'); read_ask_text here is the reference the extension is tested
+against, and reads every other ask.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 # them in re costs 10-100 times more, since re tries every alternative at every position.
 _SEPARATOR_CHARS = "!\"%&'()*,-./:;<=>?@[\\]^_`{|}~\n\t0123456789"
 _SEPARATORS = str.maketrans(dict.fromkeys(_SEPARATOR_CHARS, " "))
-# The same for an ASCII ask, as a byte table: str.translate looks each character up in a dict (~5 µs for a
-# 50-character ask), bytes.translate indexes a table.
+# The same for an ASCII ask, as a byte table: str.translate looks each character up in a dict,
+# bytes.translate indexes a table.
 _ASCII_SEPARATORS = bytes(32 if chr(b) in _SEPARATOR_CHARS else b for b in range(256))
 _DIGITS = b"0123456789"
 CODE_WORDS = frozenset({"python", "javascript", "typescript", "java", "sql", "regex", "def", "const", "c++", "bash"})
@@ -197,7 +198,7 @@ def read_cues(features: Features) -> Cues:
     if features.max_tokens:
         expected = min(expected, features.max_tokens)
     # Positional: the ask's text gives the fields from options to word_chars in Cues's order (AskText); a class
-    # called with keywords gets them as a dict built per call (~2 µs for these 16).
+    # called with keywords gets them as a dict built per call, on every request.
     return Cues(shots + (features.prior_answers or 0), len(ask), *text, kind, expected)
 
 

@@ -3,9 +3,10 @@
 Each input is written once, as a Source: one attribute of the features `f` or the cues `c` and an operation on
 it. From that come both the per-input functions (training, explanations; summed one by one, the reference the
 tests hold the sum to), as Python expressions, and a model's whole structured part summed by one call
-(`compile_terms`): in the running gateway 23 lambda calls and their helpers cost ~10 µs a request, one compiled
-Python sum ~25,000 instructions. A C table did it in ~6,600 and was removed: ~5 µs a request on calls of
-0.1 s and more did not pay for its C, its build flags and its bit-for-bit tests.
+(`compile_terms`): in the running gateway one compiled Python sum costs less than the 23 lambda calls and their
+helpers it replaced. A C table did it in fewer instructions still and was removed: what it saved a request,
+on calls of 0.1 s and more, did not pay for its C, its build flags and its bit-for-bit tests (docs/performance.md,
+'Why the code is shaped so').
 """
 
 from __future__ import annotations

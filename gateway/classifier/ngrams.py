@@ -1,8 +1,9 @@
 """Character n-grams of a text and the classifier's weight for each: the text block of its logit.
 
 The C extension gateway.native._ngram_score scores every text where it built (the image builds it): inside the
-running gateway the dict walk cost 35-60 µs per short prompt (each lookup missing cache and TLB in ~10 MB of Python
-objects). The dict walk here is its one Python twin: the reference it is tested against, and the fallback.
+running gateway the dict walk was slow even on a short prompt (each lookup missing cache and TLB across the weights'
+many Python objects: docs/performance.md, 'Why the code is shaped so'). The dict walk here is its one Python twin: the
+reference it is tested against, and the fallback.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class NgramWeights:
         self.text = text
         kept = dict(weights)  # insertion order is the training matrix's column order
         self._table = native_table(text, kept) if native is not None else None
-        # With the C table scoring and the artifact to read them back from, the weights are not kept: ~20 MiB
-        # resident of Python objects a serving process reads only to explain a score or retrain.
+        # With the C table scoring and the artifact to read them back from, the weights are not kept: many
+        # Python objects resident in a serving process that reads them only to explain a score or retrain.
         self._read_back = read_back if self._table is not None else None
         self._kept = kept if self._read_back is None else None
 
@@ -55,7 +56,7 @@ class NgramWeights:
     def _walk_index(self) -> tuple[dict[str, int], list[float]]:
         """The dict walk's vocabulary: each n-gram's position from 1 (so filter(None, ...) drops the misses
         and nothing else) and the weights by position (a list index is much cheaper than a numpy read).
-        Built on first use: with the C table, about 8 MB of Python objects a process need not hold."""
+        Built on first use: with the C table, Python objects a process need not hold."""
         return {gram: i for i, gram in enumerate(self.weights, start=1)}, [0.0, *self.weights.values()]
 
     def dict_logit(self, text: str) -> float:

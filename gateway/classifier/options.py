@@ -1,7 +1,8 @@
 """How the classifier is trained (the `classifier train|eval` flags), without the training code's imports.
 
 Apart from the training module so that building the CLI's parser, which every command does (`serve`
-included), does not load scikit-learn and scipy: about 1 s and 70 MB per process here.
+included), does not load scikit-learn and scipy, whose import would add time and memory to every process
+(docs/performance.md, 'Why the code is shaped so').
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ CALIBRATION_VERSION = 1
 DEFAULT_MODEL_PATH = Path(__file__).parent / "models" / "default.json"
 DEFAULT_CALIBRATION_PATH = Path(__file__).parent / "models" / "default.calibration.json"
 
-if TYPE_CHECKING:  # numpy is for training and evaluation; the serving path never imports it (~15 MiB)
+if TYPE_CHECKING:  # numpy is for training and evaluation; the serving path never imports it, nor holds its memory
     import numpy as np
     import numpy.typing as npt
 
@@ -89,7 +89,8 @@ class Classifier:
         self.text_mean = text_mean
         # the inputs that move the logit, (name, mean, coef / scale, range), summed by one compiled function
         self._terms = compile_terms([(n.name, n.mean, n.coef / n.scale, n.low, n.high) for n in self.numeric if n.coef])
-        # the cues cost 5-25 µs a request: read only by a model with a weight on an input that needs them
+        # the cues cost CPU on each request that reads them: read only by a model with a weight on an input that
+        # needs them
         self.reads_cues = any(n.coef and n.name not in FEATURES_ONLY for n in self.numeric)
 
     @property

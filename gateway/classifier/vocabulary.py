@@ -13,9 +13,9 @@ from dataclasses import dataclass
 # sklearn's char analyzer collapses runs of whitespace (not single newlines) to one space.
 _WHITE_SPACES = re.compile(r"\s\s+")
 MAX_NGRAM = 4  # four 16-bit character ids pack into one uint64 key
-# Up to about this many characters the dict walk beats numpy's fixed per-call cost (measured here on
-# MMLU text, 4-grams: 8 vs 11 µs at 150 characters, 10 vs 12 at 250, 26 vs 13 at 600); its memoized
-# n-gram getters for these lengths hold about 2 MB of slices.
+# Up to about this many characters the dict walk beats numpy's fixed per-call cost (measured on MMLU
+# text, 4-grams: docs/performance.md, 'Why the code is shaped so'); its memoized n-gram getters for
+# these lengths hold a small, bounded set of slices.
 SHORT_TEXT_CHARS = 256
 
 # 2**64 / golden ratio: the top bits of key * this spread keys that differ in any character id

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # numpy is imported inside the commands that use it: `serve` parses this CLI, and a serving gateway never needs
-# numpy (~15 MiB resident; tests/server/test_serving_imports.py).
+# numpy, nor its memory (tests/server/test_serving_imports.py).
 from gateway.classifier.inputs import INPUTS
 from gateway.classifier.options import DEFAULT_OPTIONS, TARGETS, TrainingOptions
 from gateway.classifier.scoring import Calibration, Classifier, ModelFileError
@@ -195,7 +195,8 @@ def _guarded(run: Any) -> Any:
 
 def _training_code() -> ModuleType:
     """scikit-learn and scipy load only for the commands that train or evaluate: every command, `serve`
-    included, builds this module's parser, and importing them costs about 1 s and 70 MB per process."""
+    included, builds this module's parser, and importing them would add time and memory to every process
+    (docs/performance.md, 'Why the code is shaped so')."""
     from gateway.classifier import training as classifier_train
 
     return classifier_train

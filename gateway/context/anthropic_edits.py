@@ -46,7 +46,7 @@ class Managed:
     body: dict[str, Any]
     applied: list[Applied] = field(default_factory=list)
     # The prompt's tokens before and after the edits, counted only when a trigger reads them (a walk of the
-    # whole conversation: ~1-2 ms for Claude Code's, which clears thinking on every turn without one)
+    # whole conversation, costly for one as long as Claude Code's, which clears thinking on every turn without one)
     tokens_before: int | None = None
     tokens_after: int | None = None
     compaction: Compact | None = None  # due now: the runtime summarizes `body` and answers with the summary

@@ -105,8 +105,8 @@ class TurnShape(Protocol):
 def read_turns(shape: TurnShape, body: Mapping[str, Any], count: Count = estimate_tokens) -> Turns | None:
     """The body's conversation as eviction reads it (None: no list of entries). Each entry is counted by its
     compact JSON's bytes (4 a token, the gateway's estimate for long texts): a step re-reads every entry, and an
-    exact count of a 100-200 KB conversation costs ~4 ms a request where this costs ~0.05 (a function of the
-    entry alone all the same, so the span is as sticky)."""
+    exact count of a 100-200 KB conversation would cost each request far more than this (docs/performance.md,
+    'Why the code is shaped so'; a function of the entry alone all the same, so the span is as sticky)."""
     entries = body.get(shape.key)
     if not isinstance(entries, list) or not entries:
         return None

@@ -302,15 +302,15 @@ def room_depends_on_count(policy: Policy, features: Features, prompt: PromptSize
     )
 
 
-# A prompt whose room depends on its count is counted over at most this many characters (about 90 ms);
-# past them, the floor is what was counted.
+# A prompt whose room depends on its count is counted over at most this many characters, which bounds the
+# time one count takes (docs/performance.md, 'Why the code is shaped so'); past them, the floor is what was counted.
 ROOM_COUNT_MAX_CHARS = 1_000_000
 
 
 def measure_prompt(policy: Policy, features: Features, body: Mapping[str, Any], body_bytes: int) -> PromptSize:
     """The prompt's bounds, counted exactly (bounded) when a context window's room depends on the count:
-    the bytes that bound its billing would size that room ~4x too small. Costs up to ~0.3 µs a token when
-    it counts: the live gateway runs it in a worker thread then (accounting.ledger); offline tools inline."""
+    the bytes that bound its billing would size that room ~4x too small. When it counts, its cost grows with the
+    tokens: the live gateway runs it in a worker thread then (accounting.ledger); offline tools inline."""
     size = prompt_size(features, body_bytes)
     if not room_depends_on_count(policy, features, size):
         return size

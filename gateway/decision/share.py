@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from gateway.policy.model import Policy
 
-RECOMPUTE_EVERY = 32  # calls between refreshes of the step size (a sort of the window: ~60 µs at 1,000)
+RECOMPUTE_EVERY = 32  # calls between refreshes of the step size (each sorts the window)
 MIN_SAMPLES = 50  # fewer recent scores than this: the cold-start threshold
 STEP_IQR = 0.1  # the threshold's step per call, in interquartile ranges of the window's scores
 
@@ -85,7 +85,7 @@ class RouteScores:
         n = len(self.scores)
         if n < MIN_SAMPLES:
             return
-        scores = sorted(self.scores)  # numpy's partition is faster, but numpy costs the process ~15 MiB
+        scores = sorted(self.scores)  # numpy's partition is faster, but numpy would weigh on the process's memory
         low, high = interquartile(scores)
         for share, target in self.targets.items():
             target.step = STEP_IQR * max(high - low, 1e-9)

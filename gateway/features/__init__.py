@@ -1,9 +1,10 @@
 """Request features: a pure, bounded-cost summary of one OpenAI request for the rules and the classifier.
 
 The optional C extension gateway.native._features_walk walks the common chat shape (str contents) when it built: in the
-running gateway the Python walk cost ~25 µs a small request in cache misses. The Python walk here is its reference
-and the path for every other shape. An agent's step re-sends the step before it: where the parse memory keeps its
-conversation, the walk goes on from the tallies noted through the step before, over the messages it adds only.
+running gateway the Python walk's time on a small request went mostly to cache misses (docs/performance.md, 'Why the
+code is shaped so'). The Python walk here is its reference and the path for every other shape. An agent's step
+re-sends the step before it: where the parse memory keeps its conversation, the walk goes on from the tallies noted
+through the step before, over the messages it adds only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from gateway.native import features_walk as _features_walk  # None: the Python w
 
 log = logging.getLogger(__name__)
 
-# Exact counts cost about 0.3 µs per token here; above these caps a bytes estimate keeps a
+# An exact count's cost grows with the tokens counted; above these caps a bytes estimate keeps a
 # 200k-token prompt from stalling the event loop (upstream usage gives exact figures afterwards).
 EXACT_CHARS_PER_MESSAGE = 8_000
 EXACT_CHARS_TOTAL = 32_000
@@ -151,7 +152,7 @@ def load_encoding() -> Encoding | None:
 
         encoding = tiktoken.Encoding(**ENCODING_CONSTRUCTORS[ENCODING_NAME]())
         # tiktoken keeps that dict only to pickle the encoding (Encoding.__getstate__); its Rust core has its own
-        # copy and counts with it. The gateway never pickles it: ~15 MiB of a serving process given back.
+        # copy and counts with it. The gateway never pickles it, so a serving process need not hold it.
         encoding._mergeable_ranks = {}
         counter: Encoding = encoding
         return counter
@@ -204,7 +205,7 @@ def prompt_floor(body: Mapping[str, Any], endpoint: str, max_chars: int, enough_
     """Tokens the prompt surely has, counted exactly over at most `max_chars` characters and no further than
     `enough_tokens`; with whether that is the whole prompt's exact count.
 
-    About 0.3 µs a token, with the GIL released while tiktoken encodes: run it off the event loop.
+    Its cost grows with the tokens counted, with the GIL released while tiktoken encodes: run it off the event loop.
     A text cut at the bound counts one token less than its counted prefix (the cut may split a token).
     """
     encoding = load_encoding()
@@ -243,7 +244,7 @@ def _prompt_parts(body: Mapping[str, Any], endpoint: str) -> Iterator[str | int]
         yield _tool_definitions_text(tools, functions)
 
 
-@functools.lru_cache(maxsize=1024)  # at most ~8 MB of keys: 1024 texts of EXACT_CHARS_PER_MESSAGE
+@functools.lru_cache(maxsize=1024)  # keys bounded: at most 1024 texts of EXACT_CHARS_PER_MESSAGE characters
 def count_exact(text: str) -> int:
     """Exact cl100k token count; memoized because system prompts and agent histories recur each turn."""
     counter = _piece_counter()
@@ -368,8 +369,8 @@ def extract(body: Mapping[str, Any], endpoint: str, tools_sent: memoryview | Non
     )
     tool_tokens = counter.count(_tool_text(tools, functions, tools_sent)) if tools_count else 0
     model = body.get("model")
-    # Positional, in the fields' order: a class called with keywords gets them as a dict built per call (~3 µs
-    # for these 19). tests/test_features.py reads each field of a request where they all differ.
+    # Positional, in the fields' order: a class called with keywords gets them as a dict built per call, on
+    # every request. tests/test_features.py reads each field of a request where they all differ.
     return Features(
         endpoint,
         model if isinstance(model, str) else "",  # requested_model
@@ -490,8 +491,8 @@ def _window_texts(texts: Iterable[str]) -> tuple[str, ...]:
 
 
 def _markers(window: str) -> tuple[bool, bool]:
-    """has_code and has_math of a window: the C walk's tests when it built (the Python ones cost ~70 µs on a whole
-    window that holds no marker)."""
+    """has_code and has_math of a window: the C walk's tests when it built (the Python ones scan the whole window
+    when it holds no marker)."""
     if native is not None:
         return native.markers(window)
     return has_code(window), has_math(window)
@@ -549,8 +550,8 @@ def _tool_text(tools: Any, functions: Any, tools_sent: memoryview | None) -> str
 
 def _tool_definitions_text(tools: Any, functions: Any) -> str:
     """The tool schemas as the model sees them, roughly: compact JSON. pydantic's Rust encoder writes the same text
-    as json.dumps(separators=(",", ":"), ensure_ascii=False) in a fifth of its time (an agent's ten schemas:
-    14 µs, not 73); json writes what it cannot (a lone surrogate)."""
+    as json.dumps(separators=(",", ":"), ensure_ascii=False) in a fraction of its time (an agent's ten schemas:
+    docs/performance.md, 'Why the code is shaped so'); json writes what it cannot (a lone surrogate)."""
     try:
         return pydantic_core.to_json([tools, functions], fallback=str).decode()
     except (pydantic_core.PydanticSerializationError, ValueError):

@@ -1,12 +1,12 @@
 """cl100k token counts of ASCII text from its pieces: split by Python's `re`, each piece's count memoized.
 
 tiktoken splits a text into pieces with cl100k's pattern, run by fancy_regex's backtracking VM (the pattern has a
-lookahead), then byte-pair encodes each piece. In a loaded gateway that costs 15-20 µs of CPU for a ten-word
-prompt, more than the rest of the features. The pieces of everyday text recur ("explain", " the", " map"), so
-after the split a count is a dict lookup a piece. For ASCII text the pattern's Unicode classes are plain ASCII
-sets, which Python's `re` runs (3.11 has the possessive quantifiers the pattern uses): the same pieces, hence
-the same count as `len(encoding.encode_ordinary(text))`, which tests/test_token_pieces.py checks against
-tiktoken on random and real text. Other text goes to tiktoken as before.
+lookahead), then byte-pair encodes each piece. In a loaded gateway that costs more CPU for a ten-word prompt than
+the rest of the features (docs/performance.md, 'Why the code is shaped so'). The pieces of everyday text recur
+("explain", " the", " map"), so after the split a count is a dict lookup a piece. For ASCII text the pattern's
+Unicode classes are plain ASCII sets, which Python's `re` runs (3.11 has the possessive quantifiers the pattern
+uses): the same pieces, hence the same count as `len(encoding.encode_ordinary(text))`, which
+tests/test_token_pieces.py checks against tiktoken on random and real text. Other text goes to tiktoken as before.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ _ASCII_PIECES = re.compile(
     rf"|[{_SPACE}]"
 )
 # Up to this length a text is counted from its pieces: below it tiktoken's fixed cost a call dominates; above it
-# tiktoken's split is the faster (measured on this machine: equal at ~400 characters), and it releases the GIL.
+# tiktoken's split is the faster (the two cost the same near this length: docs/performance.md, 'Why the code is
+# shaped so'), and it releases the GIL.
 PIECES_MAX_CHARS = 400
 # Distinct pieces remembered; past this the memo starts over (a piece is a word or a run of symbols or
 # spaces, so ~100 bytes an entry: a few MiB at most).

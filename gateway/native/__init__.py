@@ -1,11 +1,12 @@
 """The C extensions, kept in this folder and imported here and nowhere else: each one's module where it built, else
 None and its Python twin.
 
-Native code only where the workload pays for it: the n-gram text score (a dict walk misses cache and TLB in
-~10 MB of Python objects: 35-60 µs a short prompt), the ask's cues and the chat walk of the features. Each
-has a Python twin that gives the same results, slower; it is the reference the extension is tested against,
-and what runs where a compiler was missing at install (setup.py builds them optionally, except in the image,
-whose build stage requires them). Which of them runs is logged at start and exported as gateway_native_info.
+Native code only where the workload pays for it (docs/performance.md, 'Why the code is shaped so'): the n-gram text
+score (a dict walk misses cache and TLB across the weights' many Python objects, even for a short prompt), the ask's
+cues and the chat walk of the features. Each has a Python twin that gives the same results, slower; it is the reference
+the extension is tested against, and what runs where a compiler was missing at install (setup.py builds them optionally,
+except in the image, whose build stage requires them). Which of them runs is logged at start and exported as
+gateway_native_info.
 """
 
 from __future__ import annotations

@@ -310,8 +310,9 @@ async def _long_lived_heap(app: web.Application) -> AsyncIterator[None]:
     # cyclic collector, whose full passes over them would otherwise stall requests now and then.
     gc.collect()
     gc.freeze()
-    # Each young-generation pass walks every live object of the requests in flight (~0.7 ms at
-    # concurrency 32 here) and the default threshold runs one every ~35 requests: ~25 µs per request.
-    # At 10,000 a pass runs every ~1,000 requests and takes ~10 ms: ~10 µs per request.
+    # Each young-generation pass walks every live object of the requests in flight, however few allocations
+    # came before it, so at CPython's default threshold the passes are frequent and each walks much the same
+    # objects again. At GC_YOUNG_THRESHOLD a pass runs far less often and takes longer, and the collector costs
+    # less CPU per request in all (docs/performance.md, 'Why the code is shaped so').
     gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
     yield

@@ -79,7 +79,7 @@ def open_objects(section: ObjectStorePolicy, default_dir: str) -> ObjectStore:
     """The object store of masked tool outputs: S3 when the policy names a bucket, else the local disk (the
     policy's `store.objects.path`, else `default_dir`); a DiskObjects must still be opened (`open()`)."""
     if section.s3 is not None:
-        from gateway.store.s3_objects import S3Objects  # obstore's ~4 MiB resident only where S3 is named
+        from gateway.store.s3_objects import S3Objects  # obstore's memory only where S3 is named
 
         s3 = section.s3
         return S3Objects(s3.bucket, s3.prefix, s3.region, s3.endpoint, s3.timeout_s, section.ttl_s)

@@ -54,8 +54,8 @@ _OUTAGE_REPLIES = ("MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "MISCONF", "
 
 @dataclass(frozen=True, slots=True)
 class RedisLibrary:
-    """The parts of redis-py a store uses, imported when the first Redis store opens: redis-py weighs ~22 MiB
-    of memory, and a gateway on its embedded store (the default) never loads it."""
+    """The parts of redis-py a store uses, imported when the first Redis store opens: redis-py weighs on a
+    process's memory, and a gateway on its embedded store (the default) never loads it."""
 
     client: ModuleType  # redis.asyncio
     retry: type

@@ -271,7 +271,7 @@ class Exchange:
     def finish(self, status: int, metrics: t.Metrics, spans: Spans | None) -> None:
         """The request ends now; its metrics and span are recorded once its response is written (called once,
         by the middleware, before aiohttp writes the response: a client at concurrency 1 need not wait for
-        the ~10 µs of recording)."""
+        the recording)."""
         elapsed_s, end_ns = time.perf_counter() - self.started, time.time_ns()
         asyncio.get_running_loop().call_soon(self._record, status, metrics, spans, elapsed_s, end_ns)
 

@@ -1,6 +1,6 @@
 """The span exporter in a process of its own: the SDK's batch processor and OTLP exporter, off the serving process.
 
-The SDK's OTLP encoder is Python building protobuf messages, ~35 µs a request span here, in the processor's
+The SDK's OTLP encoder is Python building protobuf messages, most of what a request span costs, in the processor's
 thread: it holds the interpreter the event loop needs, so in-process export costs the serving process that CPU and
 its loop a stall now and then, the tail of every request being served meanwhile (docs/telemetry.md has the
 figures). `ExportProcess` is the span processor the serving process hands its spans to: it packs each finished span
@@ -10,7 +10,7 @@ the same `OTEL_*` variables (it inherits the environment). The child reports wha
 stdout, which the parent reads for `gateway_spans_exported` and `gateway_spans_dropped`.
 
 The child runs at a lower priority (`nice`, AGENT_GATEWAY_SPAN_EXPORT_NICE, 10 by default): its exports come in
-bursts (the SDK's batches of 512, ~20 ms of encoding), and where cores are short a burst at the serving process's
+bursts (the SDK's batches of 512, encoded in one go), and where cores are short a burst at the serving process's
 priority delays the requests being served, the c=1 tail most (docs/telemetry.md). Telemetry yields to requests:
 on a host with no core to spare, the child falls behind, and what overflows its queue is dropped and counted.
 

@@ -307,8 +307,9 @@ class Metrics:
     watched: list[tuple[Gauge, Callable[[], float]]] = field(default_factory=list)
 
     # Each request's figures wait here and reach the series in batches: prometheus_client takes a lock
-    # and scans the buckets per observation, which in place, amid a request, costs ~15 µs per request;
-    # applied FOLD_EVERY at a time, with the code warm, about a third of that. A scrape folds first.
+    # and scans the buckets per observation, which in place, amid a request, runs with its code and data cold
+    # in the caches; applied FOLD_EVERY at a time, with them warm, the same work costs a fraction as much
+    # (docs/performance.md, 'Why the code is shaped so'). A scrape folds first.
     pending: list[tuple[str, str, str, str, float, float | None]] = field(default_factory=list)
     pending_tokens: list[tuple[str, str, Usage, float]] = field(default_factory=list)
 
@@ -362,8 +363,8 @@ class Metrics:
         for gauge, read in self.watched:
             gauge.set(read())
 
-    # Each write to a series takes a lock and, with several workers, updates a memory-mapped file (~3 µs):
-    # a fold adds up its batch first and writes each series it touches once.
+    # Each write to a series takes a lock and, with several workers, updates a memory-mapped file: a fold
+    # adds up its batch first and writes each series it touches once.
     def _fold_requests(self) -> None:
         pending = self.pending.copy()
         self.pending.clear()

@@ -63,9 +63,8 @@ def one_heap() -> bool:
     """Have every thread allocate from glibc's main heap, unless MALLOC_ARENA_MAX says otherwise; whether it was set.
 
     glibc gives each thread that contends for the heap a heap of its own: the span exporter's thread encodes its
-    batches in one, which keeps what they freed (~10 MiB after an agent's steps) beyond the main heap's reach and
-    release_heap's timing. The exporter holds the GIL while it encodes, so one heap costs no waiting. Call it
-    before any thread starts.
+    batches in one, which keeps what they freed beyond the main heap's reach and release_heap's timing. The
+    exporter holds the GIL while it encodes, so one heap costs no waiting. Call it before any thread starts.
     """
     mallopt = _glibc("mallopt")
     if mallopt is None or "MALLOC_ARENA_MAX" in os.environ:
@@ -90,11 +89,11 @@ class HeapTrim:
     A thousand streams at once, or a few hundred slow readers, leave the process tens of megabytes larger
     after they end: glibc keeps what they freed for reuse. When at least WAVE_RESPONSES were open at once
     and no more than a quarter of that peak still is, release_heap runs (in a thread: giving back 60 MB
-    takes ~40 ms), TRIM_DELAY_S later (the ended requests' own objects are freed after their response)
-    and at most once per TRIM_EVERY_S. A wave's tail of over WAVE_RESPONSES / 4 gets one more trim once
-    it ended too; steady traffic after a wave triggers none.
+    takes long enough to stall the event loop), TRIM_DELAY_S later (the ended requests' own objects are freed
+    after their response) and at most once per TRIM_EVERY_S. A wave's tail of over WAVE_RESPONSES / 4 gets one
+    more trim once it ended too; steady traffic after a wave triggers none.
 
-    Agents' 100-200 KB steps leave the heap as large at a handful of requests at a time (~10 MiB at 8): once
+    Agents' 100-200 KB steps leave the heap larger too, even at a handful of requests at a time: once
     WAVE_BYTES of request bodies went out since the last trim, the first TRIM_DELAY_S in which no response opened
     and none is open trims it. One timer looks, and looks again while traffic goes on (never once a request):
     steady traffic triggers none.

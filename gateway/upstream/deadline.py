@@ -1,9 +1,9 @@
 """A connection's deadline, moved and cleared many times a second for the price of a float.
 
-With uvloop, a timer armed and cancelled costs about 7,600 instructions (a libuv handle opened and closed),
-and the gateway armed three a request: the upstream response's head and body waits and the client's
-request-head timeout. A Deadline arms the event loop's timer only when none is armed early enough; a timer
-that fires before the deadline (which moved later meanwhile) re-arms itself for it, and one that finds no
+With uvloop, a timer armed and cancelled is not cheap (a libuv handle opened and closed: docs/performance.md,
+'Why the code is shaped so'), and the gateway armed three a request: the upstream response's head and body waits
+and the client's request-head timeout. A Deadline arms the event loop's timer only when none is armed early enough;
+a timer that fires before the deadline (which moved later meanwhile) re-arms itself for it, and one that finds no
 deadline set ends quietly. On a keep-alive connection that is one timer per timeout period, not one a wait.
 The listening side (gateway/server/listener.py) uses it for its head timeout too.
 """
