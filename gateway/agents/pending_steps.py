@@ -98,13 +98,13 @@ class PendingStep:
         return self.calls
 
 
-class StepReport:
-    """Where judged steps are reported: the agent series (summed per batch), the rollout cohorts, spans."""
+class StepReport(t.BatchedCounts):
+    """Where judged steps are reported: the agent series (summed per flush, applied once the batch is judged), the
+    rollout cohorts, spans."""
 
     def __init__(self, metrics: t.Metrics, record_process: Callable[..., None] | None = None) -> None:
-        self.series, self.record_process = metrics.agents, record_process
-        self._children: dict[tuple[str, ...], Any] = {}
-        self._sums: dict[tuple[str, ...], float] = {}
+        super().__init__(metrics.agents)
+        self.record_process = record_process
 
     def count(self, p: PendingStep, step: Step, first: bool, grown_s: float) -> None:
         """The process metrics, per deployment and arm, and the rollout cohort's process counters."""
@@ -166,23 +166,6 @@ class StepReport:
         if p.spans is not None and p.ex is not None:
             p.ex.record_span(p.spans, p.status, p.ttft_s, p.end_ns)
 
-    def child(self, series: str, *labels: str) -> Any:
-        key = (series, *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = getattr(self.series, series).labels(*labels)
-        return child
-
-    def add(self, series: str, *labels: str, by: float = 1.0) -> None:
-        """Count into the batch's sums; `_apply` hands them to Prometheus once per flush (its lock and
-        label lookup per increment would cost more than the rest of a step)."""
-        key = (series, *labels)
-        self._sums[key] = self._sums.get(key, 0.0) + by
-
-    def apply(self) -> None:
-        sums, self._sums = self._sums, {}
-        for (series, *labels), total in sums.items():
-            self.child(series, *labels).inc(total)
 
 
 def _tool_spans(spans: Spans, ex: Exchange, p: PendingStep, step: Step, earlier: Sequence[Step]) -> None:

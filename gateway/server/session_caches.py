@@ -53,8 +53,10 @@ class SessionCaches:
     """The process's reads and writes of the sessions' prefix-cache records."""
 
     def __init__(self, store: PrefixStore, metrics: t.Metrics) -> None:
-        self.store, self.metrics = store, metrics
-        # Written in batches by one task at a time: a task and a store call per step cost more than the write.
+        self.store = store
+        # Written in batches by one task at a time: a task and a store call per step cost more than the write;
+        # the steps' counts go to Prometheus with their batch.
+        self._counts = t.BatchedCounts(metrics.caches)
         self._waiting: list[Served] = []
         self._writing: asyncio.Task[None] | None = None
 
@@ -86,20 +88,20 @@ class SessionCaches:
                 cache.prompt_tokens, {name: cache.cached.get(name, 0) for name in call.policy.deployments},
                 reported_cached_tokens(usage), cache.home if cache.home not in (None, deployment) else None,
                 tuple(sorted(cache.warmed)))
-        if len(self._waiting) >= MAX_WAITING:
+        if len(self._waiting) < MAX_WAITING:
+            chain = rescaled(sighting.prompt, usage.prompt_tokens)
+            self._waiting.append(Served(sighting.tenant, sighting.session_id, deployment, chain, switch.ttl_s))
+        else:
             log.warning("session caches: %d writes waiting; this step's record is dropped", len(self._waiting))
-            return
-        chain = rescaled(sighting.prompt, usage.prompt_tokens)
-        self._waiting.append(Served(sighting.tenant, sighting.session_id, deployment, chain, switch.ttl_s))
         if self._writing is None:
             self._writing = asyncio.get_running_loop().create_task(self._write())
 
     def _count(self, cache: SessionCache, deployment: str, predicted: int, usage: Usage, ex: Exchange) -> None:
-        series = self.metrics.caches
-        series.predicted.labels(deployment, "cached").inc(predicted)
-        series.predicted.labels(deployment, "uncached").inc(usage.prompt_tokens - predicted)
+        counts = self._counts
+        counts.add("predicted", deployment, "cached", by=predicted)
+        counts.add("predicted", deployment, "uncached", by=usage.prompt_tokens - predicted)
         if cache.home is not None and cache.home != deployment:
-            series.switches.labels(cache.home, deployment).inc()
+            counts.add("switches", cache.home, deployment)
         ex.attributes[t.CACHE_PREDICTED_TOKENS] = predicted
         ex.attributes[t.CACHE_UNCACHED_TOKENS] = " ".join(
             f"{name}={cache.uncached(name)}" for name in sorted({*cache.cached, deployment}))
@@ -107,17 +109,20 @@ class SessionCaches:
         if reported is None:
             return
         ex.attributes[t.CACHE_REPORTED_TOKENS] = reported
-        series.prediction_error.labels(deployment).observe(abs(predicted - reported))
+        counts.observe("prediction_error", deployment, value=abs(predicted - reported))
         if predicted - reported > BLOCK_TOKENS:
             # The deployment had evicted what the record said it held: the record of it is replaced below by
             # the prompt it has just prefilled, which is what it holds now.
-            series.misses.labels(deployment).inc()
+            counts.add("misses", deployment)
 
     async def _write(self) -> None:
-        """Write the waiting steps in order, all that wait at a time, until none wait."""
+        """Count the served steps and write the waiting ones in order, all that wait at a time, until none wait."""
         try:
-            while self._waiting:
+            while self._waiting or self._counts.pending:
+                self._counts.apply()
                 batch, self._waiting = self._waiting, []
+                if not batch:
+                    continue
                 try:
                     await self.store.served_many(batch)
                 except (StoreError, StoreFault) as exc:

@@ -183,6 +183,46 @@ class CacheSeries:
     warmup_tokens: Counter
 
 
+class BatchedCounts:
+    """Increments of a group of series (`AgentSeries`, `CacheSeries`) gathered where they happen and handed to
+    Prometheus at once by `apply`: each write to a series takes its lock and a label lookup, which cost more amid
+    a request or a step, its code cold in the caches, than the rest of its counting. Counters are summed per
+    series and labels; a histogram's observations are kept, each one observed."""
+
+    def __init__(self, series: object) -> None:
+        self._series = series
+        self._children: dict[tuple[str, ...], Any] = {}
+        self._sums: dict[tuple[str, ...], float] = {}
+        self._observed: list[tuple[tuple[str, ...], float]] = []
+
+    def child(self, series: str, *labels: str) -> Any:
+        """The labelled series, looked up once (for a write that is not worth batching: a rare one)."""
+        key = (series, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = getattr(self._series, series).labels(*labels)
+        return child
+
+    def add(self, series: str, *labels: str, by: float = 1.0) -> None:
+        key = (series, *labels)
+        self._sums[key] = self._sums.get(key, 0.0) + by
+
+    def observe(self, series: str, *labels: str, value: float) -> None:
+        self._observed.append(((series, *labels), value))
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._sums or self._observed)
+
+    def apply(self) -> None:
+        sums, self._sums = self._sums, {}
+        observed, self._observed = self._observed, []
+        for (series, *labels), total in sums.items():
+            self.child(series, *labels).inc(total)
+        for (series, *labels), value in observed:
+            self.child(series, *labels).observe(value)
+
+
 # The prediction's error in tokens: vLLM caches whole blocks (16 tokens), so errors under a block are rounding.
 CACHE_ERROR_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
 CACHE_SESSION_LABELS = ["deployment", "kind"]  # kind: cached | uncached

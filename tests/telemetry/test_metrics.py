@@ -27,7 +27,7 @@ from gateway.apis.usage import Usage
 from gateway.server.resources import STATE
 from gateway.server.settings import Settings
 from gateway.telemetry.export_process import ExportProcess
-from gateway.telemetry.metrics import FOLD_EVERY, make_metrics
+from gateway.telemetry.metrics import FOLD_EVERY, BatchedCounts, make_metrics
 from gateway.telemetry.spans import BoundedBatches, Spans, make_spans
 from tests.fixtures.conditions import until
 from tests.fixtures.stack import Stack
@@ -490,3 +490,23 @@ def test_a_fold_writes_what_one_observation_at_a_time_would() -> None:
         return sorted(line for line in text.splitlines() if line.startswith("gateway_") and "_created" not in line)
 
     assert samples(folded.render().decode()) == samples(direct.render().decode())
+
+
+def test_batched_counts_reach_prometheus_only_when_applied_summed_and_each_observed() -> None:
+    metrics = make_metrics()
+    counts = BatchedCounts(metrics.caches)
+    counts.add("predicted", "fast", "cached", by=100)
+    counts.add("predicted", "fast", "cached", by=20)
+    counts.add("switches", "hq", "fast")
+    counts.observe("prediction_error", "fast", value=3)
+    counts.observe("prediction_error", "fast", value=5000)
+    predicted = metrics.caches.predicted.labels("fast", "cached")
+    assert counts.pending and predicted._value.get() == 0  # nothing written before apply
+    counts.apply()
+    assert not counts.pending
+    assert predicted._value.get() == 120
+    assert metrics.caches.switches.labels("hq", "fast")._value.get() == 1
+    error = metrics.caches.prediction_error.labels("fast")
+    assert error._sum.get() == 5003 and [b.get() for b in error._buckets][:2] == [0, 1]  # 3 falls in (0, 16]
+    counts.apply()  # applied once: a second apply adds nothing
+    assert predicted._value.get() == 120
