@@ -167,7 +167,6 @@ class StepReport(t.BatchedCounts):
             p.ex.record_span(p.spans, p.status, p.ttft_s, p.end_ns)
 
 
-
 def _tool_spans(spans: Spans, ex: Exchange, p: PendingStep, step: Step, earlier: Sequence[Step]) -> None:
     """One `execute_tool` span per tool output this step sent back: from the end of the step whose
     response asked for the call to the start of this one (the tool ran, as the gateway saw it, between)."""
