@@ -120,3 +120,18 @@ def test_the_product_imports_no_test_or_benchmark_code() -> None:
              for package in ("gateway", "serving") for path in (GATEWAY.parent / package).rglob("*.py")
              for imported in _imports(path) if imported.split(".")[0] in ("bench", "fakes", "tests")]
     assert found == []
+
+
+# docs/layout.md: one concern seen from several layers keeps its name in each, and each API folder has its wire
+# and adapter; any other module name that repeats across packages is a defect.
+SHARED_NAMES = {"tenancy", "context", "compaction", "rollouts", "labels", "shares", "switch", "conversations",
+                "explain", "retrieval", "wire", "adapter"}
+
+
+def test_a_module_name_repeats_across_packages_only_for_a_concern_seen_from_several_layers() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in GATEWAY.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.stem, []).append(str(path.relative_to(GATEWAY)))
+    repeated = {name: places for name, places in seen.items() if len(places) > 1 and name not in SHARED_NAMES}
+    assert not repeated, f"module names repeated across packages (docs/layout.md): {repeated}"
