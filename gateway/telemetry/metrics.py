@@ -187,13 +187,13 @@ class BatchedCounts:
     """Increments of a group of series (`AgentSeries`, `CacheSeries`) gathered where they happen and handed to
     Prometheus at once by `apply`: each write to a series takes its lock and a label lookup, which cost more amid
     a request or a step, its code cold in the caches, than the rest of its counting. Counters are summed per
-    series and labels; a histogram's observations are kept, each one observed."""
+    series and labels; a histogram's observations are kept per series and labels, and observed together."""
 
     def __init__(self, series: object) -> None:
         self._series = series
         self._children: dict[tuple[str, ...], Any] = {}
         self._sums: dict[tuple[str, ...], float] = {}
-        self._observed: list[tuple[tuple[str, ...], float]] = []
+        self._observed: dict[tuple[str, ...], list[float]] = {}
 
     def child(self, series: str, *labels: str) -> Any:
         """The labelled series, looked up once (for a write that is not worth batching: a rare one)."""
@@ -208,7 +208,7 @@ class BatchedCounts:
         self._sums[key] = self._sums.get(key, 0.0) + by
 
     def observe(self, series: str, *labels: str, value: float) -> None:
-        self._observed.append(((series, *labels), value))
+        self._observed.setdefault((series, *labels), []).append(value)
 
     @property
     def pending(self) -> bool:
@@ -216,11 +216,11 @@ class BatchedCounts:
 
     def apply(self) -> None:
         sums, self._sums = self._sums, {}
-        observed, self._observed = self._observed, []
+        observed, self._observed = self._observed, {}
         for (series, *labels), total in sums.items():
             self.child(series, *labels).inc(total)
-        for (series, *labels), value in observed:
-            self.child(series, *labels).observe(value)
+        for (series, *labels), values in observed.items():
+            _observe_all(self.child(series, *labels), values)
 
 
 # The prediction's error in tokens: vLLM caches whole blocks (16 tokens), so errors under a block are rounding.
