@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving.launcher import ServerCommand, free_port, stop_groups
 from serving.up import fill_policy
 from tests.fixtures import vllm_pair as vllm_fixtures
-from tests.fixtures.conditions import until, wait_until
+from tests.fixtures.conditions import What, until, wait_until
 from tests.fixtures.cutting_proxy import CuttingProxy
 from tests.fixtures.vllm_pair import PairSupervisor, VllmPair
 
@@ -410,14 +410,9 @@ def _explain(gateway: Gateway, request_id: str) -> Any:
         return json.loads(response.read())
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float, what: Callable[[], str] | None = None) -> None:
-    """Poll a blocking condition off the event loop (the flood's clients run on it); `what` names it if it fails."""
-    try:
-        await until(lambda: asyncio.to_thread(condition), timeout_s, every_s=0.2, tolerate=SCRAPE_ERRORS)
-    except pytest.fail.Exception as exc:
-        if what is None:
-            raise
-        pytest.fail(f"{exc} ({what()})")
+async def _until(condition: Callable[[], bool], timeout_s: float, what: What = "") -> None:
+    """Poll a blocking condition off the event loop (the flood's clients run on it)."""
+    await until(lambda: asyncio.to_thread(condition), timeout_s, what, every_s=0.2, tolerate=SCRAPE_ERRORS)
 
 
 def _health_log(gateway: Gateway) -> list[str]:
