@@ -51,7 +51,7 @@ async def forward(
         ex.trace.inject(headers)
     limit = app[STATE].settings.max_upstream_body_bytes
     answer_id = adapter.new_id()
-    plan = resuming.plan(adapter, call, caps, answer_id, headers) if call.features.stream else None
+    plan = resuming.plan(adapter, call, decision, caps, answer_id, headers) if call.features.stream else None
     body = {**call.body, "return_token_ids": True} if plan is not None and plan.asks_token_ids else call.body
     last: GatewayError | None = None
     for name in decision.attempts:

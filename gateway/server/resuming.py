@@ -30,6 +30,7 @@ from gateway.upstream import forward as upstream
 _TOKEN_APIS = ("chat", "completions")
 # A detokenize call decodes a few ids: one slower than this is a deployment in trouble, not a big answer.
 DETOKENIZE_TIMEOUT_S = 5.0
+NO_SIBLING = "no other deployment in the failover order"
 
 
 @dataclass(slots=True)
@@ -60,10 +61,14 @@ class Plan:
             self.sending.close()
 
 
-def plan(adapter: Adapter, call: Call, caps: Mapping[str, int] | None, answer_id: str,
+def plan(adapter: Adapter, call: Call, decision: Decision, caps: Mapping[str, int] | None, answer_id: str,
          headers: dict[str, str]) -> Plan:
+    """How the call's stream may be resumed. A blocked plan asks no token ids of the deployment and keeps no
+    transcript: a stream that cannot be resumed costs neither."""
     rule = call.policy.resume_for(call.features.requested_model)
     blocked = None if rule.enabled else "resume is off for this route"
+    if len(decision.attempts) < 2:  # max_attempts 1, or no other deployment usable when it was decided
+        blocked = blocked or NO_SIBLING
     blocked = blocked or resume.blocked_by_request(adapter.endpoint, call.body)
     if call.body.get("return_token_ids"):
         blocked = blocked or "the client asked for token ids itself"

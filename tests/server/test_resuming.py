@@ -221,6 +221,30 @@ async def test_every_stream_gives_its_transcript_back_to_the_resume_memory(make_
     await until(lambda: memory.held == 0, what="every transcript's bytes given back")
 
 
+async def test_a_stream_with_no_sibling_to_resume_on_asks_no_token_ids_and_keeps_no_transcript(
+    make_pair: Any,
+) -> None:
+    from gateway.server.resources import STATE
+
+    pair: Pair = await make_pair("max_attempts: 1\n")  # no failover: nothing could finish a broken stream
+    memory = pair.gateway.app[STATE].transcripts
+    pair.fast.faults.append(Break(after=3, kind="stall"))
+    body = {"model": "fast", "messages": HELLO, "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(pair.base_url + "/chat/completions", json=body) as resp:
+        shown = ""
+        while shown != word(0) + word(1):  # the events before the stall: a kept transcript would hold them now
+            line = (await resp.content.readline()).strip()
+            if line.startswith(b"data: {"):
+                shown += _text([json.loads(line.removeprefix(b"data: "))])
+        assert memory.held == 0
+        events = [json.loads(e.strip().removeprefix("data: ")) for e in (await resp.text()).split("\n\n")
+                  if e.strip() and "[DONE]" not in e]
+    assert "return_token_ids" not in pair.fast.received[-1][1]
+    assert "not resumed: no other deployment in the failover order" in events[-1]["error"]["message"]
+    assert not pair.hq.received
+    assert 'gateway_stream_resumes_total{from="fast",outcome="refused",to="none"} 1.0' in await pair.metrics()
+
+
 async def test_resume_off_in_the_policy_ends_with_the_error_event(make_pair: Any) -> None:
     pair: Pair = await make_pair("resume: {enabled: false}\n")
     pair.fast.faults.append(Break(after=3))
