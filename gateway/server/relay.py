@@ -126,7 +126,7 @@ async def _relay_stream(
     response = add_gateway_headers(request, web.StreamResponse(status=200, headers=STREAM_HEADERS))
     await response.prepare(request)
     part: StreamReader | resume.Splice = reader
-    transcript = plan.keep_transcript(state.transcripts) if plan is not None else None
+    transcript = plan.keep_transcript(state.transcripts, decision, reply.deployment) if plan is not None else None
     progress: resume.Progress | None = None
     finished = False
     try:

@@ -47,9 +47,13 @@ class Plan:
     sending: contextlib.ExitStack | None = None  # keeps each sibling's in-flight count while it streams
     transcript: resume.Transcript | None = None  # the stream's bytes, for a resume to read back
 
-    def keep_transcript(self, memory: resume.TranscriptMemory) -> resume.Transcript | None:
+    def keep_transcript(self, memory: resume.TranscriptMemory, decision: Decision,
+                        streaming: str) -> resume.Transcript | None:
         """The stream's transcript, its bytes taken from the process's `memory` until `close` (None: a blocked
-        plan reads nothing back)."""
+        plan reads nothing back). `streaming`: the deployment whose stream it is; the last of the decision's
+        failover order (one failed over to) has nothing after it to resume on."""
+        if not _later(decision.attempts, streaming):
+            self.blocked = self.blocked or NO_SIBLING
         if self.blocked is None:
             self.transcript = resume.Transcript(memory)
         return self.transcript
@@ -171,10 +175,14 @@ def _count_part(progress: resume.Progress, part: StreamReader | resume.Splice) -
 
 def _next(app: web.Application, decision: Decision, broken: str) -> str | None:
     """The deployment after the broken one in the failover order that is not ejected."""
-    order = decision.attempts
-    later = order[order.index(broken) + 1:] if broken in order else ()
     load = app[STATE].deployments.load
-    return next((name for name in later if name not in load or load[name].healthy), None)
+    return next((name for name in _later(decision.attempts, broken) if name not in load or load[name].healthy),
+                None)
+
+
+def _later(order: tuple[str, ...], deployment: str) -> tuple[str, ...]:
+    """The deployments after `deployment` in a failover order (none when it is not in it)."""
+    return order[order.index(deployment) + 1:] if deployment in order else ()
 
 
 def _why_not(call: Call, plan: Plan, progress: resume.Progress, target: str | None, remaining: int,

@@ -221,14 +221,18 @@ async def test_every_stream_gives_its_transcript_back_to_the_resume_memory(make_
     await until(lambda: memory.held == 0, what="every transcript's bytes given back")
 
 
-async def test_a_stream_with_no_sibling_to_resume_on_asks_no_token_ids_and_keeps_no_transcript(
-    make_pair: Any,
-) -> None:
+@pytest.mark.parametrize("failed_over", [False, True])
+async def test_a_stream_with_no_sibling_to_resume_on_keeps_no_transcript(make_pair: Any, failed_over: bool) -> None:
+    """Nothing could finish the stream: one deployment in the order (max_attempts 1), or the last one, failed
+    over to before the first byte. The stream keeps no bytes for a resume (nor, with one deployment, asks for
+    token ids), and its break says why it is not resumed."""
     from gateway.server.resources import STATE
 
-    pair: Pair = await make_pair("max_attempts: 1\n")  # no failover: nothing could finish a broken stream
+    pair: Pair = await make_pair("" if failed_over else "max_attempts: 1\n")
     memory = pair.gateway.app[STATE].transcripts
-    pair.fast.faults.append(Break(after=3, kind="stall"))
+    streaming = pair.hq if failed_over else pair.fast
+    pair.fast.refuse = failed_over  # fast answers 500: the call fails over to hq, the last of its order
+    streaming.faults.append(Break(after=3, kind="stall"))
     body = {"model": "fast", "messages": HELLO, "stream": True}
     async with aiohttp.ClientSession() as http, http.post(pair.base_url + "/chat/completions", json=body) as resp:
         shown = ""
@@ -239,10 +243,12 @@ async def test_a_stream_with_no_sibling_to_resume_on_asks_no_token_ids_and_keeps
         assert memory.held == 0
         events = [json.loads(e.strip().removeprefix("data: ")) for e in (await resp.text()).split("\n\n")
                   if e.strip() and "[DONE]" not in e]
-    assert "return_token_ids" not in pair.fast.received[-1][1]
+    if not failed_over:
+        assert "return_token_ids" not in pair.fast.received[-1][1]
+        assert not pair.hq.received
     assert "not resumed: no other deployment in the failover order" in events[-1]["error"]["message"]
-    assert not pair.hq.received
-    assert 'gateway_stream_resumes_total{from="fast",outcome="refused",to="none"} 1.0' in await pair.metrics()
+    which = "hq" if failed_over else "fast"
+    assert f'gateway_stream_resumes_total{{from="{which}",outcome="refused",to="none"}} 1.0' in await pair.metrics()
 
 
 async def test_resume_off_in_the_policy_ends_with_the_error_event(make_pair: Any) -> None:
