@@ -237,9 +237,10 @@ async def test_a_stream_with_no_sibling_to_resume_on_keeps_no_transcript(make_pa
     async with aiohttp.ClientSession() as http, http.post(pair.base_url + "/chat/completions", json=body) as resp:
         shown = ""
         while shown != word(0) + word(1):  # the events before the stall: a kept transcript would hold them now
-            line = (await resp.content.readline()).strip()
+            line = await resp.content.readline()
+            assert line, f"the stream ended before the stall, having shown {shown!r}"
             if line.startswith(b"data: {"):
-                shown += _text([json.loads(line.removeprefix(b"data: "))])
+                shown += _text([json.loads(line.strip().removeprefix(b"data: "))])
         assert memory.held == 0
         events = [json.loads(e.strip().removeprefix("data: ")) for e in (await resp.text()).split("\n\n")
                   if e.strip() and "[DONE]" not in e]
