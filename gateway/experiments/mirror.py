@@ -13,7 +13,7 @@ from gateway.decision.routing import Context
 from gateway.errors import GatewayError
 from gateway.experiments.candidates import Candidates
 from gateway.experiments.enrollment import Enrollment, Finish
-from gateway.experiments.shadows import ShadowCall, ShadowLimits, Shadows, parse_capture
+from gateway.experiments.shadows import TRACE_HEADERS, ShadowCall, ShadowLimits, Shadows, parse_capture
 from gateway.policy.model import LIVE_POLICY
 from gateway.rollout.assignment import bucket
 from gateway.rollout.spec import ShadowSpec
@@ -55,8 +55,10 @@ class Mirror:
         if name == enrollment.decision.deployment and body is enrollment.call.body:
             self.shadows.drop(target, "same_deployment")  # the same prompt to the same deployment: nothing to learn
             return
+        headers = enrollment.call.headers
         call = ShadowCall(target, name, enrollment.policy.deployments[name], adapter.path, body,
-                          enrollment.ex.request_id, limits, samples_key, enrollment.features)
+                          enrollment.ex.request_id, limits, samples_key, enrollment.features, enrollment.ex.trace,
+                          {h: headers[h] for h in TRACE_HEADERS if h in headers})
         # Only a sent shadow asks for the primary's capture, which makes the relay copy the primary's bytes.
         enrollment.shadows.append(lambda: self.shadows.mirror(call, enrollment.primary))
 

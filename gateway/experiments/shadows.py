@@ -3,7 +3,9 @@
 The client never waits for a shadow: `mirror` only starts a task (or drops the shadow, counted by reason)
 and returns. A shadow has a hard timeout, a max_tokens cap, no retries, no failover, a per-target
 in-flight cap and a circuit breaker; it never touches tenant budgets, carries `x-gateway-shadow: 1`, and
-loses the body fields that would persist state upstream.
+loses the body fields that would persist state upstream. It is in the request's trace: with spans on, a
+`shadow <target>` span under the request's, the parent of the shadow deployment's own spans; with spans off,
+the caller's `traceparent` as sent, as the primary's deployment gets it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import SpanKind
+
 from gateway.apis.chat import wire as chat_wire
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.features import Features
@@ -25,7 +29,9 @@ from gateway.rollout.comparison import Capture, compare
 from gateway.rollout.samples import PairOutcome
 from gateway.store.contract import StoreError
 from gateway.store.pairs import ShadowPairStore
+from gateway.telemetry import metrics as t
 from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.spans import Spans, TraceContext
 from gateway.upstream import forward as upstream
 from gateway.upstream.client import Pool
 
@@ -42,6 +48,8 @@ STATEFUL_FIELDS = (
     "background",
     "kv_transfer_params",
 )
+TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, forwarded as sent when spans are off
+SHADOW_TARGET = "gateway.shadow.target"  # the shadow span's target as the policy declares it
 PAIRS_MAXLEN = 10_000  # per target, in the Redis stream (approximate) or the in-memory deque
 BREAKER_FAILURES = 5  # consecutive shadow failures that open a target's circuit
 BREAKER_OPEN_S = 30.0
@@ -111,6 +119,8 @@ class ShadowCall:
     limits: ShadowLimits
     samples_key: str | None = None
     features: Features | None = None
+    trace: TraceContext | None = None  # the request's place in its trace (None: spans off)
+    caller_trace: Mapping[str, str] = field(default_factory=dict)  # the caller's TRACE_HEADERS as sent
 
 
 @dataclass(slots=True)
@@ -143,8 +153,10 @@ class Shadows:
         metrics: Metrics,
         on_outcome: Callable[[str, PairOutcome], None] | None = None,
         on_pair: Callable[[Pair], None] | None = None,
+        spans: Callable[[], Spans | None] = lambda: None,
     ) -> None:
         self._client, self._store, self._on_outcome, self._on_pair = client, store, on_outcome, on_pair
+        self._spans = spans  # asked at each shadow: the app's span exporter (None: spans off)
         self._targets: dict[str, TargetState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.dropped, self.sent, self.outcomes = metrics.shadow_dropped, metrics.shadow_sent, metrics.shadow_pairs
@@ -187,9 +199,26 @@ class Shadows:
             self._on_pair(Pair(target, call.request_id, call.body, call.features, record, primary_capture, capture))
 
     async def _call(self, call: ShadowCall) -> Capture:
+        spans = self._spans()
+        trace = spans.child(call.trace) if spans is not None and call.trace is not None else None
+        started_ns = time.time_ns()
+        capture = await self._fetch(call, trace)
+        if spans is not None and trace is not None:
+            attrs: dict[str, Any] = {SHADOW_TARGET: call.target, t.DEPLOYMENT: call.name, t.REQUEST_ID: call.request_id}
+            if capture.error is None:  # else no answer came to read (the error says what the deployment did)
+                attrs["http.response.status_code"] = capture.status
+            error = capture.error or (None if 200 <= capture.status < 300 else str(capture.status))
+            spans.record(f"shadow {call.target}", started_ns, attrs, error, trace, kind=SpanKind.CLIENT)
+        return capture
+
+    async def _fetch(self, call: ShadowCall, trace: TraceContext | None) -> Capture:
         body, limits, dep = call.body, call.limits, call.dep
         payload, _ = chat_wire.upstream_body(shadow_body(body, limits.max_tokens), dep.served_model)
         headers = {TAG_HEADER: "1", "x-request-id": f"{call.request_id}-shadow"}
+        if trace is not None:  # the shadow deployment's spans become children of the shadow's span
+            trace.inject(headers)
+        else:
+            headers.update(call.caller_trace)
         started = time.perf_counter()
         try:
             got = await upstream.fetch(self._client, call.name, dep, call.path, payload, headers,

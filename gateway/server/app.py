@@ -275,7 +275,7 @@ async def _experiments(app: web.Application) -> AsyncIterator[None]:
     labeller = Labeller(state.pool, state.stores.labels, metrics, lambda: policy_file.current,
                         prompts=bool(settings.request_log_prompts))
     shadows = Shadows(state.pool, state.stores.pairs, metrics, on_outcome=rollouts.counters.record_outcome,
-                      on_pair=labeller.offer)
+                      on_pair=labeller.offer, spans=lambda: state.spans)
     request_log = None
     if settings.request_log:
         request_log = RequestLog(settings.request_log, prompts=bool(settings.request_log_prompts))

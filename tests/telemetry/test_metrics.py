@@ -123,6 +123,54 @@ async def test_with_spans_off_the_callers_traceparent_goes_upstream_as_sent(stac
     assert _traceparent_sent(stack) == sent
 
 
+SHADOW_TO_HQ = """
+    shadows:
+      - route: fast
+        target: deployment:hq
+        percent: 100
+        sample_by: random
+"""
+
+
+async def test_a_shadow_is_a_span_in_the_callers_trace_and_the_parent_of_its_deployments(make_stack: Any) -> None:
+    stack: Stack = await make_stack(SHADOW_TO_HQ)
+    exporter = _capture(stack)
+    async with stack.client() as client:
+        await client.chat.completions.create(model="fast", messages=HELLO, extra_headers={
+            "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
+    await until(lambda: len(exporter.get_finished_spans()) == 2, what="the request's span and the shadow's")
+    by_name = {span.name: span for span in exporter.get_finished_spans()}
+    request, shadow = by_name["gateway chat"], by_name["shadow deployment:hq"]
+    assert shadow.parent is not None and shadow.parent.span_id == request.context.span_id
+    assert f"{shadow.context.trace_id:032x}" == CALLER_TRACE and shadow.kind.name == "CLIENT"
+    attrs = dict(shadow.attributes or {})
+    assert attrs["gateway.shadow.target"] == "deployment:hq" and attrs["gateway.deployment"] == "hq"
+    assert attrs["http.response.status_code"] == 200 and shadow.status.status_code.name == "UNSET"
+    sent = {k.lower(): v for k, v in stack.hq.headers_seen[-1].items()}
+    assert sent["x-gateway-shadow"] == "1"
+    assert sent["traceparent"] == f"00-{CALLER_TRACE}-{shadow.context.span_id:016x}-01"
+    stack.hq.faults.append(Fault(status=503))  # the next shadow fails: its span says so, the client's call does not
+    async with stack.client() as client:
+        await client.chat.completions.create(model="fast", messages=HELLO)
+    await until(lambda: len(exporter.get_finished_spans()) == 4, what="the second request's spans")
+    failed = [s for s in exporter.get_finished_spans()[2:] if s.name == "shadow deployment:hq"]
+    assert len(failed) == 1 and failed[0].status.status_code.name == "ERROR"
+    assert failed[0].status.description == "Deployment 'hq' answered 503"
+    assert "http.response.status_code" not in dict(failed[0].attributes or {})  # no answer to read
+
+
+async def test_with_spans_off_a_shadow_carries_the_callers_traceparent_as_sent(make_stack: Any) -> None:
+    stack: Stack = await make_stack(SHADOW_TO_HQ)
+    stack.gateway.app[STATE].spans = None
+    sent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    async with stack.client() as client:
+        await client.chat.completions.create(model="fast", messages=HELLO, extra_headers={
+            "traceparent": sent, "tracestate": "vendor=x"})
+    await until(lambda: bool(stack.hq.headers_seen), what="the shadow's call")
+    seen = {k.lower(): v for k, v in stack.hq.headers_seen[-1].items()}
+    assert seen["traceparent"] == sent and seen["tracestate"] == "vendor=x"
+
+
 def test_a_parent_based_sampler_follows_the_callers_sampled_flag() -> None:
     exporter = InMemorySpanExporter()
     spans = Spans(SimpleSpanProcessor(exporter), sampler=ParentBased(ALWAYS_ON))
