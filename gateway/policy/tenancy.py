@@ -88,6 +88,16 @@ class SessionPolicy(Frozen):
     idle_ttl_s: int = Field(3600, ge=60)  # a session unseen this long is forgotten
 
 
+class StoredResponsesPolicy(Frozen):
+    """How long and how many Responses API answers the gateway keeps for clients to chain onto
+    (`previous_response_id`), in the store (Redis, else memory); over a count the oldest go first. Read at each
+    answer kept: a reload applies to the answers kept after it."""
+
+    ttl_s: int = Field(24 * 3600, ge=60, le=366 * 24 * 3600)
+    max_per_tenant: int = Field(10_000, ge=1)
+    max_total: int = Field(100_000, ge=1)
+
+
 class StorePolicy(Frozen):
     redis_url: str | None = None  # None: the embedded in-memory store (a single replica)
     on_unavailable: Literal["allow", "reject"] = "allow"
@@ -98,6 +108,7 @@ class StorePolicy(Frozen):
     retry_s: float = Field(1.0, gt=0)  # while Redis is down, probe it again this often
     reservation_ttl_s: float = Field(900.0, gt=0)  # a crashed replica's reservations expire after this
     objects: ObjectStorePolicy = ObjectStorePolicy()  # where masked tool outputs are kept
+    responses: StoredResponsesPolicy = StoredResponsesPolicy()  # the Responses API's answers kept for chains
 
 
 class AuthPolicy(Frozen):

@@ -11,9 +11,10 @@ Contract (`RedisResponseStore` here, `response_memory.MemoryResponseStore` its i
 Redis keys (m = "tenant<TAB>response id"): `{p}:rs:r:{m}` the record's JSON (with its TTL), `{p}:rs:idx`
 and `{p}:rs:idx:{tenant}` sorted sets of m by the time it was kept.
 
-Why 24 hours: an agent chains each step onto the one before within seconds to minutes, and a person may
-resume a conversation later the same day; a record holds the whole conversation up to it, so a day of an
-agent's chains fits Redis' memory where OpenAI's 30 days would not. Operators who need longer set it.
+The limits are the policy's `store.responses` (24 hours, 10,000 a tenant, 100,000 in all by default). Why 24
+hours: an agent chains each step onto the one before within seconds to minutes, and a person may resume a
+conversation later the same day; a record holds the whole conversation up to it, so a day of an agent's chains
+fits Redis' memory where OpenAI's 30 days would not. Operators who need longer set `ttl_s` there.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from gateway.store.redis_store import RedisStore
 SEP = "\t"  # between tenant and response id: tenant names cannot hold it
 
 
+MEMORY_BYTES = 256 * 1024 * 1024  # the in-memory store's bound (Redis has its own maxmemory)
+
+
 @dataclass(frozen=True, slots=True)
 class ResponseLimits:
-    ttl_s: int = 24 * 3600
-    max_per_tenant: int = 10_000
-    max_total: int = 100_000
-    max_memory_bytes: int = 256 * 1024 * 1024  # the in-memory store's bound (Redis has its own maxmemory)
+    ttl_s: int
+    max_per_tenant: int
+    max_total: int
+    max_memory_bytes: int = MEMORY_BYTES
 
 
 class ResponseStore(Protocol):
