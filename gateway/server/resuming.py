@@ -71,7 +71,7 @@ def plan(adapter: Adapter, call: Call, decision: Decision, caps: Mapping[str, in
     transcript: a stream that cannot be resumed costs neither."""
     rule = call.policy.resume_for(call.features.requested_model)
     blocked = None if rule.enabled else "resume is off for this route"
-    if len(decision.attempts) < 2:  # max_attempts 1, or no other deployment usable when it was decided
+    if not _later(decision.attempts, decision.deployment):  # max_attempts 1, or no other one usable
         blocked = blocked or NO_SIBLING
     blocked = blocked or resume.blocked_by_request(adapter.endpoint, call.body)
     if call.body.get("return_token_ids"):

@@ -15,7 +15,6 @@ from gateway.apis.responses import stored
 from gateway.apis.responses.stored import StoredResponse
 from gateway.decision.call import Call
 from gateway.errors import StoreUnavailable
-from gateway.policy.tenancy import StoredResponsesPolicy
 from gateway.store.contract import StoreError
 from gateway.store.responses import ResponseLimits, ResponseStore
 
@@ -27,14 +26,6 @@ class Conversations:
 
     def __init__(self, store: ResponseStore) -> None:
         self.store = store
-        self._limits: tuple[StoredResponsesPolicy, ResponseLimits] | None = None
-
-    def limits(self, section: StoredResponsesPolicy) -> ResponseLimits:
-        """The store's limits as the policy's `store.responses` sets them (made again only after a reload)."""
-        kept = self._limits
-        if kept is None or kept[0] is not section:
-            kept = self._limits = (section, ResponseLimits(section.ttl_s, section.max_per_tenant, section.max_total))
-        return kept[1]
 
     async def expand(self, body: dict[str, Any], tenant: str) -> tuple[dict[str, Any], str | None]:
         """The body with the whole conversation its `previous_response_id` names, and that chain's session."""
@@ -55,8 +46,9 @@ class Conversations:
             record = stored.record(kept_body, answer, call.tenant_or_anonymous, call.session_id, time.time())
             if record is None:
                 return
+            limits = call.policy.store.responses  # the call's policy: a reload applies to the calls after it
             try:
-                await self.store.put(record, self.limits(call.policy.store.responses))
+                await self.store.put(record, ResponseLimits(limits.ttl_s, limits.max_per_tenant, limits.max_total))
             except StoreError as exc:  # the client has its answer; a later chain onto it will say not found
                 log.warning("stored responses: could not keep %s: %s", record.response_id, exc)
 
